@@ -1,0 +1,1 @@
+//! warmpath-bench (skeleton; see issue 3).

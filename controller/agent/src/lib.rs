@@ -1,0 +1,1 @@
+//! warmpath-agent (skeleton; see issue 6).

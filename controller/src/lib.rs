@@ -1,0 +1,1 @@
+//! warmpath-controller (skeleton; see issues 5 and 6).

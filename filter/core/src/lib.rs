@@ -1,0 +1,1 @@
+//! warmpath-core: the pure routing core (skeleton; see issue 2).

@@ -1,0 +1,1 @@
+//! warmpath-filter: the proxy-wasm shell (skeleton; see issue 2).

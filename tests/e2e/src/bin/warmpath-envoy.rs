@@ -1,0 +1,120 @@
+//! Renders and runs warmpath Envoy configs.
+//!
+//! ```text
+//! warmpath-envoy render   [OPTIONS]            # print the bootstrap YAML
+//! warmpath-envoy run      [OPTIONS]            # render into out/envoy/ and exec envoy --concurrency N
+//! warmpath-envoy validate FILE...              # envoy --mode validate on each file
+//! ```
+//! `scripts/envoy.sh` wraps `run`; `envoy/*.yaml` are `render` outputs (kept in sync by a test).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use clap::{Args, Parser, Subcommand};
+use warmpath_e2e::{envoy_binary, EnvoyConfig, FeedCluster};
+
+#[derive(Parser)]
+#[command(about = "Render, run and validate warmpath Envoy configs")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Print the static bootstrap YAML.
+    Render(RenderArgs),
+    /// Render the bootstrap into --out and exec Envoy on it (foreground).
+    Run {
+        #[command(flatten)]
+        render: RenderArgs,
+        /// Envoy worker threads.
+        #[arg(long, default_value_t = 2)]
+        concurrency: u32,
+        /// Directory for the rendered bootstrap.
+        #[arg(long, default_value = "out/envoy")]
+        out: PathBuf,
+    },
+    /// Run `envoy --mode validate` on each file.
+    Validate {
+        /// Bootstrap files.
+        files: Vec<PathBuf>,
+    },
+}
+
+#[derive(Args)]
+struct RenderArgs {
+    /// Model-server endpoint (IP:port); repeat for each. Also written into the plugin config's `endpoints` unless
+    /// the plugin config sets them.
+    #[arg(long = "upstream", required = true)]
+    upstreams: Vec<SocketAddr>,
+    /// Listener port on 127.0.0.1.
+    #[arg(long, default_value_t = 10000)]
+    listener_port: u16,
+    /// Admin port on 127.0.0.1.
+    #[arg(long, default_value_t = 9901)]
+    admin_port: u16,
+    /// Filter module path (as Envoy should read it; relative paths resolve against Envoy's working directory).
+    #[arg(long, default_value = "target/wasm32-wasip1/release/warmpath_filter.wasm")]
+    wasm: PathBuf,
+    /// Leave the wasm filter out (plain override_host cluster; the benchmark baseline).
+    #[arg(long)]
+    no_filter: bool,
+    /// Plugin configuration: a JSON file path, or inline JSON starting with `{`.
+    #[arg(long, default_value = "envoy/plugin-config.json")]
+    plugin_config: String,
+    /// Feed cluster as NAME=IP:port.
+    #[arg(long)]
+    feed: Option<String>,
+}
+
+impl RenderArgs {
+    fn config(&self) -> Result<EnvoyConfig> {
+        let text = if self.plugin_config.trim_start().starts_with('{') {
+            self.plugin_config.clone()
+        } else {
+            std::fs::read_to_string(&self.plugin_config).with_context(|| format!("reading {}", self.plugin_config))?
+        };
+        let mut plugin: serde_json::Value = serde_json::from_str(&text).context("plugin config is not JSON")?;
+        if let Some(obj) = plugin.as_object_mut() {
+            obj.entry("endpoints").or_insert_with(|| self.upstreams.iter().map(|a| a.to_string()).collect());
+        }
+        let mut cfg = EnvoyConfig::new(self.upstreams.clone(), serde_json::to_string_pretty(&plugin)?)
+            .ports(self.listener_port, self.admin_port);
+        if !self.no_filter {
+            cfg = cfg.with_wasm(&self.wasm);
+        }
+        if let Some(feed) = &self.feed {
+            let (name, addr) = feed.split_once('=').context("--feed wants NAME=IP:port")?;
+            cfg = cfg.with_feed(FeedCluster { name: name.to_string(), address: addr.parse()? });
+        }
+        Ok(cfg)
+    }
+}
+
+fn main() -> Result<()> {
+    match Cli::parse().cmd {
+        Cmd::Render(r) => print!("{}", r.config()?.render_static_yaml()),
+        Cmd::Run { render, concurrency, out } => {
+            std::fs::create_dir_all(&out)?;
+            let path = out.join("envoy.yaml");
+            std::fs::write(&path, render.config()?.render_static_yaml())?;
+            eprintln!("warmpath-envoy: {} (listener 127.0.0.1:{}, admin 127.0.0.1:{})",
+                path.display(), render.listener_port, render.admin_port);
+            let status = std::process::Command::new(envoy_binary()?)
+                .arg("-c")
+                .arg(&path)
+                .args(["--concurrency", &concurrency.to_string(), "--disable-hot-restart"])
+                .status()?;
+            std::process::exit(status.code().unwrap_or(1));
+        }
+        Cmd::Validate { files } => {
+            for f in files {
+                warmpath_e2e::validate_file(&f)?;
+                println!("{}: OK", f.display());
+            }
+        }
+    }
+    Ok(())
+}

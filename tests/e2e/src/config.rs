@@ -1,0 +1,259 @@
+//! Renders Envoy bootstraps for warmpath: one HTTP listener with the wasm filter in front of a cluster of model-server
+//! endpoints whose load-balancing policy is `envoy.load_balancing_policies.override_host` (reads
+//! `x-gateway-destination-endpoint`, falls back to least-request).
+//!
+//! The config is built as a `serde_json::Value` and printed as YAML, so there is one source of truth for the shape;
+//! `envoy/*.yaml` are outputs of this module (see `bin/warmpath-envoy.rs`).
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde_json::{json, Value};
+
+/// Prefix under which Envoy exports the filter's proxy-wasm metrics in `/stats` (`wasmcustom.` + the metric name
+/// defined by the filter, which starts with `warmpath.`).
+pub const FILTER_STAT_PREFIX: &str = "wasmcustom.warmpath.";
+
+/// Name of the cluster holding the model-server endpoints.
+pub const MODEL_CLUSTER: &str = "model_servers";
+
+/// A cluster the filter's feed poller calls (`feed.cluster` in the plugin config) — a STATIC cluster of one address.
+#[derive(Debug, Clone)]
+pub struct FeedCluster {
+    /// Cluster name, as written in the plugin config's `feed.cluster`.
+    pub name: String,
+    /// The feed server's address (loopback).
+    pub address: SocketAddr,
+}
+
+/// Everything a rendered Envoy bootstrap depends on. Build with [`EnvoyConfig::new`] and the `with_*` methods.
+#[derive(Debug, Clone)]
+pub struct EnvoyConfig {
+    /// Listener port on 127.0.0.1 (0 only makes sense for `--mode validate`).
+    pub listener_port: u16,
+    /// Admin port on 127.0.0.1 (serves `/ready`, `/stats`).
+    pub admin_port: u16,
+    /// Model-server endpoints of the `model_servers` cluster (IP:port).
+    pub upstreams: Vec<SocketAddr>,
+    /// The filter module; `None` renders the same listener without the wasm filter (the benchmark baseline).
+    pub wasm: Option<PathBuf>,
+    /// The plugin configuration JSON handed to the filter's `on_configure` (see docs/filter.md).
+    pub plugin_config: String,
+    /// Optional feed cluster for the filter's endpoint/load poller.
+    pub feed: Option<FeedCluster>,
+    /// Listener `per_connection_buffer_limit_bytes` (bytes): bodies the filter buffers beyond this get a 413 from
+    /// Envoy, so it must exceed the plugin's `max_body_bytes`. Default 4 MiB.
+    pub buffer_limit_bytes: u32,
+    /// Route timeout in seconds (0 = none). Default 60.
+    pub route_timeout_s: u32,
+}
+
+impl EnvoyConfig {
+    /// A config for `upstreams` with the given plugin configuration JSON, ports 0 (set them with [`Self::ports`]).
+    pub fn new(upstreams: Vec<SocketAddr>, plugin_config: impl Into<String>) -> Self {
+        EnvoyConfig {
+            listener_port: 0,
+            admin_port: 0,
+            upstreams,
+            wasm: None,
+            plugin_config: plugin_config.into(),
+            feed: None,
+            buffer_limit_bytes: 4 << 20,
+            route_timeout_s: 60,
+        }
+    }
+
+    /// Sets the listener and admin ports.
+    pub fn ports(mut self, listener_port: u16, admin_port: u16) -> Self {
+        self.listener_port = listener_port;
+        self.admin_port = admin_port;
+        self
+    }
+
+    /// Puts the wasm filter (this module file) in the listener.
+    pub fn with_wasm(mut self, wasm: impl Into<PathBuf>) -> Self {
+        self.wasm = Some(wasm.into());
+        self
+    }
+
+    /// Adds a feed cluster for the filter's poller.
+    pub fn with_feed(mut self, feed: FeedCluster) -> Self {
+        self.feed = Some(feed);
+        self
+    }
+
+    /// The plugin configuration a test writes for `endpoints` plus extra fields (a JSON object whose keys override).
+    ///
+    /// `endpoints` is always set from `upstreams`, `debug_header` defaults to true.
+    pub fn plugin_json(upstreams: &[SocketAddr], extra: Value) -> String {
+        let mut cfg = json!({
+            "endpoints": upstreams.iter().map(|a| a.to_string()).collect::<Vec<_>>(),
+            "debug_header": true,
+        });
+        if let (Some(base), Value::Object(extra)) = (cfg.as_object_mut(), extra) {
+            for (k, v) in extra {
+                base.insert(k, v);
+            }
+        }
+        cfg.to_string()
+    }
+
+    /// The HTTP filter list of the listener: the wasm filter (when configured), then the router.
+    fn http_filters(&self) -> Value {
+        let mut filters = Vec::new();
+        if let Some(wasm) = &self.wasm {
+            filters.push(json!({
+                "name": "envoy.filters.http.wasm",
+                "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm",
+                    "config": {
+                        "name": "warmpath",
+                        "root_id": "warmpath",
+                        // The filter pauses in on_request_headers until the body is buffered; without this Envoy
+                        // forwards the headers anyway and the pick comes too late (or the request hangs).
+                        "allow_on_headers_stop_iteration": true,
+                        // A crashed VM must not take traffic down: requests pass without a pick and Envoy's
+                        // fallback policy routes them.
+                        "failure_policy": "FAIL_OPEN",
+                        "configuration": {
+                            "@type": "type.googleapis.com/google.protobuf.StringValue",
+                            "value": self.plugin_config,
+                        },
+                        "vm_config": {
+                            "vm_id": "warmpath",
+                            "runtime": "envoy.wasm.runtime.v8",
+                            "code": { "local": { "filename": path_str(wasm) } },
+                        },
+                    },
+                },
+            }));
+        }
+        filters.push(json!({
+            "name": "envoy.filters.http.router",
+            "typed_config": { "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router" },
+        }));
+        Value::Array(filters)
+    }
+
+    /// The listener resource (used inline in a static bootstrap and as the LDS resource).
+    pub fn listener(&self) -> Value {
+        json!({
+            "name": "warmpath_http",
+            "address": { "socket_address": { "address": "127.0.0.1", "port_value": self.listener_port } },
+            "per_connection_buffer_limit_bytes": self.buffer_limit_bytes,
+            "filter_chains": [{
+                "filters": [{
+                    "name": "envoy.filters.network.http_connection_manager",
+                    "typed_config": {
+                        "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+                        "stat_prefix": "warmpath",
+                        "codec_type": "AUTO",
+                        "route_config": {
+                            "name": "local",
+                            "virtual_hosts": [{
+                                "name": "models",
+                                "domains": ["*"],
+                                "routes": [{
+                                    "match": { "prefix": "/" },
+                                    "route": { "cluster": MODEL_CLUSTER, "timeout": format!("{}s", self.route_timeout_s) },
+                                }],
+                            }],
+                        },
+                        "http_filters": self.http_filters(),
+                    },
+                }],
+            }],
+        })
+    }
+
+    fn clusters(&self) -> Value {
+        let endpoints: Vec<Value> = self
+            .upstreams
+            .iter()
+            .map(|a| {
+                json!({ "endpoint": { "address": { "socket_address": {
+                    "address": a.ip().to_string(), "port_value": a.port() } } } })
+            })
+            .collect();
+        let mut clusters = vec![json!({
+            "name": MODEL_CLUSTER,
+            "type": "STATIC",
+            "connect_timeout": "1s",
+            "load_assignment": { "cluster_name": MODEL_CLUSTER, "endpoints": [{ "lb_endpoints": endpoints }] },
+            // The filter's pick arrives as x-gateway-destination-endpoint; a header naming a host outside the
+            // cluster (or no header) falls back to least-request.
+            "load_balancing_policy": { "policies": [{ "typed_extension_config": {
+                "name": "envoy.load_balancing_policies.override_host",
+                "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.load_balancing_policies.override_host.v3.OverrideHost",
+                    "override_host_sources": [{ "header": crate::DESTINATION_HEADER }],
+                    "fallback_policy": { "policies": [{ "typed_extension_config": {
+                        "name": "envoy.load_balancing_policies.least_request",
+                        "typed_config": {
+                            "@type": "type.googleapis.com/envoy.extensions.load_balancing_policies.least_request.v3.LeastRequest",
+                        },
+                    } }] },
+                },
+            } }] },
+        })];
+        if let Some(feed) = &self.feed {
+            clusters.push(json!({
+                "name": feed.name,
+                "type": "STATIC",
+                "connect_timeout": "1s",
+                "load_assignment": { "cluster_name": feed.name, "endpoints": [{ "lb_endpoints": [{ "endpoint": {
+                    "address": { "socket_address": {
+                        "address": feed.address.ip().to_string(), "port_value": feed.address.port() } } } }] }] },
+            }));
+        }
+        Value::Array(clusters)
+    }
+
+    fn admin(&self) -> Value {
+        json!({ "address": { "socket_address": { "address": "127.0.0.1", "port_value": self.admin_port } } })
+    }
+
+    /// A self-contained bootstrap with the listener inline.
+    pub fn static_bootstrap(&self) -> Value {
+        json!({
+            "admin": self.admin(),
+            "static_resources": { "listeners": [self.listener()], "clusters": self.clusters() },
+        })
+    }
+
+    /// A bootstrap whose listener comes from the LDS file `lds_path` (watched in its directory), so a rewrite of that
+    /// file (write + rename) reconfigures the listener — and the plugin — without restarting Envoy.
+    pub fn lds_bootstrap(&self, lds_path: &Path) -> Value {
+        let dir = lds_path.parent().map(path_str).unwrap_or_else(|| ".".into());
+        json!({
+            "node": { "id": "warmpath", "cluster": "warmpath" },
+            "admin": self.admin(),
+            "dynamic_resources": { "lds_config": {
+                "resource_api_version": "V3",
+                "path_config_source": { "path": path_str(lds_path), "watched_directory": { "path": dir } },
+            } },
+            "static_resources": { "clusters": self.clusters() },
+        })
+    }
+
+    /// [`Self::static_bootstrap`] as YAML text.
+    pub fn render_static_yaml(&self) -> String {
+        to_yaml(&self.static_bootstrap())
+    }
+
+    /// The LDS discovery response holding [`Self::listener`].
+    pub fn lds_document(&self) -> Value {
+        let mut listener = self.listener();
+        listener["@type"] = "type.googleapis.com/envoy.config.listener.v3.Listener".into();
+        json!({ "version_info": "0", "resources": [listener] })
+    }
+}
+
+/// Renders any config value as YAML text.
+pub fn to_yaml(v: &Value) -> String {
+    serde_yaml::to_string(v).unwrap_or_else(|e| format!("# yaml rendering failed: {e}\n"))
+}
+
+fn path_str(p: &Path) -> String {
+    p.to_string_lossy().into_owned()
+}

@@ -1,0 +1,224 @@
+//! A real Envoy process on loopback ports, killed on drop.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+
+use crate::config::{to_yaml, EnvoyConfig};
+use crate::paths::{envoy_binary, free_port};
+use crate::stats::Stats;
+
+/// A running Envoy started with a rendered [`EnvoyConfig`]. Dropping it kills the process (SIGKILL) and removes its
+/// working directory.
+pub struct EnvoyProcess {
+    child: Child,
+    dir: tempfile::TempDir,
+    config: EnvoyConfig,
+    lds_path: Option<PathBuf>,
+    lds_version: u32,
+    log_path: PathBuf,
+    http: reqwest::Client,
+}
+
+impl EnvoyProcess {
+    /// Starts Envoy with a static bootstrap (listener inline) and `--concurrency concurrency`, picking free ports for
+    /// any port left at 0, and waits until the admin port reports ready and the listener accepts connections.
+    pub async fn start(config: EnvoyConfig, concurrency: u32) -> Result<Self> {
+        let p = Self::spawn(config, concurrency, false)?;
+        p.wait_ready(Duration::from_secs(30)).await?;
+        Ok(p)
+    }
+
+    /// Like [`Self::start`], but the listener comes from an LDS file so [`Self::update_listener`] can reconfigure the
+    /// plugin at run time.
+    pub async fn start_dynamic(config: EnvoyConfig, concurrency: u32) -> Result<Self> {
+        let p = Self::spawn(config, concurrency, true)?;
+        p.wait_ready(Duration::from_secs(30)).await?;
+        Ok(p)
+    }
+
+    /// Starts Envoy without waiting for readiness (e.g. to watch it reject a config).
+    pub fn spawn(mut config: EnvoyConfig, concurrency: u32, dynamic: bool) -> Result<Self> {
+        if config.listener_port == 0 {
+            config.listener_port = free_port()?;
+        }
+        if config.admin_port == 0 {
+            config.admin_port = free_port()?;
+        }
+        let dir = tempfile::Builder::new().prefix("warmpath-envoy-").tempdir()?;
+        let bootstrap_path = dir.path().join("envoy.yaml");
+        let log_path = dir.path().join("envoy.log");
+        let lds_path = if dynamic {
+            let lds_dir = dir.path().join("lds");
+            std::fs::create_dir_all(&lds_dir)?;
+            let lds = lds_dir.join("listeners.yaml");
+            std::fs::write(&lds, to_yaml(&config.lds_document()))?;
+            std::fs::write(&bootstrap_path, to_yaml(&config.lds_bootstrap(&lds)))?;
+            Some(lds)
+        } else {
+            std::fs::write(&bootstrap_path, to_yaml(&config.static_bootstrap()))?;
+            None
+        };
+        let log = std::fs::File::create(&log_path)?;
+        let child = Command::new(envoy_binary()?)
+            .arg("-c")
+            .arg(&bootstrap_path)
+            .args(["--concurrency", &concurrency.to_string()])
+            .args(["--disable-hot-restart", "--log-level", "info", "--log-format", "[%Y-%m-%d %T.%e][%l][%n] %v"])
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .context("spawning envoy")?;
+        let http = reqwest::Client::builder().timeout(Duration::from_secs(10)).build()?;
+        Ok(EnvoyProcess { child, dir, config, lds_path, lds_version: 0, log_path, http })
+    }
+
+    /// Runs `envoy --mode validate` on the static bootstrap of `config`; returns Envoy's output on success and an
+    /// error carrying it on failure.
+    pub fn validate(config: &EnvoyConfig) -> Result<String> {
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("envoy.yaml");
+        std::fs::write(&path, to_yaml(&config.static_bootstrap()))?;
+        validate_file(&path)
+    }
+
+    /// `http://127.0.0.1:<listener port>`.
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.config.listener_port)
+    }
+
+    /// `http://127.0.0.1:<admin port>`.
+    pub fn admin_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.config.admin_port)
+    }
+
+    /// The process id (for CPU accounting from `/proc/<pid>/stat`).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The config Envoy currently runs with.
+    pub fn config(&self) -> &EnvoyConfig {
+        &self.config
+    }
+
+    /// Envoy's log so far (stdout + stderr).
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log_path).unwrap_or_default()
+    }
+
+    /// Whether the process has exited, with its exit code.
+    pub fn try_exit_code(&mut self) -> Option<i32> {
+        self.child.try_wait().ok().flatten().map(|s| s.code().unwrap_or(-1))
+    }
+
+    /// Waits up to `timeout` for the process to exit; returns its exit code.
+    pub async fn wait_exit(&mut self, timeout: Duration) -> Result<i32> {
+        let start = Instant::now();
+        while start.elapsed() < timeout {
+            if let Some(code) = self.try_exit_code() {
+                return Ok(code);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        bail!("envoy still running after {timeout:?}")
+    }
+
+    /// Waits until `/ready` answers 200 and the listener accepts TCP connections; fails early (with Envoy's log) if
+    /// the process exits.
+    pub async fn wait_ready(&self, timeout: Duration) -> Result<()> {
+        let start = Instant::now();
+        loop {
+            if let Ok(r) = self.http.get(format!("{}/ready", self.admin_url())).send().await {
+                if r.status().is_success()
+                    && tokio::net::TcpStream::connect(("127.0.0.1", self.config.listener_port)).await.is_ok()
+                {
+                    return Ok(());
+                }
+            }
+            // A dead process never becomes ready: report its log instead of timing out.
+            // (try_wait needs &mut; probe via /proc instead.)
+            if !Path::new(&format!("/proc/{}", self.child.id())).exists() || self.is_zombie() {
+                bail!("envoy exited before becoming ready; log:\n{}", self.log());
+            }
+            if start.elapsed() > timeout {
+                bail!("envoy not ready after {timeout:?}; log:\n{}", self.log());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    fn is_zombie(&self) -> bool {
+        std::fs::read_to_string(format!("/proc/{}/stat", self.child.id()))
+            .map(|s| s.rsplit(')').next().map(|r| r.trim_start().starts_with('Z')).unwrap_or(false))
+            .unwrap_or(true)
+    }
+
+    /// All counters and gauges from the admin `/stats` endpoint.
+    pub async fn stats(&self) -> Result<Stats> {
+        let text = self.http.get(format!("{}/stats", self.admin_url())).send().await?.text().await?;
+        Ok(Stats::parse(&text))
+    }
+
+    /// Rewrites the LDS file with the listener of `config` (write to a temp file, then rename, which is what Envoy's
+    /// directory watch reacts to) and waits until Envoy accepted or rejected it.
+    ///
+    /// Returns `Ok(true)` when `listener_manager.lds.update_success` went up, `Ok(false)` when
+    /// `update_rejected` went up. Errors if the process was started without LDS or nothing happened in 15 s.
+    /// Ports are kept from the running config.
+    pub async fn update_listener(&mut self, mut config: EnvoyConfig) -> Result<bool> {
+        let Some(lds) = self.lds_path.clone() else { bail!("update_listener needs start_dynamic") };
+        config.listener_port = self.config.listener_port;
+        config.admin_port = self.config.admin_port;
+        let before = self.stats().await?;
+        let (ok0, rej0) = (before.get("listener_manager.lds.update_success"), before.get("listener_manager.lds.update_rejected"));
+        self.lds_version += 1;
+        let mut doc = config.lds_document();
+        doc["version_info"] = self.lds_version.to_string().into();
+        let tmp = self.dir.path().join("lds").join(".listeners.yaml.tmp");
+        std::fs::write(&tmp, to_yaml(&doc))?;
+        std::fs::rename(&tmp, &lds)?;
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(15) {
+            let s = self.stats().await?;
+            if s.get("listener_manager.lds.update_success") > ok0 {
+                self.config = config;
+                // The new filter chain is in place once the old listener has drained; wait for the new one to serve.
+                self.wait_ready(Duration::from_secs(15)).await?;
+                return Ok(true);
+            }
+            if s.get("listener_manager.lds.update_rejected") > rej0 {
+                return Ok(false);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        bail!("envoy neither accepted nor rejected the LDS update in 15 s; log:\n{}", self.log())
+    }
+}
+
+impl Drop for EnvoyProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if std::env::var_os("WARMPATH_KEEP_ENVOY_LOG").is_some() {
+            eprintln!("--- envoy log ({}) ---\n{}", self.log_path.display(), self.log());
+        }
+    }
+}
+
+/// Runs `envoy --mode validate -c path`; returns the output on success, an error with the output otherwise.
+pub fn validate_file(path: &Path) -> Result<String> {
+    let out = Command::new(envoy_binary()?)
+        .args(["--mode", "validate", "--disable-hot-restart", "-c"])
+        .arg(path)
+        .output()
+        .context("running envoy --mode validate")?;
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    if !out.status.success() {
+        bail!("envoy rejected {}:\n{text}", path.display());
+    }
+    Ok(text)
+}

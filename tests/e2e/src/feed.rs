@@ -1,0 +1,89 @@
+//! A local endpoint/load feed server for the filter's poller: serves whatever snapshot document the test sets, and
+//! can be stopped (port closed) and restarted on the same port.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use anyhow::Result;
+use axum::extract::State;
+use axum::response::IntoResponse;
+use tokio::task::JoinHandle;
+
+struct Shared {
+    body: Mutex<String>,
+    hits: AtomicU64,
+}
+
+/// A feed server on 127.0.0.1 answering every GET with the current snapshot JSON.
+pub struct FeedServer {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    task: Option<JoinHandle<()>>,
+}
+
+impl FeedServer {
+    /// Binds 127.0.0.1:0 and serves `snapshot_json`.
+    pub async fn start(snapshot_json: String) -> Result<Self> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let shared = Arc::new(Shared { body: Mutex::new(snapshot_json), hits: AtomicU64::new(0) });
+        let mut s = FeedServer { addr, shared, task: None };
+        s.serve(listener);
+        Ok(s)
+    }
+
+    fn serve(&mut self, listener: tokio::net::TcpListener) {
+        let app = axum::Router::new().fallback(answer).with_state(self.shared.clone());
+        self.task = Some(tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        }));
+    }
+
+    /// The address to put in the feed cluster.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Replaces the served snapshot.
+    pub fn set_snapshot(&self, snapshot_json: String) {
+        if let Ok(mut b) = self.shared.body.lock() {
+            *b = snapshot_json;
+        }
+    }
+
+    /// How many requests the feed answered so far.
+    pub fn hits(&self) -> u64 {
+        self.shared.hits.load(Ordering::SeqCst)
+    }
+
+    /// Closes the port: polls fail with connection refused until [`Self::restart`].
+    pub async fn stop(&mut self) {
+        if let Some(t) = self.task.take() {
+            t.abort();
+            let _ = t.await;
+        }
+    }
+
+    /// Serves again on the same port.
+    pub async fn restart(&mut self) -> Result<()> {
+        self.stop().await;
+        let listener = tokio::net::TcpListener::bind(self.addr).await?;
+        self.serve(listener);
+        Ok(())
+    }
+}
+
+impl Drop for FeedServer {
+    fn drop(&mut self) {
+        if let Some(t) = self.task.take() {
+            t.abort();
+        }
+    }
+}
+
+async fn answer(State(s): State<Arc<Shared>>) -> impl IntoResponse {
+    s.hits.fetch_add(1, Ordering::SeqCst);
+    let body = s.body.lock().map(|b| b.clone()).unwrap_or_default();
+    ([("content-type", "application/json")], body)
+}

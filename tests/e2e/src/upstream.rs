@@ -1,0 +1,173 @@
+//! A local stand-in for a model server: answers every request with a small OpenAI-style JSON body naming itself,
+//! records what it received, and can hold requests (to build up in-flight load) or delay them.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::Result;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, Method, Uri};
+use axum::response::IntoResponse;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+/// One request as the upstream saw it.
+#[derive(Debug, Clone)]
+pub struct Recorded {
+    /// HTTP method.
+    pub method: String,
+    /// Path and query.
+    pub path: String,
+    /// Headers, names lower-cased; repeated headers joined with ",".
+    pub headers: BTreeMap<String, String>,
+    /// Body length in bytes.
+    pub body_len: usize,
+}
+
+impl Recorded {
+    /// The value of header `name` (lower-case), if present.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).map(String::as_str)
+    }
+}
+
+struct Shared {
+    addr: SocketAddr,
+    requests: Mutex<Vec<Recorded>>,
+    delay_ms: AtomicU64,
+    /// `true` while requests are held; handlers wait for it to turn `false`.
+    hold: watch::Sender<bool>,
+    active: AtomicUsize,
+}
+
+/// A running upstream on 127.0.0.1; the server task is aborted on drop.
+pub struct Upstream {
+    shared: Arc<Shared>,
+    task: JoinHandle<()>,
+}
+
+impl Upstream {
+    /// Binds 127.0.0.1:0 and serves on the current tokio runtime.
+    pub async fn start() -> Result<Self> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let (hold, _) = watch::channel(false);
+        let shared = Arc::new(Shared {
+            addr,
+            requests: Mutex::new(Vec::new()),
+            delay_ms: AtomicU64::new(0),
+            hold,
+            active: AtomicUsize::new(0),
+        });
+        let app = axum::Router::new().fallback(handle).with_state(shared.clone());
+        let task = tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        Ok(Upstream { shared, task })
+    }
+
+    /// Starts `n` upstreams.
+    pub async fn start_many(n: usize) -> Result<Vec<Self>> {
+        let mut v = Vec::with_capacity(n);
+        for _ in 0..n {
+            v.push(Self::start().await?);
+        }
+        Ok(v)
+    }
+
+    /// The address Envoy should send to (also the endpoint name in the plugin config).
+    pub fn addr(&self) -> SocketAddr {
+        self.shared.addr
+    }
+
+    /// Everything received so far, in arrival order (recorded on arrival, before any hold or delay).
+    pub fn requests(&self) -> Vec<Recorded> {
+        self.shared.requests.lock().map(|r| r.clone()).unwrap_or_default()
+    }
+
+    /// How many requests arrived so far.
+    pub fn count(&self) -> usize {
+        self.shared.requests.lock().map(|r| r.len()).unwrap_or(0)
+    }
+
+    /// Forgets the recorded requests.
+    pub fn clear(&self) {
+        if let Ok(mut r) = self.shared.requests.lock() {
+            r.clear();
+        }
+    }
+
+    /// Requests currently being handled (arrived, not yet answered).
+    pub fn active(&self) -> usize {
+        self.shared.active.load(Ordering::SeqCst)
+    }
+
+    /// Delays every answer by `d` from now on.
+    pub fn set_delay(&self, d: Duration) {
+        self.shared.delay_ms.store(d.as_millis() as u64, Ordering::SeqCst);
+    }
+
+    /// Holds every request (arrived ones and new ones) until [`Self::release`].
+    pub fn hold(&self) {
+        self.shared.hold.send_replace(true);
+    }
+
+    /// Lets held requests finish.
+    pub fn release(&self) {
+        self.shared.hold.send_replace(false);
+    }
+}
+
+impl Drop for Upstream {
+    fn drop(&mut self) {
+        self.release();
+        self.task.abort();
+    }
+}
+
+async fn handle(
+    State(s): State<Arc<Shared>>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> impl IntoResponse {
+    let mut h = BTreeMap::new();
+    for (k, v) in &headers {
+        let v = String::from_utf8_lossy(v.as_bytes()).into_owned();
+        h.entry(k.as_str().to_string()).and_modify(|e: &mut String| {
+            e.push(',');
+            e.push_str(&v)
+        }).or_insert(v);
+    }
+    let rec = Recorded { method: method.to_string(), path: uri.to_string(), headers: h, body_len: body.len() };
+    if let Ok(mut r) = s.requests.lock() {
+        r.push(rec);
+    }
+    s.active.fetch_add(1, Ordering::SeqCst);
+    // Decrements `active` also when Envoy resets the upstream request and this future is dropped.
+    let _active = ActiveGuard(s.clone());
+    let mut hold = s.hold.subscribe();
+    let _ = hold.wait_for(|held| !*held).await;
+    let delay = s.delay_ms.load(Ordering::SeqCst);
+    if delay > 0 {
+        tokio::time::sleep(Duration::from_millis(delay)).await;
+    }
+    let body = format!(
+        r#"{{"object":"chat.completion","upstream":"{}","choices":[{{"index":0,"message":{{"role":"assistant","content":"ok"}},"finish_reason":"stop"}}]}}"#,
+        s.addr
+    );
+    ([("content-type", "application/json"), ("x-upstream", &s.addr.to_string())], body).into_response()
+}
+
+struct ActiveGuard(Arc<Shared>);
+
+impl Drop for ActiveGuard {
+    fn drop(&mut self) {
+        self.0.active.fetch_sub(1, Ordering::SeqCst);
+    }
+}

@@ -1,0 +1,390 @@
+//! The axum app of the simulated server and [`SimServer`], which runs it on a loopback port.
+//!
+//! A request's life: parse (400 with an OpenAI-style error on bad input) → wait for a batch slot → admit into the
+//! prefix cache (hit = longest computed prefix) → overhead → prefill lane → first token → one token per `itl_ms`
+//! → cache the generated blocks → release. The simulation runs in its own task, so a client that disconnects
+//! never leaves blocks pinned or gauges off.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderValue, StatusCode};
+use axum::response::sse::{Event, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde_json::json;
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, oneshot, Semaphore};
+
+use crate::api::{ChatRequest, CompletionRequest, Prompt, PromptTokensDetails, Usage};
+use crate::cache::PrefixCache;
+use crate::latency::LatencyProfile;
+use crate::metrics::Metrics;
+use crate::tokens::{block_hashes, chat_prompt, reply_text, token_count};
+
+/// Response header naming the server (`IP:port`) that answered; the benchmark's per-endpoint ground truth.
+pub const ENDPOINT_HEADER: &str = "x-sim-endpoint";
+
+/// Configuration of one simulated server.
+#[derive(Debug, Clone)]
+pub struct SimConfig {
+    /// Prefix-cache capacity in blocks. Default 8192 blocks (131,072 tokens at 16 tokens per block).
+    pub cache_blocks: usize,
+    /// Tokens per cache block (vLLM default 16).
+    pub block_tokens: usize,
+    /// Latency model.
+    pub latency: LatencyProfile,
+    /// Model name reported in `/metrics` and responses.
+    pub model: String,
+    /// Output tokens when a request sets no `max_tokens`. Default 16 (OpenAI completions default).
+    pub default_max_tokens: u32,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        Self {
+            cache_blocks: 8192,
+            block_tokens: 16,
+            latency: LatencyProfile::default(),
+            model: "sim-model".into(),
+            default_max_tokens: 16,
+        }
+    }
+}
+
+struct AppState {
+    cfg: SimConfig,
+    name: HeaderValue,
+    cache: Mutex<PrefixCache>,
+    metrics: Metrics,
+    batch: Arc<Semaphore>,
+    prefill: Option<Arc<Semaphore>>,
+}
+
+type Shared = Arc<AppState>;
+
+#[derive(Clone, Copy, PartialEq)]
+enum Kind {
+    Chat,
+    Completion,
+}
+
+/// What the simulation task reports to the handler.
+enum Step {
+    /// Generated text (the first one marks the first token).
+    Text(String),
+    /// Finished, with usage.
+    Done(Usage),
+}
+
+/// Builds the axum router for one simulated server named `name` (its `IP:port`).
+pub fn app(cfg: SimConfig, name: &str) -> Router {
+    let state = Arc::new(AppState {
+        cache: Mutex::new(PrefixCache::new(cfg.cache_blocks, cfg.block_tokens)),
+        metrics: Metrics::new(&cfg.model),
+        batch: Arc::new(Semaphore::new(cfg.latency.max_num_seqs.max(1))),
+        prefill: (cfg.latency.prefill_lanes > 0).then(|| Arc::new(Semaphore::new(cfg.latency.prefill_lanes))),
+        name: HeaderValue::from_str(name).unwrap_or(HeaderValue::from_static("sim")),
+        cfg,
+    });
+    Router::new()
+        .route("/v1/chat/completions", post(chat))
+        .route("/v1/completions", post(completions))
+        .route("/v1/models", get(models))
+        .route("/metrics", get(metrics))
+        .route("/health", get(|| async { "ok" }))
+        .with_state(state)
+}
+
+async fn metrics(State(s): State<Shared>) -> Response {
+    let mut r = s.metrics.encode().into_response();
+    r.headers_mut().insert(
+        "content-type",
+        HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8"),
+    );
+    r
+}
+
+async fn models(State(s): State<Shared>) -> Json<serde_json::Value> {
+    Json(json!({"object": "list", "data": [{"id": s.cfg.model, "object": "model", "owned_by": "warmpath-sim"}]}))
+}
+
+fn bad_request(s: &AppState, msg: String) -> Response {
+    s.metrics.request_errors.inc();
+    let mut r = (
+        StatusCode::BAD_REQUEST,
+        Json(json!({"error": {"message": msg, "type": "invalid_request_error", "code": 400}})),
+    )
+        .into_response();
+    r.headers_mut().insert(ENDPOINT_HEADER, s.name.clone());
+    r
+}
+
+async fn chat(State(s): State<Shared>, body: Bytes) -> Response {
+    let req: ChatRequest = match serde_json::from_slice(&body) {
+        Ok(r) => r,
+        Err(e) => return bad_request(&s, format!("invalid chat completion request: {e}")),
+    };
+    let texts: Vec<(String, String)> = req
+        .messages
+        .iter()
+        .map(|m| (m.role.clone(), m.content.as_ref().map(|c| c.text()).unwrap_or_default()))
+        .collect();
+    let prompt = chat_prompt(texts.iter().map(|(r, c)| (r.as_str(), c.as_str())));
+    let max_tokens = req.max_completion_tokens.or(req.max_tokens).unwrap_or(s.cfg.default_max_tokens);
+    let usage = req.stream_options.as_ref().is_some_and(|o| o.include_usage);
+    respond(s, Kind::Chat, req.model, prompt, max_tokens, req.stream, usage).await
+}
+
+async fn completions(State(s): State<Shared>, body: Bytes) -> Response {
+    let req: CompletionRequest = match serde_json::from_slice(&body) {
+        Ok(r) => r,
+        Err(e) => return bad_request(&s, format!("invalid completion request: {e}")),
+    };
+    let prompt = match req.prompt {
+        Prompt::Text(t) => t,
+        Prompt::Many(v) => v.concat(),
+    };
+    let max_tokens = req.max_tokens.unwrap_or(s.cfg.default_max_tokens);
+    let usage = req.stream_options.as_ref().is_some_and(|o| o.include_usage);
+    respond(s, Kind::Completion, req.model, prompt, max_tokens, req.stream, usage).await
+}
+
+fn chunk(kind: Kind, id: &str, model: &str, created: u64, text: Option<&str>, finish: Option<&str>) -> serde_json::Value {
+    match kind {
+        Kind::Chat => json!({
+            "id": id, "object": "chat.completion.chunk", "created": created, "model": model,
+            "choices": [{"index": 0, "delta": text.map_or(json!({}), |t| json!({"role": "assistant", "content": t})),
+                         "finish_reason": finish}]
+        }),
+        Kind::Completion => json!({
+            "id": id, "object": "text_completion", "created": created, "model": model,
+            "choices": [{"index": 0, "text": text.unwrap_or(""), "finish_reason": finish}]
+        }),
+    }
+}
+
+async fn respond(
+    s: Shared,
+    kind: Kind,
+    model: String,
+    prompt: String,
+    max_tokens: u32,
+    stream: bool,
+    include_usage: bool,
+) -> Response {
+    let (tx, mut rx) = mpsc::channel::<Step>(64);
+    tokio::spawn(simulate(s.clone(), prompt, max_tokens.max(1) as usize, tx));
+    let created = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    let id = format!("sim-{created}-{:x}", rand_id());
+    let mut resp = if stream {
+        // State: (receiver, 0 = streaming, 1 = send `[DONE]` next, 2 = finished).
+        let stream = futures::stream::unfold((rx, 0u8), move |(mut rx, stage)| {
+            let (id, model) = (id.clone(), model.clone());
+            async move {
+                match stage {
+                    1 => return Some((Ok::<_, Infallible>(Event::default().data("[DONE]")), (rx, 2))),
+                    2 => return None,
+                    _ => {}
+                }
+                let ev = match rx.recv().await {
+                    Some(Step::Text(t)) => Event::default().data(chunk(kind, &id, &model, created, Some(&t), None).to_string()),
+                    Some(Step::Done(u)) => {
+                        let mut last = chunk(kind, &id, &model, created, None, Some("length"));
+                        if include_usage {
+                            last["usage"] = serde_json::to_value(u).unwrap_or_default();
+                        }
+                        return Some((Ok(Event::default().data(last.to_string())), (rx, 1)));
+                    }
+                    None => return None,
+                };
+                Some((Ok(ev), (rx, 0)))
+            }
+        });
+        Sse::new(stream).into_response()
+    } else {
+        let mut text = String::new();
+        let mut usage = Usage::default();
+        while let Some(step) = rx.recv().await {
+            match step {
+                Step::Text(t) => text.push_str(&t),
+                Step::Done(u) => usage = u,
+            }
+        }
+        let body = match kind {
+            Kind::Chat => json!({
+                "id": id, "object": "chat.completion", "created": created, "model": model,
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"}],
+                "usage": usage,
+            }),
+            Kind::Completion => json!({
+                "id": id, "object": "text_completion", "created": created, "model": model,
+                "choices": [{"index": 0, "text": text, "finish_reason": "length"}],
+                "usage": usage,
+            }),
+        };
+        Json(body).into_response()
+    };
+    resp.headers_mut().insert(ENDPOINT_HEADER, s.name.clone());
+    resp
+}
+
+fn rand_id() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+/// Runs one request through the batch limit, cache, prefill lane and decode, sending text and usage to `tx`.
+async fn simulate(s: Shared, prompt: String, max_tokens: usize, tx: mpsc::Sender<Step>) {
+    let lat = &s.cfg.latency;
+    s.metrics.waiting.inc();
+    let slot = s.batch.clone().acquire_owned().await;
+    s.metrics.waiting.dec();
+    let Ok(_slot) = slot else { return };
+    s.metrics.running.inc();
+    let start = Instant::now();
+
+    let prompt_tokens = token_count(prompt.len());
+    let hashes = block_hashes(prompt.as_bytes(), s.cfg.block_tokens);
+    let mut alloc = {
+        let mut c = s.cache.lock().unwrap_or_else(|e| e.into_inner());
+        let a = c.admit(&hashes, prompt_tokens);
+        s.metrics.kv_usage.set(c.usage());
+        a
+    };
+    let cached = ((alloc.hit_blocks * s.cfg.block_tokens) as u64).min(prompt_tokens);
+    s.metrics.prefix_queries.inc_by(prompt_tokens);
+    s.metrics.prefix_hits.inc_by(cached);
+    s.metrics.prompt_tokens.inc_by(prompt_tokens);
+
+    tokio::time::sleep(lat.wall(lat.overhead_ms)).await;
+    {
+        let _lane = match &s.prefill {
+            Some(sem) => sem.clone().acquire_owned().await.ok(),
+            None => None,
+        };
+        tokio::time::sleep(lat.wall(lat.prefill_ms(prompt_tokens - cached))).await;
+    }
+    s.cache.lock().unwrap_or_else(|e| e.into_inner()).mark_ready(&alloc.blocks);
+    let first = Instant::now();
+    s.metrics.ttft_seconds.observe((first - start).as_secs_f64() / lat.time_scale.max(1e-9));
+
+    // Decode: token k (0-based) is due at first + k·itl; send whatever is due at each wake-up, waking at most
+    // every millisecond of wall time so fast time scales do not spin.
+    let reply = reply_text(&prompt, max_tokens);
+    let step = lat.wall(lat.itl_ms);
+    let mut sent = 0usize;
+    let mut aborted = false;
+    while sent < max_tokens {
+        let due = if step.is_zero() {
+            max_tokens
+        } else {
+            ((first.elapsed().as_secs_f64() / step.as_secs_f64()) as usize + 1).min(max_tokens)
+        };
+        if due > sent {
+            let text = reply[sent * 4..due * 4].to_string();
+            sent = due;
+            if tx.send(Step::Text(text)).await.is_err() {
+                aborted = true;
+                break;
+            }
+        }
+        if sent < max_tokens {
+            let next = first + step.mul_f64(sent as f64);
+            let next = next.max(Instant::now() + std::time::Duration::from_millis(1));
+            tokio::time::sleep_until(next.into()).await;
+        }
+    }
+
+    // Cache the generated blocks (sequence = prompt + reply), then release everything.
+    let usage = {
+        let mut c = s.cache.lock().unwrap_or_else(|e| e.into_inner());
+        if !aborted {
+            let seq = format!("{prompt}{reply}");
+            let all = block_hashes(seq.as_bytes(), s.cfg.block_tokens);
+            let extra = &all[hashes.len().min(all.len())..];
+            c.pin_more(&mut alloc, extra);
+            c.mark_ready(extra);
+        }
+        c.release(alloc);
+        s.metrics.kv_usage.set(c.usage());
+        Usage {
+            prompt_tokens,
+            completion_tokens: sent as u64,
+            total_tokens: prompt_tokens + sent as u64,
+            prompt_tokens_details: PromptTokensDetails { cached_tokens: cached },
+        }
+    };
+    s.metrics.running.dec();
+    s.metrics.generation_tokens.inc_by(sent as u64);
+    if !aborted {
+        s.metrics.request_success.inc();
+        let _ = tx.send(Step::Done(usage)).await;
+    }
+}
+
+/// One simulated server listening on a loopback port; shut down on [`SimServer::stop`] or drop.
+#[derive(Debug)]
+pub struct SimServer {
+    addr: SocketAddr,
+    shutdown: Option<oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl SimServer {
+    /// Binds `addr` (use port 0 for any free port; only loopback addresses are accepted) and serves in a task.
+    ///
+    /// Errors: a non-loopback address, or the bind failure.
+    pub async fn start(cfg: SimConfig, addr: SocketAddr) -> std::io::Result<Self> {
+        if !addr.ip().is_loopback() {
+            return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("{addr} is not a loopback address")));
+        }
+        let listener = TcpListener::bind(addr).await?;
+        Self::serve(cfg, listener)
+    }
+
+    /// Serves on an already bound listener.
+    pub fn serve(cfg: SimConfig, listener: TcpListener) -> std::io::Result<Self> {
+        let addr = listener.local_addr()?;
+        let app = app(cfg, &addr.to_string());
+        let (tx, rx) = oneshot::channel();
+        let task = tokio::spawn(async move {
+            let _ = axum::serve(listener, app)
+                .with_graceful_shutdown(async {
+                    let _ = rx.await;
+                })
+                .await;
+        });
+        Ok(Self { addr, shutdown: Some(tx), task: Some(task) })
+    }
+
+    /// The bound address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Stops accepting, aborts in-flight connections, and waits for the server task.
+    pub async fn stop(mut self) {
+        if let Some(t) = self.shutdown.take() {
+            let _ = t.send(());
+        }
+        if let Some(task) = self.task.take() {
+            task.abort();
+            let _ = task.await;
+        }
+    }
+}
+
+impl Drop for SimServer {
+    fn drop(&mut self) {
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+    }
+}

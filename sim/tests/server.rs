@@ -1,0 +1,125 @@
+//! The simulated server over real HTTP on loopback: OpenAI shapes, cache hits as ground truth, vLLM metrics.
+
+use serde_json::{json, Value};
+use warmpath_sim::{tokens, LatencyProfile, SimConfig, SimServer, ENDPOINT_HEADER};
+
+fn fast() -> SimConfig {
+    SimConfig { latency: LatencyProfile { time_scale: 0.01, ..Default::default() }, ..Default::default() }
+}
+
+async fn start() -> SimServer {
+    SimServer::start(fast(), "127.0.0.1:0".parse().unwrap()).await.unwrap()
+}
+
+#[tokio::test]
+async fn non_streaming_chat_reports_cached_tokens_on_repeat() {
+    let s = start().await;
+    let url = format!("http://{}/v1/chat/completions", s.addr());
+    let system = tokens::filler_text(1, 300);
+    let body = json!({"model": "m", "max_tokens": 5,
+        "messages": [{"role": "system", "content": system}, {"role": "user", "content": "hello"}]});
+    let c = reqwest::Client::new();
+    let r1 = c.post(&url).json(&body).send().await.unwrap();
+    assert_eq!(r1.headers()[ENDPOINT_HEADER].to_str().unwrap(), s.addr().to_string());
+    let v1: Value = r1.json().await.unwrap();
+    assert_eq!(v1["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    assert_eq!(v1["usage"]["completion_tokens"], 5);
+    assert_eq!(v1["choices"][0]["message"]["content"].as_str().unwrap().len(), 20);
+    let v2: Value = c.post(&url).json(&body).send().await.unwrap().json().await.unwrap();
+    let prompt_tokens = v2["usage"]["prompt_tokens"].as_u64().unwrap();
+    let cached = v2["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap();
+    assert!(cached > 0 && cached < prompt_tokens && cached % 16 == 0, "cached {cached} of {prompt_tokens}");
+    assert!(prompt_tokens - cached < 16, "all full blocks hit");
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn streaming_completion_sends_chunks_usage_and_done() {
+    let s = start().await;
+    let url = format!("http://{}/v1/completions", s.addr());
+    let body = json!({"model": "m", "prompt": tokens::filler_text(2, 100), "max_tokens": 7, "stream": true,
+        "stream_options": {"include_usage": true}});
+    let text = reqwest::Client::new().post(&url).json(&body).send().await.unwrap().text().await.unwrap();
+    let datas: Vec<&str> = text.lines().filter_map(|l| l.strip_prefix("data: ")).collect();
+    assert_eq!(*datas.last().unwrap(), "[DONE]");
+    let chunks: Vec<Value> = datas[..datas.len() - 1].iter().map(|d| serde_json::from_str(d).unwrap()).collect();
+    let generated: String = chunks.iter().filter_map(|c| c["choices"][0]["text"].as_str()).collect();
+    assert_eq!(generated.len(), 28);
+    let usage = &chunks.last().unwrap()["usage"];
+    assert_eq!(usage["prompt_tokens"], 100);
+    assert_eq!(usage["completion_tokens"], 7);
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn multi_turn_history_hits_prompt_and_reply_blocks() {
+    let s = start().await;
+    let url = format!("http://{}/v1/chat/completions", s.addr());
+    let c = reqwest::Client::new();
+    let sys = tokens::filler_text(3, 200);
+    let user1 = tokens::filler_text(4, 40);
+    let p1 = tokens::chat_prompt([("system", sys.as_str()), ("user", user1.as_str())]);
+    let reply = tokens::reply_text(&p1, 64);
+    let turn1 = json!({"model": "m", "max_tokens": 64, "messages": [
+        {"role": "system", "content": sys}, {"role": "user", "content": user1}]});
+    let v1: Value = c.post(&url).json(&turn1).send().await.unwrap().json().await.unwrap();
+    assert_eq!(v1["choices"][0]["message"]["content"].as_str().unwrap(), reply, "reply is predictable");
+    let turn2 = json!({"model": "m", "max_tokens": 4, "messages": [
+        {"role": "system", "content": sys}, {"role": "user", "content": user1},
+        {"role": "assistant", "content": reply}, {"role": "user", "content": "next"}]});
+    let v2: Value = c.post(&url).json(&turn2).send().await.unwrap().json().await.unwrap();
+    let cached = v2["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap();
+    // Prompt 1 + reply = ceil(len/4) tokens; every full block of it must hit.
+    let seq_tokens = (p1.len() + reply.len()) as u64 / 4;
+    assert_eq!(cached, seq_tokens / 16 * 16);
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn bad_json_is_a_400_and_metrics_use_vllm_names() {
+    let s = start().await;
+    let c = reqwest::Client::new();
+    let r = c.post(format!("http://{}/v1/chat/completions", s.addr())).body("{not json").send().await.unwrap();
+    assert_eq!(r.status(), 400);
+    let v: Value = r.json().await.unwrap();
+    assert!(v["error"]["message"].as_str().unwrap().contains("invalid chat completion request"));
+    let body = json!({"model": "m", "prompt": tokens::filler_text(5, 64), "max_tokens": 2});
+    c.post(format!("http://{}/v1/completions", s.addr())).json(&body).send().await.unwrap().bytes().await.unwrap();
+    let m = c.get(format!("http://{}/metrics", s.addr())).send().await.unwrap().text().await.unwrap();
+    for name in [
+        "vllm:num_requests_running{",
+        "vllm:num_requests_waiting{",
+        "vllm:kv_cache_usage_perc{",
+        "vllm:prefix_cache_queries_total{",
+        "vllm:prefix_cache_hits_total{",
+    ] {
+        assert!(m.contains(name), "missing {name} in\n{m}");
+    }
+    assert!(m.contains("vllm:request_success_total{model_name=\"sim-model\"} 1"), "{m}");
+    assert!(m.contains("vllm:prefix_cache_queries_total{model_name=\"sim-model\"} 64"), "{m}");
+    assert!(m.contains("warmpath_sim:request_errors_total{model_name=\"sim-model\"} 1"), "{m}");
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn batch_limit_queues_requests_and_gauges_return_to_zero() {
+    let cfg = SimConfig {
+        latency: LatencyProfile { time_scale: 0.01, max_num_seqs: 1, ..Default::default() },
+        ..Default::default()
+    };
+    let s = SimServer::start(cfg, "127.0.0.1:0".parse().unwrap()).await.unwrap();
+    let c = reqwest::Client::new();
+    let url = format!("http://{}/v1/completions", s.addr());
+    let reqs = (0..4).map(|i| {
+        let body = json!({"model": "m", "prompt": tokens::filler_text(10 + i, 50), "max_tokens": 20});
+        c.post(&url).json(&body).send()
+    });
+    for r in futures::future::join_all(reqs).await {
+        assert_eq!(r.unwrap().status(), 200);
+    }
+    let m = c.get(format!("http://{}/metrics", s.addr())).send().await.unwrap().text().await.unwrap();
+    assert!(m.contains("vllm:num_requests_running{model_name=\"sim-model\"} 0"), "{m}");
+    assert!(m.contains("vllm:num_requests_waiting{model_name=\"sim-model\"} 0"), "{m}");
+    assert!(m.contains("vllm:request_success_total{model_name=\"sim-model\"} 4"), "{m}");
+    s.stop().await;
+}

@@ -1,0 +1,378 @@
+//! Plugin configuration: [`RawConfig`] is the JSON as written in Envoy / Istio / Envoy Gateway
+//! (`deny_unknown_fields`), [`Settings`] is the validated form the router uses (two-stage config).
+
+use std::net::SocketAddr;
+
+use serde::Deserialize;
+
+use crate::error::ConfigError;
+
+/// Routing strategy, switchable by configuration without rebuilding the filter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize, Default)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum Strategy {
+    /// Uniformly random endpoint (randomness supplied by the caller).
+    Random,
+    /// Endpoint with the fewest in-flight requests (ties broken by the caller's randomness).
+    LeastOutstandingRequests,
+    /// Longest prefix match against the prefix index, else a consistent (rendezvous) pick, with an overload guard.
+    #[default]
+    PrefixAware,
+}
+
+impl Strategy {
+    /// The configuration spelling (`"RANDOM"`, ...), also used as a metrics label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Strategy::Random => "RANDOM",
+            Strategy::LeastOutstandingRequests => "LEAST_OUTSTANDING_REQUESTS",
+            Strategy::PrefixAware => "PREFIX_AWARE",
+        }
+    }
+}
+
+/// The plugin configuration JSON exactly as written by the operator. Every field is optional; see
+/// [`Settings`] for defaults and allowed ranges. Unknown fields are rejected (typos must not pass silently).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[allow(missing_docs)] // fields are documented on `Settings`
+pub struct RawConfig {
+    pub strategy: Option<Strategy>,
+    pub prefix_length: Option<u64>,
+    pub block_size: Option<u64>,
+    pub concurrency_threshold: Option<u64>,
+    pub load_factor: Option<f64>,
+    pub tenant_header: Option<String>,
+    pub max_body_bytes: Option<u64>,
+    pub endpoints: Option<Vec<String>>,
+    pub index_capacity: Option<u64>,
+    pub debug_header: Option<bool>,
+    pub feed: Option<RawFeed>,
+}
+
+/// Raw form of the optional endpoint/load feed section (filled in later by the controller).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[allow(missing_docs)] // fields are documented on `FeedSettings`
+pub struct RawFeed {
+    pub cluster: Option<String>,
+    pub path: Option<String>,
+    pub interval_ms: Option<u64>,
+}
+
+/// Validated endpoint/load feed settings: the filter polls `GET path` on Envoy cluster `cluster` every `interval_ms`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FeedSettings {
+    /// Envoy cluster name serving the feed (non-empty).
+    pub cluster: String,
+    /// HTTP path of the feed, starting with `/` (default `/v1/endpoints`).
+    pub path: String,
+    /// Poll period in milliseconds, 100..=60000 (default 1000).
+    pub interval_ms: u64,
+}
+
+/// Allowed range of `prefix_length` (characters of extracted text for OpenAI bodies, bytes for raw bodies); from issue 2.
+pub const PREFIX_LENGTH_RANGE: (u64, u64) = (1024, 65536);
+/// Allowed range of `block_size` in bytes of the extracted text.
+pub const BLOCK_SIZE_RANGE: (u64, u64) = (16, 8192);
+/// Allowed range of `concurrency_threshold` (in-flight requests on one endpoint); from issue 2.
+pub const CONCURRENCY_THRESHOLD_RANGE: (u64, u64) = (1, 1024);
+/// Allowed range of a non-zero `load_factor` (bounded-load factor c; 0 turns the bound off).
+pub const LOAD_FACTOR_RANGE: (f64, f64) = (1.0, 10.0);
+/// Allowed range of `max_body_bytes`.
+pub const MAX_BODY_BYTES_RANGE: (u64, u64) = (1024, 64 * 1024 * 1024);
+/// Allowed range of `index_capacity` in blocks.
+pub const INDEX_CAPACITY_RANGE: (u64, u64) = (64, 1 << 22);
+/// Allowed range of `feed.interval_ms`.
+pub const FEED_INTERVAL_RANGE: (u64, u64) = (100, 60_000);
+/// Most endpoints a configuration may list.
+pub const MAX_ENDPOINTS: usize = 4096;
+
+/// Validated settings. Construct with [`Settings::from_json`] (or [`Settings::default`] plus field edits in tests).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Settings {
+    /// Routing strategy; default [`Strategy::PrefixAware`].
+    pub strategy: Strategy,
+    /// How much leading text forms the key: characters (Unicode scalar values) of extracted text for OpenAI
+    /// bodies, bytes for raw bodies. 1024..=65536, default 8192.
+    pub prefix_length: usize,
+    /// Bytes of extracted text per hashed block (UTF-8 bytes, also for OpenAI bodies). 16..=8192 and at most
+    /// `prefix_length`; default 128 (about 32 tokens of English text).
+    pub block_size: usize,
+    /// An endpoint with this many requests in flight (or more) is overloaded. 1..=1024, default 10 (the threshold
+    /// that kept hit ratio in `shared/notes/routing-findings.md`).
+    pub concurrency_threshold: u32,
+    /// Bounded-load factor c relative to the mean load: an endpoint may take a request while its load + 1 is at
+    /// most ceil(c·(total + 1)/N) (Mirrokni, Thorup, Zadimoghaddam, "Consistent Hashing with Bounded Loads",
+    /// SODA 2018 / arXiv 2016). 1.0..=10.0, or 0 for off; default 1.25 (issue 2).
+    pub load_factor: f64,
+    /// Request header carrying the tenant id (lower-cased here; HTTP/2 header names are lower case). Default
+    /// `x-warmpath-prefix-id`.
+    pub tenant_header: String,
+    /// Bodies larger than this many bytes are not parsed (the request fails open). 1024..=67108864, default
+    /// 1048576 (Envoy's default per-connection buffer limit).
+    pub max_body_bytes: usize,
+    /// Endpoint addresses `IP:port` (IPv6 as `[addr]:port`), normalised by `SocketAddr`; duplicates removed,
+    /// order kept. May be empty only when `feed` is set.
+    pub endpoints: Vec<String>,
+    /// Capacity of the bounded prefix index, in blocks. 64..=4194304, default 16384.
+    pub index_capacity: usize,
+    /// When true the filter adds a response header naming the chosen endpoint and the reason. Default false.
+    pub debug_header: bool,
+    /// Optional endpoint/load feed; default none.
+    pub feed: Option<FeedSettings>,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            strategy: Strategy::PrefixAware,
+            prefix_length: 8192,
+            block_size: 128,
+            concurrency_threshold: 10,
+            load_factor: 1.25,
+            tenant_header: "x-warmpath-prefix-id".to_string(),
+            max_body_bytes: 1 << 20,
+            endpoints: Vec::new(),
+            index_capacity: 16384,
+            debug_header: false,
+            feed: None,
+        }
+    }
+}
+
+fn in_range(field: &'static str, v: u64, (lo, hi): (u64, u64), allowed: &'static str) -> Result<u64, ConfigError> {
+    if (lo..=hi).contains(&v) {
+        Ok(v)
+    } else {
+        Err(ConfigError::OutOfRange { field, value: v.to_string(), allowed })
+    }
+}
+
+/// True for an HTTP field-name token (RFC 9110 §5.1 / §5.6.2 `tchar`).
+fn is_header_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 128
+        && s.bytes().all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
+}
+
+impl Settings {
+    /// Parses and validates the plugin configuration bytes (UTF-8 JSON object; empty or whitespace-only input
+    /// means `{}`).
+    ///
+    /// Errors: [`ConfigError::Json`] for bad JSON, unknown fields, unknown `strategy` names or wrong types;
+    /// [`ConfigError::OutOfRange`] / [`ConfigError::Invalid`] for values outside the ranges documented on
+    /// each field of [`Settings`].
+    pub fn from_json(bytes: &[u8]) -> Result<Settings, ConfigError> {
+        let raw: RawConfig = if bytes.iter().all(u8::is_ascii_whitespace) {
+            RawConfig::default()
+        } else {
+            serde_json::from_slice(bytes).map_err(|e| ConfigError::Json(e.to_string()))?
+        };
+        Settings::from_raw(raw)
+    }
+
+    /// Validates an already-parsed [`RawConfig`]; see [`Settings::from_json`] for the errors.
+    pub fn from_raw(raw: RawConfig) -> Result<Settings, ConfigError> {
+        let d = Settings::default();
+        let prefix_length = match raw.prefix_length {
+            Some(v) => in_range("prefix_length", v, PREFIX_LENGTH_RANGE, "1024..=65536 (characters, bytes for raw bodies)")?
+                as usize,
+            None => d.prefix_length,
+        };
+        let block_size = match raw.block_size {
+            Some(v) => in_range("block_size", v, BLOCK_SIZE_RANGE, "16..=8192 bytes")? as usize,
+            None => d.block_size,
+        };
+        if block_size > prefix_length {
+            return Err(ConfigError::OutOfRange {
+                field: "block_size",
+                value: block_size.to_string(),
+                allowed: "at most prefix_length",
+            });
+        }
+        let concurrency_threshold = match raw.concurrency_threshold {
+            Some(v) => in_range("concurrency_threshold", v, CONCURRENCY_THRESHOLD_RANGE, "1..=1024 in-flight requests")?
+                as u32,
+            None => d.concurrency_threshold,
+        };
+        let load_factor = match raw.load_factor {
+            Some(v) if v == 0.0 => 0.0,
+            Some(v) if v.is_finite() && (LOAD_FACTOR_RANGE.0..=LOAD_FACTOR_RANGE.1).contains(&v) => v,
+            Some(v) => {
+                return Err(ConfigError::OutOfRange {
+                    field: "load_factor",
+                    value: v.to_string(),
+                    allowed: "0 (off) or 1.0..=10.0 (multiple of mean load)",
+                })
+            }
+            None => d.load_factor,
+        };
+        let tenant_header = match raw.tenant_header {
+            Some(h) if is_header_name(&h) => h.to_ascii_lowercase(),
+            Some(h) => {
+                return Err(ConfigError::Invalid {
+                    field: "tenant_header".into(),
+                    value: h,
+                    reason: "expected an HTTP header name (1..=128 token characters)",
+                })
+            }
+            None => d.tenant_header,
+        };
+        let max_body_bytes = match raw.max_body_bytes {
+            Some(v) => in_range("max_body_bytes", v, MAX_BODY_BYTES_RANGE, "1024..=67108864 bytes")? as usize,
+            None => d.max_body_bytes,
+        };
+        let index_capacity = match raw.index_capacity {
+            Some(v) => in_range("index_capacity", v, INDEX_CAPACITY_RANGE, "64..=4194304 blocks")? as usize,
+            None => d.index_capacity,
+        };
+        let feed = raw.feed.map(validate_feed).transpose()?;
+        let raw_endpoints = raw.endpoints.unwrap_or_default();
+        if raw_endpoints.len() > MAX_ENDPOINTS {
+            return Err(ConfigError::OutOfRange {
+                field: "endpoints",
+                value: format!("{} entries", raw_endpoints.len()),
+                allowed: "at most 4096 entries",
+            });
+        }
+        let mut endpoints: Vec<String> = Vec::with_capacity(raw_endpoints.len());
+        for (i, e) in raw_endpoints.into_iter().enumerate() {
+            let addr = normalize_address(&e).ok_or_else(|| ConfigError::Invalid {
+                field: format!("endpoints[{i}]"),
+                value: e.clone(),
+                reason: "expected IP:port (IPv6 as [addr]:port)",
+            })?;
+            if !endpoints.contains(&addr) {
+                endpoints.push(addr);
+            }
+        }
+        if endpoints.is_empty() && feed.is_none() {
+            return Err(ConfigError::Invalid {
+                field: "endpoints".into(),
+                value: "[]".into(),
+                reason: "give at least one \"IP:port\" endpoint, or a `feed`",
+            });
+        }
+        Ok(Settings {
+            strategy: raw.strategy.unwrap_or(d.strategy),
+            prefix_length,
+            block_size,
+            concurrency_threshold,
+            load_factor,
+            tenant_header,
+            max_body_bytes,
+            endpoints,
+            index_capacity,
+            debug_header: raw.debug_header.unwrap_or(d.debug_header),
+            feed,
+        })
+    }
+}
+
+/// Parses `IP:port` and returns its canonical text form (`SocketAddr` display), or `None` if it is not one.
+/// Host names are rejected: Envoy's override_host policy matches endpoint addresses, not names.
+pub fn normalize_address(s: &str) -> Option<String> {
+    s.trim().parse::<SocketAddr>().ok().map(|a| a.to_string())
+}
+
+fn validate_feed(raw: RawFeed) -> Result<FeedSettings, ConfigError> {
+    let cluster = match raw.cluster {
+        Some(c) if !c.trim().is_empty() => c,
+        other => {
+            return Err(ConfigError::Invalid {
+                field: "feed.cluster".into(),
+                value: other.unwrap_or_default(),
+                reason: "expected a non-empty Envoy cluster name",
+            })
+        }
+    };
+    let path = raw.path.unwrap_or_else(|| "/v1/endpoints".to_string());
+    if !path.starts_with('/') || path.chars().any(|c| c.is_ascii_control() || c == ' ') {
+        return Err(ConfigError::Invalid {
+            field: "feed.path".into(),
+            value: path,
+            reason: "expected an HTTP path starting with `/`",
+        });
+    }
+    let interval_ms = match raw.interval_ms {
+        Some(v) => in_range("feed.interval_ms", v, FEED_INTERVAL_RANGE, "100..=60000 ms")?,
+        None => 1000,
+    };
+    Ok(FeedSettings { cluster, path, interval_ms })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err(json: &str) -> String {
+        Settings::from_json(json.as_bytes()).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn defaults_apply_with_one_endpoint() {
+        let s = Settings::from_json(br#"{"endpoints":["127.0.0.1:8001"]}"#).unwrap();
+        assert_eq!(s.strategy, Strategy::PrefixAware);
+        assert_eq!(s.prefix_length, 8192);
+        assert_eq!(s.load_factor, 1.25);
+        assert_eq!(s.tenant_header, "x-warmpath-prefix-id");
+        assert_eq!(s.endpoints, vec!["127.0.0.1:8001".to_string()]);
+    }
+
+    #[test]
+    fn full_config_parses() {
+        let s = Settings::from_json(
+            br#"{"strategy":"LEAST_OUTSTANDING_REQUESTS","prefix_length":2048,"block_size":64,
+                "concurrency_threshold":4,"load_factor":0,"tenant_header":"X-Tenant","max_body_bytes":4096,
+                "endpoints":["127.0.0.1:1"," [::1]:2 ","127.0.0.1:1"],"index_capacity":100,"debug_header":true,
+                "feed":{"cluster":"warmpath-controller","interval_ms":500}}"#,
+        )
+        .unwrap();
+        assert_eq!(s.strategy, Strategy::LeastOutstandingRequests);
+        assert_eq!(s.block_size, 64);
+        assert_eq!(s.load_factor, 0.0);
+        assert_eq!(s.tenant_header, "x-tenant");
+        assert_eq!(s.endpoints, vec!["127.0.0.1:1".to_string(), "[::1]:2".to_string()]);
+        let f = s.feed.unwrap();
+        assert_eq!((f.cluster.as_str(), f.path.as_str(), f.interval_ms), ("warmpath-controller", "/v1/endpoints", 500));
+    }
+
+    #[test]
+    fn errors_name_field_value_and_range() {
+        let e = err(r#"{"prefix_length":99,"endpoints":["127.0.0.1:1"]}"#);
+        assert!(e.contains("`prefix_length` = 99") && e.contains("1024..=65536"), "{e}");
+        let e = err(r#"{"concurrency_threshold":0,"endpoints":["127.0.0.1:1"]}"#);
+        assert!(e.contains("concurrency_threshold") && e.contains("1..=1024"), "{e}");
+        let e = err(r#"{"load_factor":0.5,"endpoints":["127.0.0.1:1"]}"#);
+        assert!(e.contains("load_factor") && e.contains("0.5"), "{e}");
+        let e = err(r#"{"endpoints":["localhost:80"]}"#);
+        assert!(e.contains("endpoints[0]") && e.contains("localhost:80") && e.contains("IP:port"), "{e}");
+        let e = err(r#"{"endpoints":[]}"#);
+        assert!(e.contains("endpoints") && e.contains("at least one"), "{e}");
+        let e = err(r#"{"strategy":"ROUND_ROBIN","endpoints":["127.0.0.1:1"]}"#);
+        assert!(e.contains("ROUND_ROBIN") && e.contains("PREFIX_AWARE"), "{e}");
+        let e = err(r#"{"prefx_length":2048}"#);
+        assert!(e.contains("prefx_length"), "{e}");
+        let e = err(r#"{"block_size":4096,"prefix_length":2048,"endpoints":["127.0.0.1:1"]}"#);
+        assert!(e.contains("block_size") && e.contains("prefix_length"), "{e}");
+        let e = err(r#"{"tenant_header":"bad header","endpoints":["127.0.0.1:1"]}"#);
+        assert!(e.contains("tenant_header"), "{e}");
+        let e = err(r#"{"feed":{"cluster":"c","path":"nope"}}"#);
+        assert!(e.contains("feed.path"), "{e}");
+        let e = err(r#"{"feed":{"cluster":"c","interval_ms":5}}"#);
+        assert!(e.contains("feed.interval_ms") && e.contains("100..=60000"), "{e}");
+        let e = err("{not json");
+        assert!(e.starts_with("plugin configuration: invalid JSON"), "{e}");
+        for e in [err(r#"{"prefix_length":99}"#), err("[1,2]"), err(r#"{"endpoints":["1.2.3.4"]}"#)] {
+            assert!(!e.contains('\n'), "one line: {e}");
+        }
+    }
+
+    #[test]
+    fn empty_config_needs_endpoints() {
+        let e = Settings::from_json(b"  ").unwrap_err().to_string();
+        assert!(e.contains("endpoints"), "{e}");
+        assert!(Settings::from_json(br#"{"feed":{"cluster":"c"}}"#).unwrap().endpoints.is_empty());
+    }
+}

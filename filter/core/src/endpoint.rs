@@ -1,0 +1,63 @@
+//! Endpoints (model-server upstream hosts) and their load as seen by the gateway.
+
+/// One model-server endpoint. Identity is the address: the router gives every distinct address a stable
+/// numeric `id` that survives endpoint-set changes, so the prefix index keeps its entries.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Endpoint {
+    /// `IP:port` as Envoy's override_host policy expects it (IPv6 as `[addr]:port`), canonical `SocketAddr` form.
+    pub address: String,
+    /// Stable id of this address inside one [`crate::Router`] (not meaningful across routers or replicas).
+    pub id: u32,
+}
+
+impl Endpoint {
+    /// An endpoint with the given address and id.
+    pub fn new(address: impl Into<String>, id: u32) -> Endpoint {
+        Endpoint { address: address.into(), id }
+    }
+}
+
+/// Load reported by the model server itself (fed later by the controller from the server's metrics).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct ServerLoad {
+    /// Requests queued at the server, not yet scheduled (e.g. vLLM `num_requests_waiting`).
+    pub waiting: u32,
+    /// Requests being decoded/prefilled at the server (e.g. vLLM `num_requests_running`).
+    pub running: u32,
+    /// Fraction of the KV cache in use, 0.0..=1.0 (e.g. vLLM `gpu_cache_usage_perc`).
+    pub kv_cache_usage: f32,
+}
+
+/// KV-cache usage at or above which an endpoint that also has queued requests counts as overloaded
+/// (a full cache with a queue means the server is preempting or waiting for blocks).
+pub const KV_CACHE_FULL: f32 = 0.95;
+
+/// Load of one endpoint as the router sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct EndpointLoad {
+    /// Requests this gateway has sent to the endpoint that have not finished (shared across Envoy workers).
+    pub in_flight: u32,
+    /// Server-side load, when the feed provides it.
+    pub server: Option<ServerLoad>,
+}
+
+impl EndpointLoad {
+    /// Load with only an in-flight count.
+    pub fn in_flight(n: u32) -> EndpointLoad {
+        EndpointLoad { in_flight: n, server: None }
+    }
+
+    /// Outstanding requests used by the policies: the larger of this gateway's in-flight count and the
+    /// server's waiting + running count (the server also counts other gateways' requests; in-flight is fresher).
+    pub fn effective(&self) -> u32 {
+        match self.server {
+            Some(s) => self.in_flight.max(s.waiting.saturating_add(s.running)),
+            None => self.in_flight,
+        }
+    }
+
+    /// True when the server reports a full KV cache (≥ [`KV_CACHE_FULL`]) and a queue.
+    pub fn kv_saturated(&self) -> bool {
+        self.server.is_some_and(|s| s.kv_cache_usage >= KV_CACHE_FULL && s.waiting > 0)
+    }
+}

@@ -1,0 +1,313 @@
+//! PREFIX_AWARE: longest prefix match against the bounded index, else a consistent (rendezvous) pick keyed on
+//! the prefix up to where sharing ends, with an overload guard.
+//!
+//! ## The chain
+//! A request's text is a chain of nodes: full blocks `b_0 .. b_{n-1}` (see [`crate::prefix`]), and inside one
+//! block, checkpoints at every [`checkpoint_step`] bytes (quarter blocks), hashed with [`checkpoint_hash`].
+//! Checkpoints are only used at two places: the block where the shared part ends (so the key can stop a
+//! quarter block after the shared part instead of a whole block), and the trailing partial block (so a later
+//! turn that extends this text finds it even when turn 1 is shorter than a block).
+//!
+//! ## Common prefixes
+//! A node is *common* when it carries no placement information: it is held by at least half of the endpoints
+//! (`routing-findings.md`: "key = prefix up to the first block not cached on most endpoints"), or the traffic
+//! diverged below it at least [`BRANCH_FACTOR`]·N times (a system prompt followed by many different
+//! conversations). Both are monotone along a chain (an ancestor is recorded whenever a descendant is), so the
+//! common part and the longest match are each found by binary search over the chain.
+//!
+//! ## Decision
+//! 1. Longest match `m`: the deepest full block present in the index (binary search), then the deepest
+//!    checkpoint of block `m` present (probed from long to short).
+//! 2. If the deepest matched node is not common, route to its most recent holder that the overload guard
+//!    admits ([`Reason::PrefixMatch`]): a growing conversation keeps landing where its history is cached.
+//! 3. Otherwise the key is the first non-common node: the common blocks, then the first checkpoint of the next
+//!    block that is not common (else that whole block, else the whole tail). The endpoint is the rendezvous
+//!    top for that key ([`Reason::ConsistentPick`]); every replica computes the same key once it has seen the
+//!    shared prefix, and turn k+1 gets turn k's key as long as turn 1 reached that checkpoint.
+//! 4. Overload guard ([`LoadGuard`]): an endpoint at `concurrency_threshold` in-flight or above the bounded-load
+//!    cap is skipped; the request goes to the next endpoint in rendezvous order, else the least-loaded one
+//!    ([`Reason::Overflow`]).
+//!
+//! `on_routed` records the chain under the chosen endpoint.
+
+use std::borrow::Cow;
+
+use super::{PickInput, Policy};
+use crate::config::Settings;
+use crate::decision::{Decision, Reason};
+use crate::endpoint::{Endpoint, EndpointLoad};
+use crate::hrw;
+use crate::index::{BlockInfo, PrefixIndex, MAX_HOLDERS};
+use crate::load::{least_loaded, LoadGuard};
+use crate::prefix::{checkpoint_hash, checkpoint_step, PrefixHashes};
+
+/// A node is common when the traffic diverged below it at least `BRANCH_FACTOR × N` times (N endpoints).
+pub const BRANCH_FACTOR: u16 = 2;
+
+/// Longest-prefix-match + consistent-hash policy owning the bounded prefix index.
+pub struct PrefixAwarePolicy {
+    block_size: usize,
+    threshold: u32,
+    load_factor: f64,
+    index: PrefixIndex,
+    /// Endpoint ids of the last endpoint list seen, in order.
+    ids: Vec<u32>,
+    /// Position of each endpoint id in that list (`usize::MAX` = not present), indexed by id.
+    pos_by_id: Vec<usize>,
+}
+
+/// What the index says about one request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Plan {
+    /// Full blocks matched (longest match).
+    matched_blocks: usize,
+    /// Bytes matched: full blocks plus a matched checkpoint.
+    matched_len: usize,
+    /// Deepest matched node, if it is not common (a useful match).
+    useful: Option<u64>,
+    /// Hash of the deepest matched full block (for reporting matches of other choices).
+    last_full: Option<u64>,
+    /// Leading common full blocks.
+    common_blocks: usize,
+    /// Rendezvous key.
+    key: u64,
+}
+
+impl PrefixAwarePolicy {
+    /// A policy with an empty index sized by `settings.index_capacity` blocks.
+    pub fn new(settings: &Settings) -> PrefixAwarePolicy {
+        PrefixAwarePolicy {
+            block_size: settings.block_size,
+            threshold: settings.concurrency_threshold,
+            load_factor: settings.load_factor,
+            index: PrefixIndex::new(settings.index_capacity),
+            ids: Vec::new(),
+            pos_by_id: Vec::new(),
+        }
+    }
+
+    /// The prefix index (read-only; for metrics and tests).
+    pub fn index(&self) -> &PrefixIndex {
+        &self.index
+    }
+
+    fn sync(&mut self, endpoints: &[Endpoint]) {
+        if self.ids.len() == endpoints.len() && self.ids.iter().zip(endpoints).all(|(a, e)| *a == e.id) {
+            return;
+        }
+        self.ids = endpoints.iter().map(|e| e.id).collect();
+        self.pos_by_id.iter_mut().for_each(|p| *p = usize::MAX);
+        for (i, e) in endpoints.iter().enumerate() {
+            let id = e.id as usize;
+            if id >= self.pos_by_id.len() {
+                self.pos_by_id.resize(id + 1, usize::MAX);
+            }
+            self.pos_by_id[id] = i;
+        }
+    }
+
+    fn pos(&self, id: u32) -> Option<usize> {
+        self.pos_by_id.get(id as usize).copied().filter(|&p| p != usize::MAX)
+    }
+
+    fn active_holders(&self, info: &BlockInfo) -> usize {
+        info.holders.iter().filter(|&&h| self.pos(h).is_some()).count()
+    }
+
+    fn present(&self, hash: u64) -> bool {
+        self.index.get(hash).is_some_and(|i| self.active_holders(&i) > 0)
+    }
+
+    fn is_common(&self, hash: u64) -> bool {
+        let n = self.ids.len();
+        let need_holders = n.div_ceil(2).clamp(2, MAX_HOLDERS);
+        let need_branches = (n as u16).saturating_mul(BRANCH_FACTOR).max(2);
+        self.index.get(hash).is_some_and(|i| i.branches >= need_branches || self.active_holders(&i) >= need_holders)
+    }
+
+    /// Largest `k` in `0..=hi` such that `pred(blocks[k-1])` holds, assuming `pred` holds on a prefix.
+    fn search(&self, blocks: &[u64], hi: usize, pred: impl Fn(&Self, u64) -> bool) -> usize {
+        let (mut lo, mut hi) = (0usize, hi);
+        while lo < hi {
+            let mid = (lo + hi).div_ceil(2);
+            if pred(self, blocks[mid - 1]) {
+                lo = mid;
+            } else {
+                hi = mid - 1;
+            }
+        }
+        lo
+    }
+
+    /// Checkpoint lengths inside block `i` (strictly shorter than a block, at most the bytes available there).
+    fn checkpoints(&self, text_len: usize, i: usize) -> impl DoubleEndedIterator<Item = usize> {
+        let step = checkpoint_step(self.block_size);
+        let avail = text_len.saturating_sub(i * self.block_size).min(self.block_size);
+        let bs = self.block_size;
+        (1..=avail / step).map(move |k| k * step).filter(move |&c| c < bs)
+    }
+
+    fn plan(&self, text: &[u8], ph: &PrefixHashes) -> Plan {
+        let bs = self.block_size;
+        let blocks = &ph.blocks;
+        let nb = blocks.len();
+        let m = self.search(blocks, nb, |s, h| s.present(h));
+        let common = self.search(blocks, m, |s, h| s.is_common(h));
+        // Deepest present checkpoint inside block m.
+        let start = m * bs;
+        let partial = self
+            .checkpoints(text.len(), m)
+            .rev()
+            .map(|c| (c, checkpoint_hash(ph.parent(m), &text[start..start + c])))
+            .find(|&(_, h)| self.present(h));
+        let last_full = m.checked_sub(1).map(|i| blocks[i]);
+        let (useful, matched_len) = match partial {
+            Some((c, h)) if !self.is_common(h) => (Some(h), start + c),
+            _ if m > common => (last_full, start),
+            _ => (None, start),
+        };
+        // Key: first non-common node after the common blocks.
+        let s = common;
+        let key = if s == nb && ph.tail_len() == 0 {
+            last_full.unwrap_or(ph.namespace)
+        } else {
+            let begin = s * bs;
+            let first_new = self
+                .checkpoints(text.len(), s)
+                .map(|c| checkpoint_hash(ph.parent(s), &text[begin..begin + c]))
+                .find(|&h| !self.is_common(h));
+            match first_new {
+                Some(h) => h,
+                None if s < nb => blocks[s],
+                None => checkpoint_hash(ph.parent(s), &text[begin..]),
+            }
+        };
+        Plan { matched_blocks: m, matched_len, useful, last_full, common_blocks: common, key }
+    }
+
+    /// The chain recorded for a request: common blocks, checkpoints of the next block, the remaining blocks,
+    /// and the largest checkpoint of the trailing partial block.
+    fn chain(&self, text: &[u8], ph: &PrefixHashes, common: usize) -> Vec<u64> {
+        let bs = self.block_size;
+        let nb = ph.blocks.len();
+        let mut chain = Vec::with_capacity(nb + 5);
+        chain.extend_from_slice(&ph.blocks[..common]);
+        let begin = common * bs;
+        chain.extend(self.checkpoints(text.len(), common).map(|c| checkpoint_hash(ph.parent(common), &text[begin..begin + c])));
+        if common < nb {
+            chain.extend_from_slice(&ph.blocks[common..]);
+            if let Some(c) = self.checkpoints(text.len(), nb).next_back() {
+                chain.push(checkpoint_hash(ph.parent(nb), &text[nb * bs..nb * bs + c]));
+            }
+        }
+        chain
+    }
+
+    fn holds(&self, hash: Option<u64>, pos: usize) -> bool {
+        let Some(h) = hash else { return false };
+        self.index.get(h).is_some_and(|i| i.holders.iter().any(|&id| self.pos(id) == Some(pos)))
+    }
+}
+
+impl Policy for PrefixAwarePolicy {
+    fn name(&self) -> &'static str {
+        "PREFIX_AWARE"
+    }
+
+    fn pick(&mut self, input: &PickInput, endpoints: &[Endpoint], loads: &[EndpointLoad]) -> Option<Decision> {
+        if endpoints.is_empty() {
+            return None;
+        }
+        self.sync(endpoints);
+        let n = endpoints.len();
+        let guard = LoadGuard::new(self.threshold, self.load_factor, n, loads);
+        let Some(key) = input.key.filter(|k| !k.text.is_empty()) else {
+            let i = least_loaded(input.random, endpoints, loads)?;
+            return Some(Decision::new(endpoints, i, Reason::LeastOutstanding));
+        };
+        let ph: Cow<PrefixHashes> = match input.prefix {
+            Some(p) if p.block_size == self.block_size && p.namespace == key.namespace => Cow::Borrowed(p),
+            _ => Cow::Owned(PrefixHashes::compute(key.namespace, &key.text, self.block_size)),
+        };
+        let plan = self.plan(&key.text, &ph);
+        let blocks = plan.matched_blocks as u32;
+        if let Some(h) = plan.useful {
+            let holders: Vec<usize> = self
+                .index
+                .get(h)
+                .map(|i| i.holders.iter().filter_map(|&id| self.pos(id)).collect())
+                .unwrap_or_default();
+            if let Some(&i) = holders.iter().find(|&&i| guard.admits(loads, i)) {
+                return Some(Decision::new(endpoints, i, Reason::PrefixMatch).with_match(blocks, plan.matched_len));
+            }
+        }
+        let report = |s: &Self, i: usize, reason| {
+            let d = Decision::new(endpoints, i, reason);
+            if s.holds(plan.useful, i) {
+                d.with_match(blocks, plan.matched_len)
+            } else if s.holds(plan.last_full, i) {
+                d.with_match(blocks, plan.matched_blocks * s.block_size)
+            } else {
+                d
+            }
+        };
+        let top = hrw::top(plan.key, endpoints)?;
+        if plan.useful.is_none() && guard.admits(loads, top) {
+            return Some(report(self, top, Reason::ConsistentPick));
+        }
+        let next = hrw::order(plan.key, endpoints).into_iter().find(|&i| guard.admits(loads, i));
+        let i = match next {
+            Some(i) => i,
+            None => least_loaded(plan.key, endpoints, loads)?,
+        };
+        Some(report(self, i, Reason::Overflow))
+    }
+
+    fn on_routed(&mut self, input: &PickInput, endpoints: &[Endpoint], decision: &Decision) {
+        let Some(key) = input.key.filter(|k| !k.text.is_empty()) else { return };
+        if decision.reason == Reason::FailOpen || decision.endpoint >= endpoints.len() {
+            return;
+        }
+        self.sync(endpoints);
+        let id = endpoints[decision.endpoint].id;
+        let ph: Cow<PrefixHashes> = match input.prefix {
+            Some(p) if p.block_size == self.block_size && p.namespace == key.namespace => Cow::Borrowed(p),
+            _ => Cow::Owned(PrefixHashes::compute(key.namespace, &key.text, self.block_size)),
+        };
+        let common = self.plan(&key.text, &ph).common_blocks;
+        let chain = self.chain(&key.text, &ph, common);
+        let pos_by_id = std::mem::take(&mut self.pos_by_id);
+        let active = |h: u32| pos_by_id.get(h as usize).is_some_and(|&p| p != usize::MAX);
+        let mut diverged = false;
+        for (i, &h) in chain.iter().enumerate() {
+            let new = self.index.record(h, id, active);
+            if new && i > 0 {
+                let siblings = self.index.add_child(chain[i - 1]);
+                // Only the first new node of a request can be a divergence; later ones extend it.
+                if siblings >= 2 && !diverged {
+                    diverged = true;
+                    for &a in &chain[..i] {
+                        self.index.add_branch(a);
+                    }
+                }
+            }
+        }
+        self.pos_by_id = pos_by_id;
+    }
+
+    fn on_endpoints_changed(&mut self, endpoints: &[Endpoint]) {
+        self.sync(endpoints);
+    }
+
+    fn reconfigure(&mut self, settings: &Settings) -> bool {
+        if settings.block_size != self.block_size {
+            return false;
+        }
+        self.threshold = settings.concurrency_threshold;
+        self.load_factor = settings.load_factor;
+        if settings.index_capacity != self.index.capacity() {
+            self.index.set_capacity(settings.index_capacity);
+        }
+        true
+    }
+}

@@ -1,0 +1,134 @@
+//! [`Router`]: settings + endpoint set + policy (with its prefix index) behind one entry point.
+
+use std::collections::HashMap;
+
+use crate::config::{normalize_address, Settings, Strategy};
+use crate::error::ConfigError;
+use crate::decision::{Decision, Reason};
+use crate::endpoint::{Endpoint, EndpointLoad};
+use crate::extract::RequestKey;
+use crate::load::least_loaded;
+use crate::policy::{self, PickInput, Policy};
+use crate::prefix::PrefixHashes;
+
+/// Addresses remembered beyond the current set, so an endpoint that leaves and comes back keeps its id (and
+/// its prefix-index entries). Past this many, ids of absent addresses are forgotten.
+pub const REMEMBERED_ADDRESSES: usize = 1024;
+
+/// Routes requests: owns the validated [`Settings`], the endpoint set (stable ids by address) and the policy.
+pub struct Router {
+    settings: Settings,
+    endpoints: Vec<Endpoint>,
+    ids: HashMap<String, u32>,
+    next_id: u32,
+    policy: Box<dyn Policy>,
+}
+
+impl Router {
+    /// A router for `settings` with `settings.endpoints` as the endpoint set and an empty prefix index.
+    pub fn new(settings: Settings) -> Router {
+        let policy = policy::create(&settings);
+        let mut r = Router { endpoints: Vec::new(), ids: HashMap::new(), next_id: 0, policy, settings };
+        let eps = r.settings.endpoints.clone();
+        r.install_endpoints(eps);
+        r
+    }
+
+    /// Current settings.
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    /// Current endpoints; `loads` passed to [`Router::route`] are parallel to this slice.
+    pub fn endpoints(&self) -> &[Endpoint] {
+        &self.endpoints
+    }
+
+    /// Name of the active policy (metrics label).
+    pub fn policy_name(&self) -> &'static str {
+        self.policy.name()
+    }
+
+    /// Replaces the endpoint set (e.g. from the controller feed). Addresses are normalised and de-duplicated;
+    /// order is kept. The prefix index and counters are kept: endpoints are identified by address, and index
+    /// entries of removed endpoints are dropped lazily.
+    ///
+    /// Errors: [`ConfigError::Invalid`] naming the first address that is not `IP:port`; the set is then unchanged.
+    pub fn set_endpoints(&mut self, addresses: Vec<String>) -> Result<(), ConfigError> {
+        let mut normalized = Vec::with_capacity(addresses.len());
+        for (i, a) in addresses.iter().enumerate() {
+            let n = normalize_address(a).ok_or_else(|| ConfigError::Invalid {
+                field: format!("endpoints[{i}]"),
+                value: a.clone(),
+                reason: "expected IP:port (IPv6 as [addr]:port)",
+            })?;
+            if !normalized.contains(&n) {
+                normalized.push(n);
+            }
+        }
+        self.install_endpoints(normalized);
+        Ok(())
+    }
+
+    fn install_endpoints(&mut self, addresses: Vec<String>) {
+        if self.ids.len() > addresses.len() + REMEMBERED_ADDRESSES {
+            self.ids.retain(|a, _| addresses.contains(a));
+        }
+        self.endpoints = addresses
+            .into_iter()
+            .map(|a| {
+                let id = *self.ids.entry(a.clone()).or_insert_with(|| {
+                    self.next_id = self.next_id.wrapping_add(1);
+                    self.next_id
+                });
+                Endpoint { address: a, id }
+            })
+            .collect();
+        self.settings.endpoints = self.endpoints.iter().map(|e| e.address.clone()).collect();
+        self.policy.on_endpoints_changed(&self.endpoints);
+    }
+
+    /// Applies new settings. The policy (and its prefix index) is kept when the strategy is the same and the
+    /// policy accepts the change (PREFIX_AWARE keeps its index unless `block_size` changed); the endpoint set
+    /// is replaced by `settings.endpoints` unless that list is empty (feed-driven), keeping endpoint ids.
+    pub fn reconfigure(&mut self, settings: Settings) {
+        let same = settings.strategy == self.settings.strategy && self.policy.reconfigure(&settings);
+        if !same {
+            self.policy = policy::create(&settings);
+        }
+        let eps = if settings.endpoints.is_empty() { self.settings.endpoints.clone() } else { settings.endpoints.clone() };
+        self.settings = settings;
+        self.install_endpoints(eps);
+    }
+
+    /// Routes one request. `input.key` is the extracted key (`None` after an extraction error: the request is
+    /// routed by least outstanding requests with [`Reason::FailOpen`]); `input.prefix` is filled in here when
+    /// absent. `loads[i]` belongs to `endpoints()[i]`. Updates the prefix index. Returns `None` only when the
+    /// endpoint set is empty.
+    pub fn route(&mut self, input: &PickInput, loads: &[EndpointLoad]) -> Option<Decision> {
+        let Some(key) = input.key else {
+            return self.fail_open(input.random, loads);
+        };
+        let computed;
+        let mut input = *input;
+        if input.prefix.is_none() && self.settings.strategy == Strategy::PrefixAware {
+            computed = PrefixHashes::compute(key.namespace, &key.text, self.settings.block_size);
+            input.prefix = Some(&computed);
+        }
+        let decision = self.policy.pick(&input, &self.endpoints, loads)?;
+        self.policy.on_routed(&input, &self.endpoints, &decision);
+        Some(decision)
+    }
+
+    /// Convenience: routes a key with the given randomness and time.
+    pub fn route_key(&mut self, key: &RequestKey, random: u64, now_ms: u64, loads: &[EndpointLoad]) -> Option<Decision> {
+        self.route(&PickInput { key: Some(key), prefix: None, random, now_ms }, loads)
+    }
+
+    /// The fail-open choice: least outstanding requests, ties broken by `random`. `None` when there are no
+    /// endpoints.
+    pub fn fail_open(&self, random: u64, loads: &[EndpointLoad]) -> Option<Decision> {
+        let i = least_loaded(random, &self.endpoints, loads)?;
+        Some(Decision::new(&self.endpoints, i, Reason::FailOpen))
+    }
+}

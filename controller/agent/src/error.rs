@@ -1,0 +1,97 @@
+//! The agent's one error type. Each variant maps to a short CamelCase `reason` that ends up in the
+//! node's cache state (and from there in `ModelCache.status.nodes[].reason`), so users see *why*.
+
+use std::path::PathBuf;
+
+/// Everything that can stop a cache from becoming ready on this node.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    /// The object store (S3, HTTP) refused or failed a request.
+    #[error("object store: {0}")]
+    Store(#[from] object_store::Error),
+    /// The Hugging Face Hub API failed (repo info, revision lookup).
+    #[error("Hugging Face Hub: {0}")]
+    Hub(String),
+    /// A local filesystem operation failed.
+    #[error("{op} {path}: {source}")]
+    Io {
+        /// What was being done (`create`, `rename`, `write`, ...).
+        op: &'static str,
+        /// The path it was done to.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// Not enough free space on the cache filesystem; nothing was downloaded.
+    #[error(
+        "not enough free disk on {path}: need {needed} bytes to download plus {reserve} bytes reserve, \
+         {available} bytes available"
+    )]
+    InsufficientDisk {
+        /// The cache root whose filesystem was checked.
+        path: PathBuf,
+        /// Bytes still to download (bytes, not counting what a previous attempt already verified).
+        needed: u64,
+        /// Bytes the agent must leave free (configured reserve).
+        reserve: u64,
+        /// Bytes the filesystem reports available to unprivileged users.
+        available: u64,
+    },
+    /// The downloaded file has a different length than the source reported.
+    #[error("size mismatch for {file}: source says {expected} bytes, downloaded {actual} bytes")]
+    SizeMismatch {
+        /// File path relative to the cache version directory.
+        file: String,
+        /// Bytes reported by the source.
+        expected: u64,
+        /// Bytes on disk.
+        actual: u64,
+    },
+    /// The downloaded file's sha256 differs from the expected checksum in the spec.
+    #[error("sha256 mismatch for {file}: expected {expected}, downloaded {actual}")]
+    ChecksumMismatch {
+        /// File path relative to the cache version directory.
+        file: String,
+        /// Hex sha256 from the spec.
+        expected: String,
+        /// Hex sha256 of the downloaded bytes.
+        actual: String,
+    },
+    /// The source is malformed or names something that cannot be cached.
+    #[error("invalid source: {0}")]
+    InvalidSource(String),
+    /// The download was cancelled (cache deleted or agent shutting down); progress is kept.
+    #[error("cancelled; progress kept for resume")]
+    Cancelled,
+    /// A Kubernetes API call failed.
+    #[error("kubernetes API: {0}")]
+    Kube(String),
+}
+
+impl AgentError {
+    /// Short CamelCase reason for status fields (Kubernetes condition `reason` style).
+    pub fn reason(&self) -> &'static str {
+        match self {
+            AgentError::Store(object_store::Error::NotFound { .. }) => "SourceNotFound",
+            AgentError::Store(object_store::Error::Precondition { .. }) => "SourceChanged",
+            AgentError::Store(_) => "SourceError",
+            AgentError::Hub(_) => "HubError",
+            AgentError::Io { .. } => "DiskError",
+            AgentError::InsufficientDisk { .. } => "InsufficientDisk",
+            AgentError::SizeMismatch { .. } => "SizeMismatch",
+            AgentError::ChecksumMismatch { .. } => "ChecksumMismatch",
+            AgentError::InvalidSource(_) => "InvalidSource",
+            AgentError::Cancelled => "Cancelled",
+            AgentError::Kube(_) => "KubernetesError",
+        }
+    }
+
+    /// Helper: wrap an io error with the operation and path.
+    pub fn io(op: &'static str, path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> AgentError {
+        let path = path.into();
+        move |source| AgentError::Io { op, path, source }
+    }
+}
+
+/// Result alias for the agent.
+pub type Result<T, E = AgentError> = std::result::Result<T, E>;

@@ -1,0 +1,146 @@
+//! `warmpath-agent` binary: `fetch` (one cache, one shot: used by the pod's cold-node fallback init
+//! container and by benchmarks), `remove`, and `run` (the DaemonSet's node loop).
+
+use std::{collections::BTreeMap, path::PathBuf, process::ExitCode, sync::Arc};
+
+use clap::{Args, Parser, Subcommand};
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use warmpath_agent::{
+    disk::FixedFreeSpace,
+    fetch::{DEFAULT_CHUNK_SIZE, DEFAULT_CONCURRENCY},
+    source::SourceAuth,
+    sync::remove_cache,
+    sync_cache, CacheRequest, SourceSpec, SyncOptions,
+};
+
+#[derive(Parser)]
+#[command(name = "warmpath-agent", version, about = "warmpath node agent: model weights on node-local disk")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Download one source into <root>/<key>/current (resumable; prints a JSON report).
+    Fetch(FetchArgs),
+    /// Remove one cache from this node.
+    Remove {
+        /// Cache root.
+        #[arg(long, env = "WARMPATH_CACHE_ROOT", default_value = "/opt/warmpath/models")]
+        root: PathBuf,
+        /// Cache key (`<namespace>.<name>`).
+        #[arg(long)]
+        key: String,
+    },
+}
+
+/// Settings shared by `fetch` and the node loop.
+#[derive(Args, Clone)]
+struct EngineArgs {
+    /// Cache root on the node.
+    #[arg(long, env = "WARMPATH_CACHE_ROOT", default_value = "/opt/warmpath/models")]
+    root: PathBuf,
+    /// Range size of each ranged read, bytes.
+    #[arg(long, default_value_t = DEFAULT_CHUNK_SIZE)]
+    chunk_size: u64,
+    /// Ranged reads in flight (agent-wide).
+    #[arg(long, default_value_t = DEFAULT_CONCURRENCY)]
+    concurrency: usize,
+    /// Bytes to keep free on the cache filesystem; downloads that would eat into it are refused.
+    #[arg(long, default_value_t = 10 << 30)]
+    reserve_bytes: u64,
+    /// Pretend the filesystem has exactly this many free bytes (operator quota; tests).
+    #[arg(long)]
+    free_bytes_override: Option<u64>,
+    /// File holding the Hugging Face token (else `HF_TOKEN`).
+    #[arg(long, env = "WARMPATH_HF_TOKEN_FILE")]
+    hf_token_file: Option<PathBuf>,
+}
+
+impl EngineArgs {
+    fn options(&self) -> anyhow_like::Result<SyncOptions> {
+        let mut o = SyncOptions::new(&self.root);
+        o.fetch.chunk_size = self.chunk_size;
+        o.fetch.concurrency = self.concurrency;
+        o.fetch.permits = Arc::new(Semaphore::new(self.concurrency.max(1)));
+        o.reserve_bytes = self.reserve_bytes;
+        if let Some(free) = self.free_bytes_override {
+            o.free_space = Arc::new(FixedFreeSpace(free));
+        }
+        let token = match &self.hf_token_file {
+            Some(p) => Some(std::fs::read_to_string(p).map_err(|e| format!("reading {}: {e}", p.display()))?.trim().to_string()),
+            None => std::env::var("HF_TOKEN").ok(),
+        };
+        o.auth = SourceAuth { hf_token: token.filter(|t| !t.is_empty()) };
+        Ok(o)
+    }
+}
+
+#[derive(Args)]
+struct FetchArgs {
+    /// `s3://bucket/prefix?region=R&endpoint=URL`, `http(s)://host/path/file`, `hf://org/name?revision=REV`.
+    #[arg(long)]
+    source: String,
+    /// Cache key (`<namespace>.<name>`; one directory under the root).
+    #[arg(long)]
+    key: String,
+    /// Expected checksum of a file: `path/in/cache=HEX` (repeatable).
+    #[arg(long = "sha256", value_parser = parse_kv)]
+    sha256: Vec<(String, String)>,
+    #[command(flatten)]
+    engine: EngineArgs,
+}
+
+fn parse_kv(s: &str) -> Result<(String, String), String> {
+    s.split_once('=').map(|(a, b)| (a.to_string(), b.to_string())).ok_or_else(|| format!("{s:?}: expected FILE=HEX"))
+}
+
+mod anyhow_like {
+    pub type Result<T> = std::result::Result<T, String>;
+}
+
+fn fail(reason: &str, message: &str) -> ExitCode {
+    println!("{}", serde_json::json!({ "phase": "Failed", "reason": reason, "message": message }));
+    ExitCode::FAILURE
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .with_writer(std::io::stderr)
+        .init();
+    match Cli::parse().cmd {
+        Cmd::Fetch(a) => {
+            let opts = match a.engine.options() {
+                Ok(o) => o,
+                Err(e) => return fail("InvalidConfig", &e),
+            };
+            let source = match SourceSpec::parse_uri(&a.source) {
+                Ok(s) => s,
+                Err(e) => return fail(e.reason(), &e.to_string()),
+            };
+            let req = CacheRequest { key: a.key, source, sha256: a.sha256.into_iter().collect::<BTreeMap<_, _>>() };
+            let cancel = CancellationToken::new();
+            let c = cancel.clone();
+            tokio::spawn(async move {
+                if tokio::signal::ctrl_c().await.is_ok() {
+                    c.cancel();
+                }
+            });
+            match sync_cache(&req, &opts, &cancel, None).await {
+                Ok(r) => {
+                    println!("{}", serde_json::json!({ "phase": "Ready", "report": r }));
+                    ExitCode::SUCCESS
+                }
+                Err(e) => fail(e.reason(), &e.to_string()),
+            }
+        }
+        Cmd::Remove { root, key } => match remove_cache(&root, &key) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => fail(e.reason(), &e.to_string()),
+        },
+    }
+}

@@ -1,0 +1,250 @@
+//! Where weights come from, and how a source becomes a list of files to fetch.
+//!
+//! Every source resolves to an `object_store` store plus a file list, so the fetch engine
+//! ([`crate::fetch`]) does parallel ranged reads the same way for all of them:
+//! - S3 (and S3-compatible endpoints): `AmazonS3`, credentials from the environment
+//!   (`AWS_ACCESS_KEY_ID`/`AWS_SECRET_ACCESS_KEY`, web identity / pod identity), every object under the prefix.
+//! - HTTP(S): `HttpStore` for one URL.
+//! - Hugging Face: `hf-hub` resolves the revision to a commit and lists the repo files; the bytes then come
+//!   through `HttpStore` from `{endpoint}/{repo}/resolve/{commit}/` with the token as a bearer header.
+
+use std::{collections::BTreeMap, sync::Arc};
+
+use object_store::{
+    aws::AmazonS3Builder, http::HttpBuilder, path::Path as StorePath, ClientOptions, ObjectStore,
+    ObjectStoreExt,
+};
+use futures::TryStreamExt;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{AgentError, Result};
+
+/// A model weights source (mirrors `ModelCache.spec.source` without the Kubernetes wrapping).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum SourceSpec {
+    /// Every object under `s3://bucket/prefix`.
+    S3 {
+        /// Bucket name.
+        bucket: String,
+        /// Key prefix; empty means the whole bucket. Files keep their path below the prefix.
+        #[serde(default)]
+        prefix: String,
+        /// AWS region (default `us-east-1`).
+        #[serde(default)]
+        region: Option<String>,
+        /// S3-compatible endpoint URL (MinIO, moto, ...). `http://` endpoints are allowed.
+        #[serde(default)]
+        endpoint: Option<String>,
+    },
+    /// One file at an HTTP(S) URL; the file keeps the URL's last path segment as its name.
+    Http {
+        /// Full URL of the file.
+        url: String,
+    },
+    /// A Hugging Face model repo at a revision (branch, tag or commit; default `main`).
+    HuggingFace {
+        /// `org/name`.
+        repo: String,
+        /// Branch, tag or commit sha.
+        #[serde(default)]
+        revision: Option<String>,
+        /// Hub endpoint (default `https://huggingface.co`; a mirror or a local test server otherwise).
+        #[serde(default)]
+        endpoint: Option<String>,
+    },
+}
+
+impl SourceSpec {
+    /// Parses the CLI form: `s3://bucket/prefix?region=R&endpoint=URL`, `http(s)://host/path/file`,
+    /// `hf://org/name?revision=REV&endpoint=URL`.
+    pub fn parse_uri(uri: &str) -> Result<SourceSpec> {
+        let u = url::Url::parse(uri).map_err(|e| AgentError::InvalidSource(format!("{uri}: {e}")))?;
+        let query: BTreeMap<String, String> = u.query_pairs().into_owned().collect();
+        match u.scheme() {
+            "s3" => Ok(SourceSpec::S3 {
+                bucket: u.host_str().filter(|b| !b.is_empty()).ok_or_else(|| {
+                    AgentError::InvalidSource(format!("{uri}: missing bucket"))
+                })?.to_string(),
+                prefix: u.path().trim_start_matches('/').to_string(),
+                region: query.get("region").cloned(),
+                endpoint: query.get("endpoint").cloned(),
+            }),
+            "http" | "https" => Ok(SourceSpec::Http { url: uri.to_string() }),
+            "hf" => Ok(SourceSpec::HuggingFace {
+                repo: format!("{}{}", u.host_str().unwrap_or_default(), u.path()),
+                revision: query.get("revision").cloned(),
+                endpoint: query.get("endpoint").cloned(),
+            }),
+            other => Err(AgentError::InvalidSource(format!("{uri}: unsupported scheme {other:?} (s3, http, https, hf)"))),
+        }
+    }
+}
+
+/// One object to fetch.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RemoteFile {
+    /// Location in the store.
+    pub location: String,
+    /// Path of the file inside the cache version directory (`/`-separated, no `..`).
+    pub rel: String,
+    /// Size in bytes as reported by the source.
+    pub size: u64,
+    /// Entity tag reported by the source, if any; sent as `If-Match` on every ranged read so an object that
+    /// changes mid-download fails instead of mixing two versions.
+    pub e_tag: Option<String>,
+}
+
+/// A source resolved to a store and concrete files.
+pub struct ResolvedSource {
+    /// Store to read from.
+    pub store: Arc<dyn ObjectStore>,
+    /// Files, sorted by `rel`.
+    pub files: Vec<RemoteFile>,
+    /// What pins this content besides the file list (the Hugging Face commit sha), for the fingerprint.
+    pub pin: Option<String>,
+}
+
+/// Credentials and endpoints that do not live in the spec.
+#[derive(Debug, Clone, Default)]
+pub struct SourceAuth {
+    /// Hugging Face token (read by the agent from a file or `HF_TOKEN`).
+    pub hf_token: Option<String>,
+}
+
+/// Rejects absolute paths and `..` so a hostile listing cannot write outside the cache directory.
+pub fn safe_rel(rel: &str) -> Result<String> {
+    let rel = rel.trim_start_matches('/');
+    if rel.is_empty() || rel.split('/').any(|c| c.is_empty() || c == "." || c == "..") {
+        return Err(AgentError::InvalidSource(format!("unsafe file path {rel:?} in source listing")));
+    }
+    Ok(rel.to_string())
+}
+
+fn allow_http(endpoint: &str) -> bool {
+    endpoint.starts_with("http://")
+}
+
+/// Resolves a spec to a store and its file list (lists S3, HEADs HTTP, asks the Hub for the repo files).
+pub async fn resolve(spec: &SourceSpec, auth: &SourceAuth) -> Result<ResolvedSource> {
+    match spec {
+        SourceSpec::S3 { bucket, prefix, region, endpoint } => {
+            let mut b = AmazonS3Builder::from_env()
+                .with_bucket_name(bucket)
+                .with_region(region.clone().unwrap_or_else(|| "us-east-1".into()));
+            if let Some(ep) = endpoint {
+                b = b.with_endpoint(ep).with_allow_http(allow_http(ep));
+            }
+            let store: Arc<dyn ObjectStore> = Arc::new(b.build()?);
+            let list_prefix = if prefix.is_empty() { None } else { Some(StorePath::from(prefix.as_str())) };
+            let metas: Vec<_> = store.list(list_prefix.as_ref()).try_collect().await?;
+            let strip = prefix.trim_end_matches('/');
+            let mut files = Vec::with_capacity(metas.len());
+            for m in metas {
+                let loc = m.location.to_string();
+                let rel = loc.strip_prefix(strip).unwrap_or(&loc);
+                files.push(RemoteFile { rel: safe_rel(rel)?, location: loc, size: m.size, e_tag: m.e_tag });
+            }
+            if files.is_empty() {
+                return Err(AgentError::InvalidSource(format!("no objects under s3://{bucket}/{prefix}")));
+            }
+            files.sort_by(|a, b| a.rel.cmp(&b.rel));
+            Ok(ResolvedSource { store, files, pin: None })
+        }
+        SourceSpec::Http { url } => {
+            let (base, name) = url
+                .rsplit_once('/')
+                .filter(|(_, n)| !n.is_empty())
+                .ok_or_else(|| AgentError::InvalidSource(format!("{url}: URL must end in a file name")))?;
+            let store: Arc<dyn ObjectStore> = Arc::new(
+                HttpBuilder::new()
+                    .with_url(base)
+                    .with_client_options(ClientOptions::new().with_allow_http(allow_http(url)))
+                    .build()?,
+            );
+            let meta = store.head(&StorePath::from(name)).await?;
+            let file = RemoteFile { location: name.to_string(), rel: safe_rel(name)?, size: meta.size, e_tag: meta.e_tag };
+            Ok(ResolvedSource { store, files: vec![file], pin: None })
+        }
+        SourceSpec::HuggingFace { repo, revision, endpoint } => {
+            resolve_hf(repo, revision.as_deref().unwrap_or("main"), endpoint.as_deref(), auth).await
+        }
+    }
+}
+
+async fn resolve_hf(repo: &str, revision: &str, endpoint: Option<&str>, auth: &SourceAuth) -> Result<ResolvedSource> {
+    use hf_hub::{api::tokio::ApiBuilder, Repo, RepoType};
+    let endpoint = endpoint.unwrap_or("https://huggingface.co").trim_end_matches('/').to_string();
+    let api = ApiBuilder::new()
+        .with_endpoint(endpoint.clone())
+        .with_token(auth.hf_token.clone())
+        .with_progress(false)
+        .build()
+        .map_err(|e| AgentError::Hub(e.to_string()))?;
+    let info = api
+        .repo(Repo::with_revision(repo.to_string(), RepoType::Model, revision.to_string()))
+        .info()
+        .await
+        .map_err(|e| AgentError::Hub(format!("{repo}@{revision}: {e}")))?;
+    // Pin the bytes to the commit the revision points at now, so a moving branch cannot mix versions.
+    let base = format!("{endpoint}/{repo}/resolve/{}", info.sha);
+    let mut headers = http::HeaderMap::new();
+    if let Some(token) = &auth.hf_token {
+        let v = format!("Bearer {token}").parse().map_err(|_| AgentError::Hub("token is not a valid header value".into()))?;
+        headers.insert("authorization", v);
+    }
+    let store: Arc<dyn ObjectStore> = Arc::new(
+        HttpBuilder::new()
+            .with_url(base)
+            .with_client_options(
+                ClientOptions::new().with_allow_http(allow_http(&endpoint)).with_default_headers(headers),
+            )
+            .build()?,
+    );
+    let mut files = Vec::with_capacity(info.siblings.len());
+    for s in &info.siblings {
+        let rel = safe_rel(&s.rfilename)?;
+        let meta = store.head(&StorePath::from(rel.as_str())).await?;
+        files.push(RemoteFile { location: rel.clone(), rel, size: meta.size, e_tag: meta.e_tag });
+    }
+    files.sort_by(|a, b| a.rel.cmp(&b.rel));
+    Ok(ResolvedSource { store, files, pin: Some(info.sha) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_cli_uris() {
+        assert_eq!(
+            SourceSpec::parse_uri("s3://models/llama/8b/?region=eu-west-1&endpoint=http://127.0.0.1:9000").unwrap(),
+            SourceSpec::S3 {
+                bucket: "models".into(),
+                prefix: "llama/8b/".into(),
+                region: Some("eu-west-1".into()),
+                endpoint: Some("http://127.0.0.1:9000".into())
+            }
+        );
+        assert_eq!(
+            SourceSpec::parse_uri("hf://Qwen/Qwen3-8B?revision=v1").unwrap(),
+            SourceSpec::HuggingFace { repo: "Qwen/Qwen3-8B".into(), revision: Some("v1".into()), endpoint: None }
+        );
+        assert!(matches!(SourceSpec::parse_uri("ftp://x/y"), Err(AgentError::InvalidSource(_))));
+        assert!(matches!(SourceSpec::parse_uri("s3:///nobucket"), Err(AgentError::InvalidSource(_))));
+    }
+
+    #[test]
+    fn rejects_paths_escaping_the_cache() {
+        assert_eq!(safe_rel("/a/b.safetensors").unwrap(), "a/b.safetensors");
+        for bad in ["../etc/passwd", "a/../../b", "a//b", "", "./x"] {
+            assert!(safe_rel(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn spec_json_is_kubernetes_style() {
+        let s = SourceSpec::Http { url: "http://h/f".into() };
+        assert_eq!(serde_json::to_string(&s).unwrap(), r#"{"http":{"url":"http://h/f"}}"#);
+    }
+}

@@ -1,0 +1,235 @@
+//! Making one cache current on this node: resolve the source, check disk, fetch every file (parallel
+//! ranged reads, resumable), verify (size, ETag via `If-Match`, sha256 when the spec gives one), then
+//! switch `current` atomically ([`crate::cache_dir`]).
+
+use std::{
+    collections::BTreeMap,
+    path::{Path, PathBuf},
+    sync::Arc,
+};
+
+use futures::{stream, StreamExt, TryStreamExt};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use tokio_util::sync::CancellationToken;
+
+use crate::{
+    cache_dir::{CacheDir, ReadyMarker},
+    disk::{ensure_free, FilesystemFreeSpace, FreeSpace},
+    error::{AgentError, Result},
+    fetch::{discard_partial, fetch_to_part, resumable_bytes, ChunkCallback, FetchOptions, FetchStats},
+    source::{resolve, RemoteFile, SourceAuth, SourceSpec},
+};
+
+/// One cache to make current.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CacheRequest {
+    /// Directory name under the root: `<namespace>.<name>` of the ModelCache.
+    pub key: String,
+    /// Where the weights come from.
+    pub source: SourceSpec,
+    /// Expected sha256 (hex) per file path relative to the cache; files not listed are checked by size/ETag only.
+    #[serde(default)]
+    pub sha256: BTreeMap<String, String>,
+}
+
+/// Agent-wide settings for syncing caches.
+#[derive(Clone)]
+pub struct SyncOptions {
+    /// Cache root on the node (default `/opt/warmpath/models`).
+    pub root: PathBuf,
+    /// Fetch engine knobs (range size, concurrency, shared permits).
+    pub fetch: FetchOptions,
+    /// Bytes to leave free on the cache filesystem (default 10 GiB in the CLI).
+    pub reserve_bytes: u64,
+    /// Free-space source (the filesystem unless injected).
+    pub free_space: Arc<dyn FreeSpace>,
+    /// Credentials not in the spec.
+    pub auth: SourceAuth,
+    /// Files of one cache fetched at the same time.
+    pub parallel_files: usize,
+}
+
+impl SyncOptions {
+    /// Defaults for `root`: 16 MiB ranges, 8 reads in flight, 10 GiB reserve, real free space.
+    pub fn new(root: impl Into<PathBuf>) -> SyncOptions {
+        SyncOptions {
+            root: root.into(),
+            fetch: FetchOptions::default(),
+            reserve_bytes: 10 << 30,
+            free_space: Arc::new(FilesystemFreeSpace),
+            auth: SourceAuth::default(),
+            parallel_files: 4,
+        }
+    }
+}
+
+/// Outcome of a successful sync.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SyncReport {
+    /// Cache key.
+    pub key: String,
+    /// Version fingerprint now current.
+    pub version: String,
+    /// Files in the version.
+    pub files: usize,
+    /// Total bytes of the version.
+    pub bytes_total: u64,
+    /// Bytes read from the source in this run.
+    pub bytes_fetched: u64,
+    /// Bytes kept from an interrupted earlier run.
+    pub bytes_resumed: u64,
+    /// True when the version was already current and nothing was fetched.
+    pub already_current: bool,
+    /// Directory pods read (`<root>/<key>/current`).
+    pub path: PathBuf,
+}
+
+/// Version fingerprint: sha256 over the source, the expected checksums, the Hub commit and the listing
+/// (paths, sizes, ETags); 16 hex chars. Any change in what would be downloaded gives a new version.
+pub fn fingerprint(req: &CacheRequest, pin: Option<&str>, files: &[RemoteFile]) -> String {
+    let doc = serde_json::json!({ "source": req.source, "sha256": req.sha256, "pin": pin, "files": files });
+    hex::encode(&Sha256::digest(doc.to_string().as_bytes())[..8])
+}
+
+/// Hex sha256 of a file (streamed; runs on a blocking thread).
+pub async fn sha256_file(path: &Path) -> Result<String> {
+    let p = path.to_path_buf();
+    tokio::task::spawn_blocking(move || {
+        let mut f = std::fs::File::open(&p).map_err(AgentError::io("open", &p))?;
+        let mut h = Sha256::new();
+        std::io::copy(&mut f, &mut h).map_err(AgentError::io("read", &p))?;
+        Ok(hex::encode(h.finalize()))
+    })
+    .await
+    .expect("hash task not cancelled")
+}
+
+fn part_path(staging: &Path, rel: &str) -> PathBuf {
+    staging.join(format!("{rel}.part"))
+}
+
+/// Makes `req` current under `opts.root`. Errors leave the previous version current and keep resumable
+/// progress (except a checksum/size failure, whose partial file is discarded so the retry starts clean).
+pub async fn sync_cache(
+    req: &CacheRequest,
+    opts: &SyncOptions,
+    cancel: &CancellationToken,
+    on_chunk: Option<ChunkCallback>,
+) -> Result<SyncReport> {
+    let dir = CacheDir::new(&opts.root, &req.key)?;
+    let resolved = resolve(&req.source, &opts.auth).await?;
+    for name in req.sha256.keys() {
+        if !resolved.files.iter().any(|f| &f.rel == name) {
+            return Err(AgentError::InvalidSource(format!("checksum given for {name:?}, which the source does not have")));
+        }
+    }
+    let version = fingerprint(req, resolved.pin.as_deref(), &resolved.files);
+    let bytes_total: u64 = resolved.files.iter().map(|f| f.size).sum();
+    let report = |stats: FetchStats, already_current| SyncReport {
+        key: req.key.clone(),
+        version: version.clone(),
+        files: resolved.files.len(),
+        bytes_total,
+        bytes_fetched: stats.bytes_fetched,
+        bytes_resumed: stats.bytes_resumed,
+        already_current,
+        path: dir.current_link(),
+    };
+    if dir.current().is_some_and(|m| m.version == version) {
+        return Ok(report(FetchStats::default(), true));
+    }
+
+    let staging = dir.staging_dir(&version);
+    let done_bytes: u64 = resolved
+        .files
+        .iter()
+        .map(|f| {
+            if std::fs::metadata(staging.join(&f.rel)).is_ok_and(|m| m.len() == f.size) {
+                f.size
+            } else {
+                resumable_bytes(&part_path(&staging, &f.rel), f, opts.fetch.chunk_size)
+            }
+        })
+        .sum();
+    std::fs::create_dir_all(&opts.root).map_err(AgentError::io("create", &opts.root))?;
+    ensure_free(opts.free_space.as_ref(), &opts.root, bytes_total - done_bytes, opts.reserve_bytes)?;
+    std::fs::create_dir_all(&staging).map_err(AgentError::io("create", &staging))?;
+
+    let store = resolved.store.clone();
+    let totals: Vec<FetchStats> = stream::iter(resolved.files.iter())
+        .map(|f| {
+            let (store, staging, on_chunk) = (store.clone(), staging.clone(), on_chunk.clone());
+            async move { fetch_verified(store.as_ref(), f, &staging, req.sha256.get(&f.rel), opts, cancel, on_chunk).await }
+        })
+        .buffer_unordered(opts.parallel_files.max(1))
+        .try_collect()
+        .await?;
+    let stats = totals.iter().fold(FetchStats::default(), |a, s| FetchStats {
+        bytes_fetched: a.bytes_fetched + s.bytes_fetched,
+        bytes_resumed: a.bytes_resumed + s.bytes_resumed,
+    });
+    let marker = ReadyMarker {
+        version: version.clone(),
+        bytes: bytes_total,
+        files: resolved.files.iter().map(|f| f.rel.clone()).collect(),
+    };
+    dir.commit(&marker)?;
+    Ok(report(stats, false))
+}
+
+/// Fetches one file into staging, verifies it and renames `<rel>.part` to `<rel>` inside staging.
+async fn fetch_verified(
+    store: &dyn object_store::ObjectStore,
+    f: &RemoteFile,
+    staging: &Path,
+    want_sha: Option<&String>,
+    opts: &SyncOptions,
+    cancel: &CancellationToken,
+    on_chunk: Option<ChunkCallback>,
+) -> Result<FetchStats> {
+    let done = staging.join(&f.rel);
+    if std::fs::metadata(&done).is_ok_and(|m| m.len() == f.size) {
+        // Verified and renamed by an earlier, interrupted run of this same version.
+        return Ok(FetchStats { bytes_fetched: 0, bytes_resumed: f.size });
+    }
+    let part = part_path(staging, &f.rel);
+    let mut stats = fetch_to_part(store, f, &part, &opts.fetch, cancel, on_chunk.clone()).await?;
+    let mut verdict = verify(f, &part, want_sha).await;
+    if verdict.is_err() && stats.bytes_resumed > 0 {
+        // The kept chunks may be what is wrong (e.g. disk corruption): one clean retry before failing.
+        tracing::warn!(file = %f.rel, error = %verdict.as_ref().unwrap_err(), "verification failed after resume; refetching");
+        discard_partial(&part);
+        let again = fetch_to_part(store, f, &part, &opts.fetch, cancel, on_chunk).await?;
+        stats = FetchStats { bytes_fetched: stats.bytes_fetched + again.bytes_fetched, bytes_resumed: 0 };
+        verdict = verify(f, &part, want_sha).await;
+    }
+    if let Err(e) = verdict {
+        discard_partial(&part);
+        return Err(e);
+    }
+    std::fs::rename(&part, &done).map_err(AgentError::io("rename", &part))?;
+    let _ = std::fs::remove_file(crate::fetch::progress_path(&part));
+    Ok(stats)
+}
+
+async fn verify(f: &RemoteFile, part: &Path, want_sha: Option<&String>) -> Result<()> {
+    let actual = std::fs::metadata(part).map_err(AgentError::io("stat", part))?.len();
+    if actual != f.size {
+        return Err(AgentError::SizeMismatch { file: f.rel.clone(), expected: f.size, actual });
+    }
+    if let Some(want) = want_sha {
+        let got = sha256_file(part).await?;
+        if !got.eq_ignore_ascii_case(want) {
+            return Err(AgentError::ChecksumMismatch { file: f.rel.clone(), expected: want.clone(), actual: got });
+        }
+    }
+    Ok(())
+}
+
+/// Removes a cache from the node (all versions, staging, `current`).
+pub fn remove_cache(root: &Path, key: &str) -> Result<()> {
+    CacheDir::new(root, key)?.remove()
+}

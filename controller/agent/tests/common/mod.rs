@@ -1,0 +1,124 @@
+//! Shared test servers: a real S3-compatible server (moto, Python) and a static HTTP server with range
+//! support (tower-http `ServeDir`), both on 127.0.0.1 and killed on drop.
+#![allow(dead_code, missing_docs)]
+
+use std::{
+    net::TcpListener,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+/// Repository root (two levels above this crate).
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap()
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// A `moto_server` child process; killed on drop.
+pub struct Moto {
+    child: Child,
+    /// `http://127.0.0.1:PORT`.
+    pub endpoint: String,
+}
+
+impl Moto {
+    /// Starts moto from the repo's `.venv` (installed by `scripts/test.d/60-agent.sh`).
+    pub fn start() -> Moto {
+        let bin = repo_root().join(".venv/bin/moto_server");
+        assert!(bin.exists(), "{} missing: run scripts/test.d/60-agent.sh (installs moto[server] into .venv)", bin.display());
+        let port = free_port();
+        let child = Command::new(bin)
+            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let moto = Moto { child, endpoint: format!("http://127.0.0.1:{port}") };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "moto did not listen within 30 s");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        // Credentials the S3 client signs with; moto accepts any.
+        std::env::set_var("AWS_ACCESS_KEY_ID", "testing");
+        std::env::set_var("AWS_SECRET_ACCESS_KEY", "testing");
+        moto
+    }
+
+    /// Creates a bucket (moto accepts unsigned requests).
+    pub async fn create_bucket(&self, bucket: &str) {
+        let r = reqwest::Client::new().put(format!("{}/{bucket}", self.endpoint)).send().await.unwrap();
+        assert!(r.status().is_success(), "create bucket: {}", r.status());
+    }
+
+    /// Uploads an object through a signed S3 client (moto makes objects private to their writer, so
+    /// unsigned overwrites would be refused).
+    pub async fn put(&self, bucket: &str, key: &str, body: Vec<u8>) {
+        use object_store::ObjectStoreExt;
+        let store = object_store::aws::AmazonS3Builder::new()
+            .with_bucket_name(bucket)
+            .with_region("us-east-1")
+            .with_endpoint(&self.endpoint)
+            .with_allow_http(true)
+            .with_access_key_id("testing")
+            .with_secret_access_key("testing")
+            .build()
+            .unwrap();
+        store.put(&object_store::path::Path::from(key), body.into()).await.unwrap();
+    }
+}
+
+impl Drop for Moto {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A static file server with Range support serving `dir`; stops when dropped.
+pub struct RangeServer {
+    /// `http://127.0.0.1:PORT`.
+    pub base: String,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl RangeServer {
+    pub async fn start(dir: &Path) -> RangeServer {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let app = axum::Router::new().fallback_service(tower_http::services::ServeDir::new(dir));
+        let task = tokio::spawn(async move {
+            axum::serve(listener, app).await.unwrap();
+        });
+        RangeServer { base, task }
+    }
+}
+
+impl Drop for RangeServer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Deterministic pseudo-random bytes (xorshift) so content differs per seed and per offset.
+pub fn payload(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// Hex sha256 of bytes.
+pub fn sha256_hex(b: &[u8]) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(b))
+}

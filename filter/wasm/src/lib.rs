@@ -1,1 +1,42 @@
-//! warmpath-filter: the proxy-wasm shell (skeleton; see issue 2).
+//! warmpath-filter: the proxy-wasm HTTP filter that picks the model-server endpoint for each LLM request and hands
+//! the pick to Envoy as `x-gateway-destination-endpoint: IP:port` (read by Envoy's
+//! `envoy.load_balancing_policies.override_host` load-balancing policy).
+//!
+//! A thin shell around [`warmpath_core`]: host calls happen here, decisions there.
+//! - `root`: plugin configuration (validated in `on_configure`; a bad config is refused with a clear log line),
+//!   the per-VM router, the tick (in-flight gauges, feed polling);
+//! - `http`: per request — strip client-sent destination headers, buffer the body up to `max_body_bytes`, extract
+//!   the key, pick, set the header; fail open on anything unusable;
+//! - `shared`: the only compare-and-swap code: in-flight counters per endpoint in proxy-wasm shared data;
+//! - `metrics`: the proxy-wasm metrics Envoy exports;
+//! - `feed`: the endpoint/load feed poller.
+//!
+//! Build: `cargo build -p warmpath-filter --target wasm32-wasip1 --release` →
+//! `target/wasm32-wasip1/release/warmpath_filter.wasm`. Configuration reference: `docs/filter.md`.
+
+mod feed;
+mod http;
+mod metrics;
+mod root;
+mod shared;
+
+/// The request header carrying the pick (Gateway API Inference Extension endpoint-picker protocol).
+pub const DESTINATION_HEADER: &str = "x-gateway-destination-endpoint";
+/// Envoy's ORIGINAL_DST override header: never set by us, always removed so a client cannot choose an address.
+pub const ORIGINAL_DST_HEADER: &str = "x-envoy-original-dst-host";
+/// Opt-in response header (`debug_header: true`): `<IP:port>;<reason>;matched=<n>` where n is the matched prefix
+/// length in characters (bytes for raw bodies).
+pub const DEBUG_HEADER: &str = "x-warmpath-decision";
+
+// The entry point lives in a private module: `_initialize` is exported by symbol name, not by Rust visibility.
+mod entry {
+    use proxy_wasm::traits::RootContext;
+    use proxy_wasm::types::LogLevel;
+
+    proxy_wasm::main! {{
+        proxy_wasm::set_log_level(LogLevel::Info);
+        proxy_wasm::set_root_context(|context_id| -> Box<dyn RootContext> {
+            Box::new(crate::root::FilterRoot::new(context_id))
+        });
+    }}
+}

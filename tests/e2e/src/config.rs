@@ -257,3 +257,23 @@ pub fn to_yaml(v: &Value) -> String {
 fn path_str(p: &Path) -> String {
     p.to_string_lossy().into_owned()
 }
+
+/// The example plugin configuration committed as `envoy/plugin-config.json`.
+pub const EXAMPLE_PLUGIN_CONFIG: &str = include_str!("../../../envoy/plugin-config.json");
+
+/// The committed example bootstraps (`envoy/*.yaml`, relative to the workspace root) and the configs that render
+/// them: three model servers on 127.0.0.1:8001-8003, listener 10000, admin 9901, the module at the default cargo
+/// path (Envoy resolves it against its working directory, so run it from the workspace root).
+pub fn example_configs() -> Vec<(&'static str, EnvoyConfig)> {
+    let addrs: Vec<SocketAddr> = (8001..=8003).map(|p| SocketAddr::from(([127, 0, 0, 1], p))).collect();
+    let mut plugin: Value = serde_json::from_str(EXAMPLE_PLUGIN_CONFIG).unwrap_or_else(|_| json!({}));
+    if let Some(obj) = plugin.as_object_mut() {
+        obj.insert("endpoints".into(), addrs.iter().map(|a| a.to_string()).collect());
+    }
+    let plugin = serde_json::to_string_pretty(&plugin).unwrap_or_default();
+    let base = EnvoyConfig::new(addrs, plugin).ports(10000, 9901);
+    vec![
+        ("envoy/envoy.yaml", base.clone().with_wasm("target/wasm32-wasip1/release/warmpath_filter.wasm")),
+        ("envoy/envoy-no-filter.yaml", base),
+    ]
+}

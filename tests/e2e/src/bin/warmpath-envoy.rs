@@ -3,6 +3,7 @@
 //! ```text
 //! warmpath-envoy render   [OPTIONS]            # print the bootstrap YAML
 //! warmpath-envoy run      [OPTIONS]            # render into out/envoy/ and exec envoy --concurrency N
+//! warmpath-envoy examples                     # rewrite envoy/envoy.yaml and envoy/envoy-no-filter.yaml
 //! warmpath-envoy validate FILE...              # envoy --mode validate on each file
 //! ```
 //! `scripts/envoy.sh` wraps `run`; `envoy/*.yaml` are `render` outputs (kept in sync by a test).
@@ -36,6 +37,8 @@ enum Cmd {
         #[arg(long, default_value = "out/envoy")]
         out: PathBuf,
     },
+    /// Rewrite the committed example configs `envoy/*.yaml` (run from the workspace root).
+    Examples,
     /// Run `envoy --mode validate` on each file.
     Validate {
         /// Bootstrap files.
@@ -108,6 +111,12 @@ fn main() -> Result<()> {
                 .args(["--concurrency", &concurrency.to_string(), "--disable-hot-restart"])
                 .status()?;
             std::process::exit(status.code().unwrap_or(1));
+        }
+        Cmd::Examples => {
+            for (file, cfg) in warmpath_e2e::example_configs() {
+                std::fs::write(warmpath_e2e::workspace_root().join(file), cfg.render_static_yaml())?;
+                println!("wrote {file}");
+            }
         }
         Cmd::Validate { files } => {
             for f in files {

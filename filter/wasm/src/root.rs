@@ -1,0 +1,162 @@
+//! The root context: plugin configuration, the router shared by the VM's HTTP contexts, and the tick.
+//!
+//! One root context exists per VM (Envoy runs one VM on the main thread and one per worker) and per plugin
+//! configuration. The router — and with it the prefix index — is VM-wide: a new plugin configuration of the same VM
+//! (an LDS update) reconfigures it in place, keeping the index when the core says the settings are compatible.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::time::{Duration, UNIX_EPOCH};
+
+use log::{info, warn};
+use proxy_wasm::hostcalls;
+use proxy_wasm::traits::{Context, HttpContext, RootContext};
+use proxy_wasm::types::{Bytes, ContextType};
+use warmpath_core::{Router, Settings};
+
+use crate::feed::FeedPoller;
+use crate::http::FilterHttp;
+use crate::{metrics, shared};
+
+/// Tick period when no feed is configured: how often the in-flight gauges are refreshed.
+const DEFAULT_TICK: Duration = Duration::from_millis(1000);
+
+thread_local! {
+    // One VM = one thread. `None` until the first valid configuration.
+    static ROUTER: RefCell<Option<Rc<RefCell<Router>>>> = const { RefCell::new(None) };
+    static RNG: RefCell<u64> = const { RefCell::new(0) };
+}
+
+/// Milliseconds since the Unix epoch from the host clock (0 if the host refuses).
+pub fn now_ms() -> u64 {
+    hostcalls::get_current_time()
+        .ok()
+        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// A uniform u64 for the core's randomised choices: splitmix64 over a per-VM state seeded from the clock (the core
+/// needs spread, not unpredictability).
+pub fn random_u64(salt: u64) -> u64 {
+    RNG.with(|s| {
+        let mut s = s.borrow_mut();
+        if *s == 0 {
+            let nanos = hostcalls::get_current_time()
+                .ok()
+                .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(0);
+            *s = xxhash_rust::xxh3::xxh3_64(&(nanos ^ salt).to_le_bytes()) | 1;
+        }
+        *s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = *s;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    })
+}
+
+/// Settings plus the VM's router, handed to every HTTP context.
+pub struct Shared {
+    /// Validated plugin settings of this root context.
+    pub settings: Rc<Settings>,
+    /// The VM-wide router.
+    pub router: Rc<RefCell<Router>>,
+}
+
+/// The root context of one VM and plugin configuration.
+pub struct FilterRoot {
+    context_id: u32,
+    shared: Option<Rc<Shared>>,
+    feed: Option<FeedPoller>,
+}
+
+impl FilterRoot {
+    /// A root context not yet configured.
+    pub fn new(context_id: u32) -> Self {
+        FilterRoot { context_id, shared: None, feed: None }
+    }
+
+    fn refresh_gauges(&self) {
+        let Some(shared) = &self.shared else { return };
+        let Ok(router) = shared.router.try_borrow() else { return };
+        let endpoints = router.endpoints();
+        metrics::gauge("warmpath.endpoints", endpoints.len() as u64);
+        for e in endpoints {
+            metrics::gauge(&metrics::in_flight_gauge_name(&e.address), u64::from(shared::in_flight(&e.address)));
+        }
+    }
+}
+
+impl Context for FilterRoot {
+    fn on_http_call_response(&mut self, token_id: u32, _num_headers: usize, body_size: usize, _num_trailers: usize) {
+        if let (Some(feed), Some(shared)) = (self.feed.as_mut(), self.shared.as_ref()) {
+            feed.on_response(token_id, body_size, &shared.router);
+        }
+    }
+}
+
+impl RootContext for FilterRoot {
+    fn on_configure(&mut self, _plugin_configuration_size: usize) -> bool {
+        let bytes: Bytes = self.get_plugin_configuration().unwrap_or_default();
+        let settings = match Settings::from_json(&bytes) {
+            Ok(s) => s,
+            Err(e) => {
+                let msg = e.to_string();
+                let msg = msg.strip_prefix("plugin configuration: ").unwrap_or(&msg);
+                // Envoy refuses the listener (or the LDS update) when this returns false; the line says why.
+                warn!("rejected plugin configuration: {msg}");
+                return false;
+            }
+        };
+        let router = ROUTER.with(|cell| {
+            let mut cell = cell.borrow_mut();
+            match cell.as_ref() {
+                Some(r) => {
+                    if let Ok(mut router) = r.try_borrow_mut() {
+                        router.reconfigure(settings.clone());
+                    }
+                    r.clone()
+                }
+                None => {
+                    let r = Rc::new(RefCell::new(Router::new(settings.clone())));
+                    *cell = Some(r.clone());
+                    r
+                }
+            }
+        });
+        let tick = settings.feed.as_ref().map(|f| Duration::from_millis(f.interval_ms)).unwrap_or(DEFAULT_TICK);
+        self.feed = settings.feed.clone().map(|f| FeedPoller::new(f, self.context_id));
+        let _ = hostcalls::set_tick_period(tick);
+        info!(
+            "configured strategy={} endpoints={} prefix_length={} block_size={} concurrency_threshold={} load_factor={} max_body_bytes={} feed={}",
+            settings.strategy.as_str(),
+            settings.endpoints.len(),
+            settings.prefix_length,
+            settings.block_size,
+            settings.concurrency_threshold,
+            settings.load_factor,
+            settings.max_body_bytes,
+            settings.feed.as_ref().map(|f| f.cluster.as_str()).unwrap_or("none"),
+        );
+        self.shared = Some(Rc::new(Shared { settings: Rc::new(settings), router }));
+        true
+    }
+
+    fn on_tick(&mut self) {
+        if let (Some(feed), Some(shared)) = (self.feed.as_mut(), self.shared.as_ref()) {
+            feed.on_tick(now_ms(), &shared.router);
+        }
+        self.refresh_gauges();
+    }
+
+    fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {
+        // Unconfigured (cannot happen after a successful on_configure): pass requests through, still stripping.
+        Some(Box::new(FilterHttp::new(context_id, self.shared.clone())))
+    }
+
+    fn get_type(&self) -> Option<ContextType> {
+        Some(ContextType::HttpContext)
+    }
+}

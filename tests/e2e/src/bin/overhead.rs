@@ -1,0 +1,159 @@
+//! Benchmark (not a test): Envoy with vs without the warmpath filter, same run, same upstreams, 4 KB chat bodies.
+//!
+//! Reports throughput of each config, their ratio, and Envoy's added CPU time per request (user + system time of
+//! the Envoy process from `/proc/<pid>/stat`, measured around each bounded run). Runs alternate
+//! baseline/filter `--rounds` times; medians are reported.
+//!
+//! `cargo run -p warmpath-e2e --release --bin overhead -- [--requests 20000] [--connections 16] [--rounds 3]`
+//! (needs the release wasm module and `.venv/bin/envoy`).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Result};
+use clap::Parser;
+use serde_json::json;
+use warmpath_e2e::{filter_wasm, EnvoyConfig, EnvoyProcess, Upstream};
+
+#[derive(Parser)]
+#[command(about = "Envoy + warmpath filter overhead vs plain Envoy (4 KB chat bodies)")]
+struct Args {
+    /// Requests per measured run (bounded).
+    #[arg(long, default_value_t = 20_000)]
+    requests: usize,
+    /// Concurrent client connections.
+    #[arg(long, default_value_t = 16)]
+    connections: usize,
+    /// Alternating baseline/filter rounds (medians reported).
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// Distinct prompts cycled through (repeats exercise the prefix index).
+    #[arg(long, default_value_t = 256)]
+    prompts: usize,
+    /// Body size in bytes (approximate; JSON chat request).
+    #[arg(long, default_value_t = 4096)]
+    body_bytes: usize,
+    /// Plugin strategy.
+    #[arg(long, default_value = "PREFIX_AWARE")]
+    strategy: String,
+    /// Envoy worker threads.
+    #[arg(long, default_value_t = 2)]
+    concurrency: u32,
+    /// Wall-clock cap per run in seconds.
+    #[arg(long, default_value_t = 60)]
+    max_seconds: u64,
+}
+
+/// Envoy process CPU time (user + system) in seconds, from /proc/<pid>/stat (fields 14 and 15, clock ticks).
+fn cpu_seconds(pid: u32) -> Result<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    let after = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    let f: Vec<&str> = after.split_whitespace().collect();
+    // After "pid (comm)", field 3 is at index 0, so utime (14) is index 11 and stime (15) index 12.
+    let (u, s): (f64, f64) = (f[11].parse()?, f[12].parse()?);
+    // Linux USER_HZ is 100 on every mainstream configuration.
+    Ok((u + s) / 100.0)
+}
+
+fn bodies(n: usize, size: usize) -> Vec<Arc<Vec<u8>>> {
+    (0..n)
+        .map(|i| {
+            let mut text = format!("You are assistant number {i}. ");
+            while text.len() + 64 < size {
+                text.push_str(&format!("Context line {} for prompt {i} with some words. ", text.len()));
+            }
+            let body = json!({"model": "bench", "messages": [{"role": "system", "content": text}, {"role": "user", "content": "hi"}]});
+            Arc::new(body.to_string().into_bytes())
+        })
+        .collect()
+}
+
+struct RunResult {
+    rps: f64,
+    cpu_us_per_req: f64,
+}
+
+async fn run(envoy: &EnvoyProcess, bodies: &[Arc<Vec<u8>>], args: &Args) -> Result<RunResult> {
+    let client = reqwest::Client::builder().pool_max_idle_per_host(args.connections).build()?;
+    let url = format!("{}/v1/chat/completions", envoy.url());
+    // Warm-up: connections, VM, index.
+    for b in bodies.iter().take(200) {
+        client.post(&url).body(b.as_ref().clone()).send().await?.bytes().await?;
+    }
+    let per_conn = args.requests / args.connections;
+    let deadline = Instant::now() + Duration::from_secs(args.max_seconds);
+    let cpu0 = cpu_seconds(envoy.pid())?;
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for c in 0..args.connections {
+        let (client, url, bodies) = (client.clone(), url.clone(), bodies.to_vec());
+        tasks.push(tokio::spawn(async move {
+            let mut done = 0usize;
+            for i in 0..per_conn {
+                if Instant::now() > deadline {
+                    break;
+                }
+                let b = &bodies[(c * per_conn + i) % bodies.len()];
+                let r = client.post(&url).body(b.as_ref().clone()).send().await?;
+                if !r.status().is_success() {
+                    bail!("status {}", r.status());
+                }
+                r.bytes().await?;
+                done += 1;
+            }
+            Ok::<usize, anyhow::Error>(done)
+        }));
+    }
+    let mut done = 0;
+    for t in tasks {
+        done += t.await??;
+    }
+    let wall = start.elapsed().as_secs_f64();
+    let cpu = cpu_seconds(envoy.pid())? - cpu0;
+    Ok(RunResult { rps: done as f64 / wall, cpu_us_per_req: cpu * 1e6 / done as f64 })
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> Result<()> {
+    let args = Args::parse();
+    let upstreams = Upstream::start_many(3).await?;
+    let addrs: Vec<_> = upstreams.iter().map(Upstream::addr).collect();
+    let plugin = EnvoyConfig::plugin_json(&addrs, json!({"strategy": args.strategy, "debug_header": false}));
+    let base = EnvoyProcess::start(EnvoyConfig::new(addrs.clone(), plugin.clone()), args.concurrency).await?;
+    let filt = EnvoyProcess::start(EnvoyConfig::new(addrs, plugin).with_wasm(filter_wasm()?), args.concurrency).await?;
+    let bodies = bodies(args.prompts, args.body_bytes);
+    let (mut b_rps, mut f_rps, mut b_cpu, mut f_cpu) = (vec![], vec![], vec![], vec![]);
+    for round in 0..args.rounds {
+        let b = run(&base, &bodies, &args).await?;
+        let f = run(&filt, &bodies, &args).await?;
+        eprintln!(
+            "round {round}: baseline {:.0} req/s {:.1} µs CPU/req | filter {:.0} req/s {:.1} µs CPU/req",
+            b.rps, b.cpu_us_per_req, f.rps, f.cpu_us_per_req
+        );
+        b_rps.push(b.rps);
+        f_rps.push(f.rps);
+        b_cpu.push(b.cpu_us_per_req);
+        f_cpu.push(f.cpu_us_per_req);
+    }
+    let stats = filt.stats().await?;
+    let decisions = stats.sum_prefix("wasmcustom.warmpath.decisions.");
+    let fail_open = stats.sum_prefix("wasmcustom.warmpath.fail_open.");
+    let (br, fr, bc, fc) = (median(b_rps), median(f_rps), median(b_cpu), median(f_cpu));
+    println!("| config | throughput (req/s) | Envoy CPU per request (µs) |");
+    println!("|---|---|---|");
+    println!("| Envoy, no filter | {br:.0} | {bc:.1} |");
+    println!("| Envoy + warmpath ({}) | {fr:.0} | {fc:.1} |", args.strategy);
+    println!();
+    println!("throughput ratio (filter / no filter): {:.3}", fr / br);
+    println!("added Envoy CPU per request: {:.1} µs", fc - bc);
+    println!(
+        "({} requests × {} rounds, {} connections, {} distinct ~{} B chat bodies, --concurrency {}; filter decisions {decisions}, fail-open {fail_open})",
+        args.requests, args.rounds, args.connections, args.prompts, args.body_bytes, args.concurrency
+    );
+    Ok(())
+}

@@ -1,0 +1,132 @@
+//! Shared setup: N upstreams + Envoy with the filter, and request helpers.
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use warmpath_e2e::{filter_wasm, EnvoyConfig, EnvoyProcess, Upstream, DEBUG_HEADER};
+
+/// Envoy worker threads in every test (issue 2 asks for `--concurrency 2`).
+pub const CONCURRENCY: u32 = 2;
+
+/// Upstreams plus an Envoy in front of them.
+pub struct Rig {
+    pub upstreams: Vec<Upstream>,
+    pub envoy: EnvoyProcess,
+    pub client: reqwest::Client,
+}
+
+impl Rig {
+    /// `n` upstreams, Envoy with the filter configured by `extra` (merged into `{endpoints, debug_header: true}`).
+    pub async fn start(n: usize, extra: Value) -> Rig {
+        Self::start_with(n, extra, false).await
+    }
+
+    /// Like [`Rig::start`] with the listener served from an LDS file (for live reconfiguration).
+    pub async fn start_dynamic(n: usize, extra: Value) -> Rig {
+        Self::start_with(n, extra, true).await
+    }
+
+    async fn start_with(n: usize, extra: Value, dynamic: bool) -> Rig {
+        let upstreams = Upstream::start_many(n).await.expect("upstreams");
+        let cfg = Self::config(&upstreams, extra);
+        let envoy = if dynamic {
+            EnvoyProcess::start_dynamic(cfg, CONCURRENCY).await
+        } else {
+            EnvoyProcess::start(cfg, CONCURRENCY).await
+        }
+        .expect("envoy starts");
+        let client = reqwest::Client::builder().timeout(Duration::from_secs(20)).build().expect("client");
+        Rig { upstreams, envoy, client }
+    }
+
+    /// The Envoy config for these upstreams with plugin config `extra`.
+    pub fn config(upstreams: &[Upstream], extra: Value) -> EnvoyConfig {
+        let addrs: Vec<_> = upstreams.iter().map(Upstream::addr).collect();
+        let plugin = EnvoyConfig::plugin_json(&addrs, extra);
+        EnvoyConfig::new(addrs, plugin).with_wasm(filter_wasm().expect("filter module"))
+    }
+
+    /// POSTs a chat completion whose single user message is `prompt`; returns (status, upstream address that
+    /// answered, debug header).
+    pub async fn chat(&self, prompt: &str) -> Reply {
+        let body = json!({"model": "m", "messages": [{"role": "user", "content": prompt}]});
+        self.post("/v1/chat/completions", body.to_string().into_bytes(), &[]).await
+    }
+
+    /// POSTs raw `body` to `path` with extra headers.
+    pub async fn post(&self, path: &str, body: Vec<u8>, headers: &[(&str, &str)]) -> Reply {
+        let mut req = self.client.post(format!("{}{path}", self.envoy.url())).body(body);
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        Reply::from(req.send().await.expect("request through envoy")).await
+    }
+
+    /// GETs `path`.
+    pub async fn get(&self, path: &str, headers: &[(&str, &str)]) -> Reply {
+        let mut req = self.client.get(format!("{}{path}", self.envoy.url()));
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        Reply::from(req.send().await.expect("request through envoy")).await
+    }
+
+    /// Index of the upstream with address `addr`.
+    pub fn index_of(&self, addr: &str) -> Option<usize> {
+        self.upstreams.iter().position(|u| u.addr().to_string() == addr)
+    }
+
+    /// Requests recorded per upstream.
+    pub fn counts(&self) -> Vec<usize> {
+        self.upstreams.iter().map(Upstream::count).collect()
+    }
+
+    /// Polls `/stats` until `pred` holds (up to 10 s); returns the last stats either way.
+    pub async fn stats_until(&self, pred: impl Fn(&warmpath_e2e::Stats) -> bool) -> warmpath_e2e::Stats {
+        let mut s = self.envoy.stats().await.expect("stats");
+        for _ in 0..200 {
+            if pred(&s) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            s = self.envoy.stats().await.expect("stats");
+        }
+        s
+    }
+}
+
+/// What a client got back.
+#[derive(Debug)]
+pub struct Reply {
+    pub status: u16,
+    /// `x-upstream` response header: the upstream that answered.
+    pub upstream: String,
+    /// The filter's debug header `x-warmpath-decision` (`<endpoint>;<reason>`), empty when absent.
+    pub decision: String,
+}
+
+impl Reply {
+    async fn from(r: reqwest::Response) -> Reply {
+        let h = |n: &str| r.headers().get(n).and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
+        let (status, upstream, decision) = (r.status().as_u16(), h("x-upstream"), h(DEBUG_HEADER));
+        let _ = r.bytes().await;
+        Reply { status, upstream, decision }
+    }
+
+    /// The reason part of the debug header.
+    pub fn reason(&self) -> &str {
+        self.decision.split(';').nth(1).unwrap_or("")
+    }
+}
+
+/// A prompt of about `len` characters that starts with `seed` (distinct seeds → distinct prefixes).
+pub fn prompt(seed: &str, len: usize) -> String {
+    let mut s = format!("{seed}: ");
+    let mut i = 0u64;
+    while s.len() < len {
+        s.push_str(&format!("{seed} sentence {i} about caches and prefixes. "));
+        i += 1;
+    }
+    s.truncate(len);
+    s
+}

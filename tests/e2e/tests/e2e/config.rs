@@ -1,0 +1,54 @@
+//! Config-level checks: every rendered bootstrap passes `envoy --mode validate`, the committed `envoy/*.yaml`
+//! match the renderer, and a bad plugin config stops Envoy with a clear message.
+
+use std::time::Duration;
+
+use serde_json::json;
+use warmpath_e2e::{workspace_root, EnvoyConfig, EnvoyProcess, FeedCluster, Upstream};
+
+use crate::common::{Rig, CONCURRENCY};
+
+fn addrs() -> Vec<std::net::SocketAddr> {
+    (8001..=8003).map(|p| format!("127.0.0.1:{p}").parse().expect("addr")).collect()
+}
+
+#[test]
+fn rendered_configs_pass_envoy_validation() {
+    let wasm = warmpath_e2e::filter_wasm().expect("filter module");
+    let plugin = EnvoyConfig::plugin_json(&addrs(), json!({}));
+    let base = EnvoyConfig::new(addrs(), plugin).ports(10000, 9901);
+    let feed = FeedCluster { name: "warmpath_feed".into(), address: "127.0.0.1:8090".parse().expect("addr") };
+    for cfg in [base.clone(), base.clone().with_wasm(&wasm), base.with_wasm(&wasm).with_feed(feed)] {
+        EnvoyProcess::validate(&cfg).expect("valid bootstrap");
+    }
+}
+
+#[test]
+fn committed_envoy_configs_are_current_and_valid() {
+    let root = workspace_root();
+    let wasm = warmpath_e2e::filter_wasm().expect("filter module");
+    for (file, cfg) in warmpath_e2e::example_configs() {
+        let committed = std::fs::read_to_string(root.join(file)).expect("committed config");
+        assert_eq!(committed, cfg.render_static_yaml(), "{file} is stale: run `scripts/envoy.sh examples`");
+        // The committed file names the module relative to the workspace root; validate with the built module.
+        let cfg = if cfg.wasm.is_some() { cfg.with_wasm(&wasm) } else { cfg };
+        EnvoyProcess::validate(&cfg).expect("valid");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_plugin_config_is_rejected_with_a_clear_message() {
+    let upstreams = Upstream::start_many(3).await.expect("upstreams");
+    for (extra, needle) in [
+        (json!({"strategy": "FASTEST"}), "FASTEST"),
+        (json!({"concurrency_threshold": 5000}), "concurrency_threshold"),
+        (json!({"endpoints": ["not-an-address"]}), "endpoints[0]"),
+    ] {
+        let cfg = Rig::config(&upstreams, extra);
+        let mut envoy = EnvoyProcess::spawn(cfg, CONCURRENCY, false).expect("spawn");
+        let code = envoy.wait_exit(Duration::from_secs(30)).await.expect("envoy refuses to start");
+        assert_ne!(code, 0);
+        let log = envoy.log();
+        assert!(log.contains("rejected plugin configuration") && log.contains(needle), "unclear log:\n{log}");
+    }
+}

@@ -1,0 +1,82 @@
+//! The shared in-flight counters (proxy-wasm shared data, CAS) go back to zero after finished, client-aborted and
+//! upstream-timed-out streams. Read through the `warmpath.in_flight.<endpoint>` gauges the filter refreshes from
+//! shared data every tick.
+
+use std::time::Duration;
+
+use serde_json::json;
+use warmpath_e2e::{EnvoyProcess, Stats};
+
+use crate::common::{prompt, Rig, CONCURRENCY};
+
+fn gauge_name(addr: &str) -> String {
+    let mut s = String::from("in_flight.");
+    s.extend(addr.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }));
+    s
+}
+
+fn total_in_flight(rig: &Rig, s: &Stats) -> u64 {
+    rig.upstreams.iter().map(|u| s.filter(&gauge_name(&u.addr().to_string()))).sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn counters_return_to_zero_after_client_aborts() {
+    let rig = Rig::start(3, json!({"strategy": "LEAST_OUTSTANDING_REQUESTS"})).await;
+    for u in &rig.upstreams {
+        u.hold();
+    }
+    // 12 clients that give up after 1.5 s; while they wait the filter counts them in flight.
+    let impatient = reqwest::Client::builder().timeout(Duration::from_millis(1500)).build().expect("client");
+    let mut tasks = Vec::new();
+    for i in 0..12 {
+        let (c, url) = (impatient.clone(), format!("{}/v1/chat/completions", rig.envoy.url()));
+        let body = json!({"model": "m", "messages": [{"role": "user", "content": prompt(&format!("abort {i}"), 2000)}]});
+        tasks.push(tokio::spawn(async move { c.post(url).body(body.to_string()).send().await.is_err() }));
+    }
+    let during = rig.stats_until(|s| total_in_flight(&rig, s) == 12).await;
+    assert_eq!(total_in_flight(&rig, &during), 12, "held requests are counted in flight");
+    // Least-outstanding spread them 4/4/4.
+    for u in &rig.upstreams {
+        assert_eq!(during.filter(&gauge_name(&u.addr().to_string())), 4);
+    }
+    for t in tasks {
+        assert!(t.await.expect("join"), "client should have timed out");
+    }
+    let after = rig.stats_until(|s| total_in_flight(&rig, s) == 0).await;
+    assert_eq!(total_in_flight(&rig, &after), 0, "aborted streams left in-flight counts");
+    for u in &rig.upstreams {
+        u.release();
+    }
+    // Normal traffic afterwards finishes and leaves the counters at zero too.
+    for i in 0..9 {
+        assert_eq!(rig.chat(&format!("after abort {i}")).await.status, 200);
+    }
+    let done = rig.stats_until(|s| total_in_flight(&rig, s) == 0).await;
+    assert_eq!(total_in_flight(&rig, &done), 0);
+    assert_eq!(done.filter("cas_failures"), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn counters_return_to_zero_after_upstream_timeouts() {
+    let upstreams = warmpath_e2e::Upstream::start_many(3).await.expect("upstreams");
+    let mut cfg = Rig::config(&upstreams, json!({"strategy": "PREFIX_AWARE"}));
+    cfg.route_timeout_s = 1;
+    let envoy = EnvoyProcess::start(cfg, CONCURRENCY).await.expect("envoy");
+    let client = reqwest::Client::builder().timeout(Duration::from_secs(10)).build().expect("client");
+    let rig = Rig { upstreams, envoy, client };
+    for u in &rig.upstreams {
+        u.set_delay(Duration::from_secs(3));
+    }
+    let mut tasks = Vec::new();
+    for i in 0..6 {
+        let (c, url) = (rig.client.clone(), format!("{}/v1/chat/completions", rig.envoy.url()));
+        let body = json!({"model": "m", "messages": [{"role": "user", "content": prompt(&format!("slow {i}"), 2000)}]});
+        tasks.push(tokio::spawn(async move { c.post(url).body(body.to_string()).send().await.map(|r| r.status().as_u16()) }));
+    }
+    for t in tasks {
+        assert_eq!(t.await.expect("join").expect("envoy answers"), 504, "route timeout resets the upstream stream");
+    }
+    let after = rig.stats_until(|s| total_in_flight(&rig, s) == 0).await;
+    assert_eq!(total_in_flight(&rig, &after), 0);
+    assert!(after.get("cluster.model_servers.upstream_rq_timeout") >= 6);
+}

@@ -1,0 +1,154 @@
+//! Where requests land: affinity, spread, multi-turn stickiness, overflow under a slow upstream.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use serde_json::json;
+
+use crate::common::{prompt, Rig};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn same_prefix_lands_on_one_upstream() {
+    let rig = Rig::start(3, json!({"strategy": "PREFIX_AWARE"})).await;
+    for seed in ["alpha", "bravo", "charlie", "delta", "echo"] {
+        let p = prompt(seed, 3000);
+        let mut seen = BTreeSet::new();
+        for _ in 0..6 {
+            let r = rig.chat(&p).await;
+            assert_eq!(r.status, 200, "{r:?}");
+            seen.insert(r.upstream.clone());
+        }
+        assert_eq!(seen.len(), 1, "prefix {seed} spread over {seen:?}");
+    }
+    // Every upstream received exactly the destination header naming itself: the pick is what Envoy honoured.
+    for u in &rig.upstreams {
+        for req in u.requests() {
+            assert_eq!(req.header(warmpath_e2e::DESTINATION_HEADER), Some(u.addr().to_string().as_str()));
+        }
+    }
+    let s = rig.envoy.stats().await.expect("stats");
+    assert_eq!(
+        s.filter("decisions.prefix_aware.prefix_match") + s.filter("decisions.prefix_aware.consistent_pick"),
+        30,
+        "all 30 picks are prefix-aware decisions: {:?}",
+        s.with_prefix("wasmcustom.warmpath.decisions").collect::<Vec<_>>()
+    );
+    // Repeats of a prefix find it in the index (per worker VM, so at least 5 × (6 − 2 workers) matches).
+    assert!(s.filter("decisions.prefix_aware.prefix_match") >= 20, "{:?}", s.with_prefix("wasmcustom").collect::<Vec<_>>());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn distinct_prefixes_spread_over_all_upstreams() {
+    let rig = Rig::start(3, json!({"strategy": "PREFIX_AWARE"})).await;
+    let n = 60;
+    for i in 0..n {
+        let r = rig.chat(&prompt(&format!("user-{i}"), 2000)).await;
+        assert_eq!(r.status, 200);
+    }
+    let counts = rig.counts();
+    assert_eq!(counts.iter().sum::<usize>(), n);
+    // Consistent hashing of 60 keys over 3 endpoints: every endpoint gets a share, none gets most.
+    assert!(counts.iter().all(|&c| c >= 5 && c <= 40), "uneven spread {counts:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn growing_conversation_stays_on_its_upstream() {
+    let rig = Rig::start(3, json!({"strategy": "PREFIX_AWARE"})).await;
+    for conv in 0..3 {
+        let mut messages = vec![json!({"role": "system", "content": prompt(&format!("conv {conv} system"), 1500)})];
+        let mut seen = BTreeSet::new();
+        for turn in 0..6 {
+            messages.push(json!({"role": "user", "content": prompt(&format!("conv {conv} turn {turn}"), 400)}));
+            let body = json!({"model": "m", "messages": messages});
+            let r = rig.post("/v1/chat/completions", body.to_string().into_bytes(), &[]).await;
+            assert_eq!(r.status, 200);
+            seen.insert(r.upstream.clone());
+            messages.push(json!({"role": "assistant", "content": format!("answer {turn}")}));
+        }
+        assert_eq!(seen.len(), 1, "conversation {conv} moved: {seen:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenants_with_the_same_prompt_route_independently() {
+    let rig = Rig::start(3, json!({"strategy": "PREFIX_AWARE"})).await;
+    let p = prompt("shared prompt", 2000);
+    let body = json!({"model": "m", "messages": [{"role": "user", "content": p}]}).to_string();
+    let mut per_tenant = Vec::new();
+    for t in 0..12 {
+        let tenant = format!("tenant-{t}");
+        let a = rig.post("/v1/chat/completions", body.clone().into_bytes(), &[("x-warmpath-prefix-id", &tenant)]).await;
+        let b = rig.post("/v1/chat/completions", body.clone().into_bytes(), &[("x-warmpath-prefix-id", &tenant)]).await;
+        assert_eq!(a.upstream, b.upstream, "tenant {tenant} not sticky");
+        per_tenant.push(a.upstream);
+    }
+    let distinct: BTreeSet<_> = per_tenant.iter().collect();
+    assert!(distinct.len() >= 2, "12 tenants with one prompt all landed on {distinct:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overloaded_preferred_upstream_overflows() {
+    let rig = Rig::start(3, json!({"strategy": "PREFIX_AWARE", "concurrency_threshold": 2, "load_factor": 0})).await;
+    let p = prompt("hot prefix", 3000);
+    let first = rig.chat(&p).await;
+    let home = rig.index_of(&first.upstream).expect("answered by an upstream");
+    rig.upstreams[home].hold();
+    // Two held requests fill the preferred upstream to the threshold.
+    let rig = std::sync::Arc::new(rig);
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        let (rig, p) = (rig.clone(), p.clone());
+        held.push(tokio::spawn(async move { rig.chat(&p).await }));
+    }
+    for _ in 0..200 {
+        if rig.upstreams[home].active() == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert_eq!(rig.upstreams[home].active(), 2, "held requests did not reach the preferred upstream");
+    let over = rig.chat(&p).await;
+    assert_eq!(over.status, 200);
+    assert_ne!(over.upstream, first.upstream, "request went to the overloaded upstream");
+    assert_eq!(over.reason(), "overflow", "{over:?}");
+    rig.upstreams[home].release();
+    for h in held {
+        let r = h.await.expect("join");
+        assert_eq!((r.status, r.upstream.as_str()), (200, first.upstream.as_str()));
+    }
+    let s = rig.envoy.stats().await.expect("stats");
+    assert!(s.filter("decisions.prefix_aware.overflow") >= 1);
+    // Once the load is gone the prefix goes home again.
+    let back = rig.chat(&p).await;
+    assert_eq!(back.upstream, first.upstream);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn least_outstanding_avoids_the_busy_upstream() {
+    let rig = Rig::start(3, json!({"strategy": "LEAST_OUTSTANDING_REQUESTS"})).await;
+    rig.upstreams[0].hold();
+    // (Counts are shared by both Envoy workers, so which worker takes a request does not matter.)
+    let rig = std::sync::Arc::new(rig);
+    let mut held = Vec::new();
+    // Send until one request is held at upstream 0; the others answer at once, so their in-flight stays 0.
+    for i in 0..30 {
+        if rig.upstreams[0].active() >= 1 {
+            break;
+        }
+        let rig2 = rig.clone();
+        held.push(tokio::spawn(async move { rig2.chat(&format!("lor {i}")).await }));
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }
+    assert_eq!(rig.upstreams[0].active(), 1);
+    let before = rig.upstreams[0].count();
+    for i in 0..20 {
+        let r = rig.chat(&format!("after {i}")).await;
+        assert_eq!(r.status, 200);
+        assert_eq!(r.reason(), "least_outstanding");
+    }
+    assert_eq!(rig.upstreams[0].count(), before, "least-outstanding sent work to the upstream with a request in flight");
+    rig.upstreams[0].release();
+    for h in held {
+        assert_eq!(h.await.expect("join").status, 200);
+    }
+}

@@ -197,7 +197,7 @@ impl Settings {
             None => d.concurrency_threshold,
         };
         let load_factor = match raw.load_factor {
-            Some(v) if v == 0.0 => 0.0,
+            Some(0.0) => 0.0,
             Some(v) if v.is_finite() && (LOAD_FACTOR_RANGE.0..=LOAD_FACTOR_RANGE.1).contains(&v) => v,
             Some(v) => {
                 return Err(ConfigError::OutOfRange {

@@ -3,10 +3,11 @@
 //!
 //! ## The chain
 //! A request's text is a chain of nodes: full blocks `b_0 .. b_{n-1}` (see [`crate::prefix`]), and inside one
-//! block, checkpoints at every [`checkpoint_step`] bytes (quarter blocks), hashed with [`checkpoint_hash`].
-//! Checkpoints are only used at two places: the block where the shared part ends (so the key can stop a
-//! quarter block after the shared part instead of a whole block), and the trailing partial block (so a later
-//! turn that extends this text finds it even when turn 1 is shorter than a block).
+//! block, checkpoints at every [`checkpoint_step`] bytes (quarter blocks) and right after each message
+//! separator, hashed with [`checkpoint_hash`]. Checkpoints are only used at two places: the block where the
+//! shared part ends (so the key can stop a quarter block or one message after the shared part instead of a
+//! whole block), and the trailing partial block (so a later turn that extends this text finds it even when
+//! turn 1 is shorter than a block: every chat turn ends with a separator, so its end is a checkpoint).
 //!
 //! ## Common prefixes
 //! A node is *common* when it carries no placement information: it is held by at least half of the endpoints
@@ -20,6 +21,8 @@
 //!    checkpoint of block `m` present (probed from long to short).
 //! 2. If the deepest matched node is not common, route to its most recent holder that the overload guard
 //!    admits ([`Reason::PrefixMatch`]): a growing conversation keeps landing where its history is cached.
+//!    A common match that covers the whole text (a repeated request) goes to a holder too, the first one in
+//!    rendezvous order.
 //! 3. Otherwise the key is the first non-common node: the common blocks, then the first checkpoint of the next
 //!    block that is not common (else that whole block, else the whole tail). The endpoint is the rendezvous
 //!    top for that key ([`Reason::ConsistentPick`]); every replica computes the same key once it has seen the
@@ -44,6 +47,12 @@ use crate::prefix::{checkpoint_hash, checkpoint_step, PrefixHashes};
 /// A node is common when the traffic diverged below it at least `BRANCH_FACTOR × N` times (N endpoints).
 pub const BRANCH_FACTOR: u16 = 2;
 
+/// Message separator byte of the extracted text ([`crate::extract::MSG_SEP`]).
+const SEPARATOR: u8 = 0x1e;
+
+/// Most message-end checkpoints per block (bounds the hashing work on adversarial text full of separators).
+pub const MAX_SEPARATOR_CHECKPOINTS: usize = 4;
+
 /// Longest-prefix-match + consistent-hash policy owning the bounded prefix index.
 pub struct PrefixAwarePolicy {
     block_size: usize,
@@ -63,8 +72,10 @@ struct Plan {
     matched_blocks: usize,
     /// Bytes matched: full blocks plus a matched checkpoint.
     matched_len: usize,
-    /// Deepest matched node, if it is not common (a useful match).
-    useful: Option<u64>,
+    /// Deepest matched node (a full block or a checkpoint).
+    deepest: Option<u64>,
+    /// The deepest matched node is not common: its holders are the placement.
+    useful: bool,
     /// Hash of the deepest matched full block (for reporting matches of other choices).
     last_full: Option<u64>,
     /// Leading common full blocks.
@@ -120,7 +131,7 @@ impl PrefixAwarePolicy {
 
     fn is_common(&self, hash: u64) -> bool {
         let n = self.ids.len();
-        let need_holders = n.div_ceil(2).clamp(2, MAX_HOLDERS);
+        let need_holders = (n / 2 + 1).clamp(2, MAX_HOLDERS);
         let need_branches = (n as u16).saturating_mul(BRANCH_FACTOR).max(2);
         self.index.get(hash).is_some_and(|i| i.branches >= need_branches || self.active_holders(&i) >= need_holders)
     }
@@ -139,12 +150,28 @@ impl PrefixAwarePolicy {
         lo
     }
 
-    /// Checkpoint lengths inside block `i` (strictly shorter than a block, at most the bytes available there).
-    fn checkpoints(&self, text_len: usize, i: usize) -> impl DoubleEndedIterator<Item = usize> {
-        let step = checkpoint_step(self.block_size);
-        let avail = text_len.saturating_sub(i * self.block_size).min(self.block_size);
+    /// Checkpoint lengths inside block `i`, ascending: every quarter block, plus the position right after each
+    /// message separator (U+001E, at most [`MAX_SEPARATOR_CHECKPOINTS`] per block, the last ones), so a text that
+    /// ends with a message (every chat turn does) has a checkpoint exactly at its end. All are shorter than a
+    /// block and no longer than the bytes available in block `i`.
+    fn checkpoints(&self, text: &[u8], i: usize) -> Vec<usize> {
         let bs = self.block_size;
-        (1..=avail / step).map(move |k| k * step).filter(move |&c| c < bs)
+        let step = checkpoint_step(bs);
+        let begin = (i * bs).min(text.len());
+        let avail = (text.len() - begin).min(bs);
+        let mut out: Vec<usize> = (1..=avail / step).map(|k| k * step).filter(|&c| c < bs).collect();
+        let seps = text[begin..begin + avail]
+            .iter()
+            .enumerate()
+            .rev()
+            .filter(|&(_, &b)| b == SEPARATOR)
+            .map(|(j, _)| j + 1)
+            .filter(|&c| c < bs)
+            .take(MAX_SEPARATOR_CHECKPOINTS);
+        out.extend(seps);
+        out.sort_unstable();
+        out.dedup();
+        out
     }
 
     fn plan(&self, text: &[u8], ph: &PrefixHashes) -> Plan {
@@ -156,15 +183,24 @@ impl PrefixAwarePolicy {
         // Deepest present checkpoint inside block m.
         let start = m * bs;
         let partial = self
-            .checkpoints(text.len(), m)
+            .checkpoints(text, m)
+            .into_iter()
             .rev()
             .map(|c| (c, checkpoint_hash(ph.parent(m), &text[start..start + c])))
             .find(|&(_, h)| self.present(h));
         let last_full = m.checked_sub(1).map(|i| blocks[i]);
-        let (useful, matched_len) = match partial {
-            Some((c, h)) if !self.is_common(h) => (Some(h), start + c),
-            _ if m > common => (last_full, start),
-            _ => (None, start),
+        let (deepest, matched_len) = match partial {
+            Some((c, h)) => (Some(h), start + c),
+            None => (last_full, start),
+        };
+        let useful = match partial {
+            Some((_, h)) => !self.is_common(h) || m > common,
+            None => m > common,
+        };
+        let (deepest, matched_len) = match partial {
+            // A common checkpoint below a useful full-block match adds nothing: report the block.
+            Some((_, h)) if self.is_common(h) && m > common => (last_full, start),
+            _ => (deepest, matched_len),
         };
         // Key: first non-common node after the common blocks.
         let s = common;
@@ -173,7 +209,8 @@ impl PrefixAwarePolicy {
         } else {
             let begin = s * bs;
             let first_new = self
-                .checkpoints(text.len(), s)
+                .checkpoints(text, s)
+                .into_iter()
                 .map(|c| checkpoint_hash(ph.parent(s), &text[begin..begin + c]))
                 .find(|&h| !self.is_common(h));
             match first_new {
@@ -182,7 +219,7 @@ impl PrefixAwarePolicy {
                 None => checkpoint_hash(ph.parent(s), &text[begin..]),
             }
         };
-        Plan { matched_blocks: m, matched_len, useful, last_full, common_blocks: common, key }
+        Plan { matched_blocks: m, matched_len, deepest, useful, last_full, common_blocks: common, key }
     }
 
     /// The chain recorded for a request: common blocks, checkpoints of the next block, the remaining blocks,
@@ -193,10 +230,12 @@ impl PrefixAwarePolicy {
         let mut chain = Vec::with_capacity(nb + 5);
         chain.extend_from_slice(&ph.blocks[..common]);
         let begin = common * bs;
-        chain.extend(self.checkpoints(text.len(), common).map(|c| checkpoint_hash(ph.parent(common), &text[begin..begin + c])));
+        chain.extend(
+            self.checkpoints(text, common).into_iter().map(|c| checkpoint_hash(ph.parent(common), &text[begin..begin + c])),
+        );
         if common < nb {
             chain.extend_from_slice(&ph.blocks[common..]);
-            if let Some(c) = self.checkpoints(text.len(), nb).next_back() {
+            if let Some(&c) = self.checkpoints(text, nb).last() {
                 chain.push(checkpoint_hash(ph.parent(nb), &text[nb * bs..nb * bs + c]));
             }
         }
@@ -231,19 +270,24 @@ impl Policy for PrefixAwarePolicy {
         };
         let plan = self.plan(&key.text, &ph);
         let blocks = plan.matched_blocks as u32;
-        if let Some(h) = plan.useful {
-            let holders: Vec<usize> = self
+        // Follow the match when it is useful, or when it covers the whole text (a repeat: any holder has it
+        // all; holders are tried in rendezvous order so replicas agree).
+        if let Some(h) = plan.deepest.filter(|_| plan.useful || plan.matched_len >= key.text.len()) {
+            let mut holders: Vec<usize> = self
                 .index
                 .get(h)
                 .map(|i| i.holders.iter().filter_map(|&id| self.pos(id)).collect())
                 .unwrap_or_default();
+            if !plan.useful {
+                holders.sort_by_key(|&i| std::cmp::Reverse(hrw::score(plan.key, &endpoints[i])));
+            }
             if let Some(&i) = holders.iter().find(|&&i| guard.admits(loads, i)) {
                 return Some(Decision::new(endpoints, i, Reason::PrefixMatch).with_match(blocks, plan.matched_len));
             }
         }
         let report = |s: &Self, i: usize, reason| {
             let d = Decision::new(endpoints, i, reason);
-            if s.holds(plan.useful, i) {
+            if s.holds(plan.deepest, i) {
                 d.with_match(blocks, plan.matched_len)
             } else if s.holds(plan.last_full, i) {
                 d.with_match(blocks, plan.matched_blocks * s.block_size)
@@ -252,7 +296,7 @@ impl Policy for PrefixAwarePolicy {
             }
         };
         let top = hrw::top(plan.key, endpoints)?;
-        if plan.useful.is_none() && guard.admits(loads, top) {
+        if !plan.useful && guard.admits(loads, top) {
             return Some(report(self, top, Reason::ConsistentPick));
         }
         let next = hrw::order(plan.key, endpoints).into_iter().find(|&i| guard.admits(loads, i));
@@ -311,3 +355,7 @@ impl Policy for PrefixAwarePolicy {
         true
     }
 }
+
+#[cfg(test)]
+#[path = "prefix_aware_tests.rs"]
+mod tests;

@@ -1,0 +1,410 @@
+//! Behaviour of PREFIX_AWARE through the public Router: affinity, spread, stability, tenant isolation,
+//! longest match for growing conversations, shared system prompts, overload guard.
+
+use xxhash_rust::xxh3::xxh3_64;
+
+use crate::config::{Settings, Strategy};
+use crate::decision::Reason;
+use crate::endpoint::{EndpointLoad, ServerLoad};
+use crate::extract::{extract_key, RequestKey};
+use crate::router::Router;
+
+const CHAT: &str = "/v1/chat/completions";
+
+fn addrs(n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("127.0.0.1:{}", 8000 + i)).collect()
+}
+
+fn settings(n: usize) -> Settings {
+    Settings {
+        strategy: Strategy::PrefixAware,
+        prefix_length: 4096,
+        block_size: 64,
+        concurrency_threshold: 10,
+        load_factor: 0.0,
+        endpoints: addrs(n),
+        ..Settings::default()
+    }
+}
+
+/// Deterministic pseudo-random text of `len` bytes: lower-case "words" of 3..=9 letters.
+fn words(seed: u64, len: usize) -> String {
+    let mut s = String::new();
+    let mut i = 0u64;
+    while s.len() < len {
+        let h = xxh3_64(&[seed.to_le_bytes(), i.to_le_bytes()].concat());
+        let n = 3 + (h % 7) as usize;
+        s.extend((0..n).map(|j| (b'a' + ((h >> (8 + 5 * j)) % 26) as u8) as char));
+        s.push(' ');
+        i += 1;
+    }
+    s.truncate(len);
+    s
+}
+
+fn chat(messages: &[(&str, &str)]) -> Vec<u8> {
+    let msgs: Vec<String> = messages
+        .iter()
+        .map(|(r, c)| format!(r#"{{"role":"{r}","content":{}}}"#, serde_json::to_string(c).unwrap()))
+        .collect();
+    format!(r#"{{"model":"m","messages":[{}]}}"#, msgs.join(",")).into_bytes()
+}
+
+fn key(messages: &[(&str, &str)]) -> RequestKey {
+    extract_key(CHAT, &chat(messages), None, 4096).unwrap()
+}
+
+fn route(r: &mut Router, k: &RequestKey) -> crate::Decision {
+    r.route_key(k, 0, 0, &[]).unwrap()
+}
+
+#[test]
+fn same_prefix_same_endpoint_then_prefix_match() {
+    let mut r = Router::new(settings(4));
+    let k = key(&[("user", &words(1, 500))]);
+    let first = route(&mut r, &k);
+    assert_eq!(first.reason, Reason::ConsistentPick);
+    for _ in 0..5 {
+        let d = route(&mut r, &k);
+        assert_eq!(d.endpoint, first.endpoint);
+        assert_eq!(d.reason, Reason::PrefixMatch);
+        assert_eq!(d.matched_blocks as usize, k.text.len() / 64);
+        assert!(d.matched_len >= d.matched_blocks as usize * 64);
+    }
+}
+
+#[test]
+fn decisions_are_deterministic() {
+    let run = || {
+        let mut r = Router::new(settings(5));
+        let sys = words(99, 700);
+        (0..300u64)
+            .map(|i| {
+                let k = key(&[("system", &sys), ("user", &words(i % 40, 100 + (i as usize * 37) % 400))]);
+                let loads: Vec<EndpointLoad> = (0..5).map(|e| EndpointLoad::in_flight(((i + e) % 7) as u32)).collect();
+                let d = r.route_key(&k, i.wrapping_mul(0x9e37_79b9), i, &loads).unwrap();
+                (d.endpoint, d.reason, d.matched_blocks, d.matched_len)
+            })
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(run(), run());
+}
+
+#[test]
+fn distinct_prefixes_spread_across_endpoints() {
+    let n = 4;
+    let mut r = Router::new(settings(n));
+    let mut counts = vec![0usize; n];
+    let total = 2000;
+    for i in 0..total {
+        let d = route(&mut r, &key(&[("user", &words(i, 300))]));
+        assert_eq!(d.reason, Reason::ConsistentPick);
+        counts[d.endpoint] += 1;
+    }
+    // Fair share is 500; rendezvous hashing of 2000 keys stays well within ±20 %.
+    assert!(counts.iter().all(|&c| (400..=600).contains(&c)), "{counts:?}");
+}
+
+#[test]
+fn removing_or_adding_an_endpoint_moves_about_one_nth() {
+    let keys: Vec<RequestKey> = (0..2000).map(|i| key(&[("user", &words(i + 10_000, 200))])).collect();
+    let place = |n: usize, set: Vec<String>| {
+        let mut s = settings(n);
+        s.endpoints = set;
+        let mut r = Router::new(s);
+        keys.iter().map(|k| route(&mut r, k).address).collect::<Vec<_>>()
+    };
+    let five = place(5, addrs(5));
+    // Remove 127.0.0.1:8002: only its keys move.
+    let mut four_set = addrs(5);
+    four_set.remove(2);
+    let four = place(4, four_set);
+    let mut moved = 0;
+    for (a, b) in five.iter().zip(&four) {
+        if a != b {
+            assert_eq!(a, "127.0.0.1:8002", "a key moved although its endpoint stayed");
+            moved += 1;
+        }
+    }
+    assert!((300..=500).contains(&moved), "moved {moved} of 2000, expected about 1/5");
+    // Add a sixth endpoint: about 1/6 move, all of them to the new endpoint.
+    let six = place(6, addrs(6));
+    let moved: Vec<_> = five.iter().zip(&six).filter(|(a, b)| a != b).collect();
+    assert!(moved.iter().all(|(_, b)| b.as_str() == "127.0.0.1:8005"));
+    assert!((240..=430).contains(&moved.len()), "moved {} of 2000, expected about 1/6", moved.len());
+}
+
+#[test]
+fn endpoint_set_change_keeps_index_and_drops_removed_lazily() {
+    let mut r = Router::new(settings(4));
+    let keys: Vec<RequestKey> = (0..200).map(|i| key(&[("user", &words(i + 500, 300))])).collect();
+    let before: Vec<String> = keys.iter().map(|k| route(&mut r, k).address).collect();
+    // Reorder and drop one endpoint: placement is by address, so survivors keep their prefixes.
+    r.set_endpoints(vec![addrs(4)[3].clone(), addrs(4)[1].clone(), addrs(4)[0].clone()]).unwrap();
+    for (k, old) in keys.iter().zip(&before) {
+        let d = route(&mut r, k);
+        if old != "127.0.0.1:8002" {
+            assert_eq!(&d.address, old);
+            assert_eq!(d.reason, Reason::PrefixMatch, "index kept across the endpoint change");
+        } else {
+            assert_ne!(d.address, "127.0.0.1:8002");
+        }
+    }
+    // Adding the endpoint back: prefixes stay where they are now cached.
+    let now: Vec<String> = keys.iter().map(|k| route(&mut r, k).address).collect();
+    r.set_endpoints(addrs(5)).unwrap();
+    for (k, old) in keys.iter().zip(&now) {
+        assert_eq!(&route(&mut r, k).address, old);
+    }
+    assert!(r.set_endpoints(vec!["nope".into()]).unwrap_err().to_string().contains("endpoints[0]"));
+    assert_eq!(r.endpoints().len(), 5, "a bad set leaves the old one");
+}
+
+#[test]
+fn tenants_are_placed_independently() {
+    let mut r = Router::new(settings(4));
+    let mut same = 0;
+    let total = 400;
+    for i in 0..total {
+        let body = chat(&[("user", &words(i + 7_000, 300))]);
+        let a = extract_key(CHAT, &body, Some("tenant-a"), 4096).unwrap();
+        let b = extract_key(CHAT, &body, Some("tenant-b"), 4096).unwrap();
+        assert_eq!(a.text, b.text);
+        let (da, db) = (route(&mut r, &a), route(&mut r, &b));
+        assert_eq!(db.reason, Reason::ConsistentPick, "tenant b never matches tenant a's index entries");
+        same += (da.endpoint == db.endpoint) as usize;
+    }
+    // Independent placement agrees about 1/4 of the time, not always.
+    assert!((60..=140).contains(&same), "same endpoint for {same} of {total}");
+}
+
+/// Turn k+1 extends turn k (history + assistant reply + new user message).
+fn conversation(seed: u64, system: Option<&str>, turns: usize, first_len: usize) -> Vec<RequestKey> {
+    let mut msgs: Vec<(String, String)> = Vec::new();
+    if let Some(s) = system {
+        msgs.push(("system".into(), s.into()));
+    }
+    let mut out = Vec::new();
+    for t in 0..turns {
+        let len = if t == 0 { first_len } else { 150 };
+        msgs.push(("user".into(), words(seed * 100 + t as u64, len)));
+        let m: Vec<(&str, &str)> = msgs.iter().map(|(a, b)| (a.as_str(), b.as_str())).collect();
+        out.push(key(&m));
+        msgs.push(("assistant".into(), words(seed * 100 + 50 + t as u64, 300)));
+    }
+    out
+}
+
+#[test]
+fn growing_conversation_sticks_even_with_short_first_turn() {
+    for first_len in [3, 20, 40, 200] {
+        let mut r = Router::new(settings(4));
+        let turns = conversation(first_len as u64, None, 6, first_len);
+        assert!(turns[0].text.len() < 64 || first_len == 200);
+        let d0 = route(&mut r, &turns[0]);
+        for t in &turns[1..] {
+            let d = route(&mut r, t);
+            assert_eq!(d.endpoint, d0.endpoint, "first_len {first_len}");
+            assert_eq!(d.reason, Reason::PrefixMatch);
+            assert!(d.matched_len >= turns[0].text.len() / 16 * 16, "matched {} bytes", d.matched_len);
+        }
+    }
+}
+
+#[test]
+fn conversations_behind_a_shared_system_prompt_stick_across_replicas() {
+    let sys = words(4242, 1000);
+    // Two gateway replicas that saw different background traffic with the same system prompt.
+    let mut a = Router::new(settings(4));
+    let mut b = Router::new(settings(4));
+    for i in 0..60 {
+        route(&mut a, &key(&[("system", &sys), ("user", &words(20_000 + i, 120))]));
+        route(&mut b, &key(&[("system", &sys), ("user", &words(30_000 + i, 120))]));
+    }
+    let mut spread = std::collections::HashSet::new();
+    for c in 0..20u64 {
+        // Turn 1 is a short question (40 bytes, shorter than a block); turns alternate between replicas.
+        let turns = conversation(500 + c, Some(&sys), 5, 40);
+        let first = route(&mut a, &turns[0]);
+        spread.insert(first.endpoint);
+        for (t, k) in turns.iter().enumerate().skip(1) {
+            let r = if t % 2 == 1 { &mut b } else { &mut a };
+            let d = route(r, k);
+            assert_eq!(d.address, first.address, "conversation {c} turn {t}: {:?}", d.reason);
+        }
+    }
+    assert!(spread.len() >= 3, "conversations spread over endpoints, got {spread:?}");
+}
+
+#[test]
+fn shared_system_prompt_does_not_collapse_traffic() {
+    let n = 4;
+    let sys = words(77, 1500);
+    let mut r = Router::new(settings(n));
+    let mut counts = vec![0usize; n];
+    let total = 800;
+    for i in 0..total {
+        let d = route(&mut r, &key(&[("system", &sys), ("user", &words(40_000 + i, 200))]));
+        counts[d.endpoint] += 1;
+    }
+    let max = *counts.iter().max().unwrap();
+    assert!(max * 100 / total as usize <= 35, "max share {max}/{total}: {counts:?} (fair share is 25 %)");
+}
+
+/// A router that has routed `k` once with idle endpoints, and where `k` went.
+fn primed(s: Settings, k: &RequestKey) -> (Router, usize) {
+    let mut r = Router::new(s);
+    let p = route(&mut r, k).endpoint;
+    (r, p)
+}
+
+#[test]
+fn overflow_at_the_concurrency_threshold() {
+    let mut s = settings(3);
+    s.concurrency_threshold = 2;
+    let k = key(&[("user", &words(5, 400))]);
+    let (mut r, p) = primed(s.clone(), &k);
+    let mut loads = vec![EndpointLoad::in_flight(0); 3];
+    loads[p] = EndpointLoad::in_flight(1);
+    let d = r.route_key(&k, 0, 0, &loads).unwrap();
+    assert_eq!((d.endpoint, d.reason), (p, Reason::PrefixMatch), "below the threshold");
+    loads[p] = EndpointLoad::in_flight(2);
+    let (mut r, _) = primed(s.clone(), &k);
+    let d = r.route_key(&k, 0, 0, &loads).unwrap();
+    assert_eq!(d.reason, Reason::Overflow, "at the threshold");
+    assert_ne!(d.endpoint, p);
+    // A repeat while p is still busy lands on the same overflow endpoint (it now holds the prefix too).
+    let again = r.route_key(&k, 0, 0, &loads).unwrap();
+    assert_eq!(again.endpoint, d.endpoint);
+    // All endpoints saturated: least loaded, still reported as overflow.
+    let (mut r, _) = primed(s, &k);
+    let full = vec![EndpointLoad::in_flight(5), EndpointLoad::in_flight(3), EndpointLoad::in_flight(4)];
+    let d = r.route_key(&k, 0, 0, &full).unwrap();
+    assert_eq!((d.endpoint, d.reason), (1, Reason::Overflow));
+}
+
+#[test]
+fn overflow_follows_rendezvous_order() {
+    let mut s = settings(5);
+    s.concurrency_threshold = 1;
+    let k = key(&[("user", &words(6, 300))]);
+    // Block endpoints one by one, each time on a router that has only seen `k` once with idle endpoints:
+    // the overflow walks one fixed order, the same on every replica.
+    let mut loads = vec![EndpointLoad::in_flight(0); 5];
+    let mut chosen = vec![];
+    for _ in 0..5 {
+        let (mut r, _) = primed(s.clone(), &k);
+        let (mut other, _) = primed(s.clone(), &k);
+        let d = r.route_key(&k, 0, 0, &loads).unwrap();
+        assert_eq!(other.route_key(&k, 0, 0, &loads).unwrap().endpoint, d.endpoint);
+        assert!(chosen.is_empty() || d.reason == Reason::Overflow);
+        chosen.push(d.endpoint);
+        loads[d.endpoint] = EndpointLoad::in_flight(1);
+    }
+    let mut sorted = chosen.clone();
+    sorted.sort();
+    assert_eq!(sorted, vec![0, 1, 2, 3, 4], "each overflow finds a new admitted endpoint: {chosen:?}");
+}
+
+#[test]
+fn bounded_load_factor_overflows_relative_to_mean() {
+    let mut s = settings(3);
+    s.load_factor = 1.25;
+    s.concurrency_threshold = 100;
+    let k = key(&[("user", &words(8, 400))]);
+    let (_, p) = primed(s.clone(), &k);
+    let case = |loads: &[u32]| {
+        let (mut r, _) = primed(s.clone(), &k);
+        let l: Vec<EndpointLoad> = loads.iter().map(|&x| EndpointLoad::in_flight(x)).collect();
+        r.route_key(&k, 0, 0, &l).unwrap().reason
+    };
+    let mut loads = [0u32; 3];
+    loads[p] = 2; // total 2: cap ceil(1.25·3/3) = 2, load 2 + 1 > 2 → refused
+    assert_eq!(case(&loads), Reason::Overflow);
+    loads[p] = 1; // total 1: cap ceil(1.25·2/3) = 1 → refused
+    assert_eq!(case(&loads), Reason::Overflow);
+    // total 3: cap ceil(1.25·4/3) = 2 → load 1 admitted
+    assert_eq!(case(&[1, 1, 1]), Reason::PrefixMatch);
+    s.load_factor = 0.0;
+    loads[p] = 2;
+    assert_eq!(
+        {
+            let (mut r, _) = primed(s.clone(), &k);
+            r.route_key(&k, 0, 0, &loads.map(EndpointLoad::in_flight)).unwrap().reason
+        },
+        Reason::PrefixMatch,
+        "factor 0 turns the bound off"
+    );
+}
+
+#[test]
+fn server_load_joins_the_guard() {
+    let mut s = settings(3);
+    s.concurrency_threshold = 4;
+    let k = key(&[("user", &words(9, 400))]);
+    let (_, p) = primed(s.clone(), &k);
+    let case = |server: ServerLoad| {
+        let (mut r, _) = primed(s.clone(), &k);
+        let mut loads = vec![EndpointLoad::in_flight(0); 3];
+        loads[p] = EndpointLoad { in_flight: 0, server: Some(server) };
+        r.route_key(&k, 0, 0, &loads).unwrap()
+    };
+    let queued = case(ServerLoad { waiting: 3, running: 1, kv_cache_usage: 0.2 });
+    assert_eq!(queued.reason, Reason::Overflow, "queue at the server");
+    let full = case(ServerLoad { waiting: 1, running: 0, kv_cache_usage: 0.99 });
+    assert_eq!(full.reason, Reason::Overflow, "full KV cache with a queue");
+    let busy = case(ServerLoad { waiting: 0, running: 2, kv_cache_usage: 0.99 });
+    assert_eq!((busy.endpoint, busy.reason), (p, Reason::PrefixMatch), "full cache without a queue is fine");
+}
+
+#[test]
+fn empty_text_and_missing_key() {
+    let mut r = Router::new(settings(3));
+    let k = RequestKey::new(crate::BodyKind::Raw, None, None, Vec::new());
+    let loads = [EndpointLoad::in_flight(3), EndpointLoad::in_flight(1), EndpointLoad::in_flight(2)];
+    let d = r.route_key(&k, 0, 0, &loads).unwrap();
+    assert_eq!((d.endpoint, d.reason), (1, Reason::LeastOutstanding));
+    let d = r.route(&crate::PickInput::default(), &loads).unwrap();
+    assert_eq!((d.endpoint, d.reason), (1, Reason::FailOpen));
+    r.set_endpoints(vec![]).unwrap();
+    assert!(r.route_key(&k, 0, 0, &[]).is_none());
+}
+
+#[test]
+fn reconfigure_keeps_index_when_compatible() {
+    let mut r = Router::new(settings(3));
+    let k = key(&[("user", &words(11, 400))]);
+    route(&mut r, &k);
+    let mut s = settings(3);
+    s.concurrency_threshold = 7;
+    r.reconfigure(s.clone());
+    assert_eq!(route(&mut r, &k).reason, Reason::PrefixMatch, "index kept");
+    s.block_size = 128;
+    r.reconfigure(s.clone());
+    assert_eq!(route(&mut r, &k).reason, Reason::ConsistentPick, "new block size starts a new index");
+    s.strategy = Strategy::Random;
+    r.reconfigure(s);
+    assert_eq!(r.policy_name(), "RANDOM");
+    assert_eq!(route(&mut r, &k).reason, Reason::Random);
+}
+
+#[test]
+fn index_stays_bounded() {
+    let mut s = settings(3);
+    s.index_capacity = 64;
+    let mut r = Router::new(s);
+    for i in 0..300 {
+        route(&mut r, &key(&[("user", &words(i, 2000))]));
+    }
+    // The index size is not public through the Router; the bound is checked through a policy directly.
+    let mut p = crate::policy::PrefixAwarePolicy::new(&Settings { index_capacity: 64, block_size: 64, ..Settings::default() });
+    let eps: Vec<crate::Endpoint> = addrs(3).into_iter().enumerate().map(|(i, a)| crate::Endpoint::new(a, i as u32)).collect();
+    use crate::policy::Policy;
+    for i in 0..100 {
+        let k = key(&[("user", &words(i, 2000))]);
+        let input = crate::PickInput { key: Some(&k), ..Default::default() };
+        let d = p.pick(&input, &eps, &[]).unwrap();
+        p.on_routed(&input, &eps, &d);
+        assert!(p.index().len() <= 64);
+    }
+}

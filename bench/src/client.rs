@@ -1,0 +1,131 @@
+//! Sends one request over HTTP (streaming) and measures it: time to first token, end-to-end latency, the
+//! server's `usage` (ground truth for cache hits) and the endpoint that answered (`x-sim-endpoint`).
+
+use std::time::Instant;
+
+use serde::Deserialize;
+use warmpath_sim::api::Usage;
+use warmpath_sim::ENDPOINT_HEADER;
+
+/// What happened to one request. Times are wall-clock milliseconds.
+#[derive(Debug, Clone, Default)]
+pub struct Outcome {
+    /// Request id (position in the workload).
+    pub id: usize,
+    /// True when the response was a 2xx and the stream ended with `[DONE]`.
+    pub ok: bool,
+    /// HTTP status (0 when no response arrived).
+    pub status: u16,
+    /// Error text for failed requests.
+    pub error: Option<String>,
+    /// Send time, wall ms since the replay started.
+    pub sent_ms: f64,
+    /// Time to the first generated text, wall ms.
+    pub ttft_ms: f64,
+    /// Time to the end of the stream, wall ms.
+    pub e2e_ms: f64,
+    /// Server usage from the last stream chunk.
+    pub usage: Usage,
+    /// `IP:port` of the server that answered.
+    pub endpoint: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct Chunk {
+    #[serde(default)]
+    choices: Vec<Choice>,
+    #[serde(default)]
+    usage: Option<Usage>,
+}
+
+#[derive(Deserialize)]
+struct Choice {
+    #[serde(default)]
+    delta: Option<Delta>,
+    #[serde(default)]
+    text: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct Delta {
+    #[serde(default)]
+    content: Option<String>,
+}
+
+impl Chunk {
+    fn has_text(&self) -> bool {
+        self.choices.iter().any(|c| {
+            c.text.as_deref().is_some_and(|t| !t.is_empty())
+                || c.delta.as_ref().and_then(|d| d.content.as_deref()).is_some_and(|t| !t.is_empty())
+        })
+    }
+}
+
+/// POSTs `body` (a streaming OpenAI request) to `url` and reads the SSE stream to the end.
+/// `extra_header` is added to the request (the baselines use none; tests may set a tenant header).
+pub async fn send(client: &reqwest::Client, url: &str, body: Vec<u8>, id: usize, sent_ms: f64) -> Outcome {
+    let start = Instant::now();
+    let mut out = Outcome { id, sent_ms, ..Default::default() };
+    let resp = match client.post(url).header("content-type", "application/json").body(body).send().await {
+        Ok(r) => r,
+        Err(e) => {
+            out.error = Some(format!("request failed: {e}"));
+            out.e2e_ms = ms(start);
+            return out;
+        }
+    };
+    out.status = resp.status().as_u16();
+    out.endpoint = resp.headers().get(ENDPOINT_HEADER).and_then(|v| v.to_str().ok()).map(str::to_string);
+    if !resp.status().is_success() {
+        let text = resp.text().await.unwrap_or_default();
+        out.error = Some(format!("HTTP {}: {}", out.status, text.chars().take(200).collect::<String>()));
+        out.e2e_ms = ms(start);
+        return out;
+    }
+    let mut resp = resp;
+    let mut buf: Vec<u8> = Vec::new();
+    let mut done = false;
+    loop {
+        match resp.chunk().await {
+            Ok(Some(bytes)) => {
+                buf.extend_from_slice(&bytes);
+                // Server-sent events: one `data: <json>` line per event, events separated by blank lines.
+                while let Some(nl) = buf.iter().position(|&b| b == b'\n') {
+                    let line: Vec<u8> = buf.drain(..=nl).collect();
+                    let Some(data) = line.strip_prefix(b"data:") else { continue };
+                    let data = data.trim_ascii();
+                    if data == b"[DONE]" {
+                        done = true;
+                        continue;
+                    }
+                    match serde_json::from_slice::<Chunk>(data) {
+                        Ok(c) => {
+                            if out.ttft_ms == 0.0 && c.has_text() {
+                                out.ttft_ms = ms(start);
+                            }
+                            if let Some(u) = c.usage {
+                                out.usage = u;
+                            }
+                        }
+                        Err(e) => out.error = Some(format!("bad stream chunk: {e}")),
+                    }
+                }
+            }
+            Ok(None) => break,
+            Err(e) => {
+                out.error = Some(format!("stream broke: {e}"));
+                break;
+            }
+        }
+    }
+    out.e2e_ms = ms(start);
+    if !done && out.error.is_none() {
+        out.error = Some("stream ended without [DONE]".into());
+    }
+    out.ok = done && out.error.is_none();
+    out
+}
+
+fn ms(start: Instant) -> f64 {
+    start.elapsed().as_secs_f64() * 1000.0
+}

@@ -1,0 +1,266 @@
+//! Runs one strategy end to end: fresh simulated servers on loopback, then either a real Envoy with the warmpath
+//! filter (RANDOM / LEAST_OUTSTANDING_REQUESTS / PREFIX_AWARE) or client-side routing by a baseline policy, an
+//! open-loop replay of the workload, and the server-side truth collected afterwards.
+//!
+//! Every child (Envoy) is killed on drop, and servers stop on drop, so an error or Ctrl-C cleans up.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use tokio::task::JoinSet;
+use warmpath_e2e::{filter_wasm, EnvoyConfig, EnvoyProcess, FILTER_STAT_PREFIX};
+use warmpath_sim::{SimConfig, SimServer};
+
+use crate::baselines::Baseline;
+use crate::client::{send, Outcome};
+use crate::loads::{scrape, ServerMetrics};
+use crate::router::ClientRouter;
+use crate::workload::Request;
+
+/// The filter's strategies (plugin `strategy` values), all run through Envoy.
+pub const FILTER_STRATEGIES: [&str; 3] = ["RANDOM", "LEAST_OUTSTANDING_REQUESTS", "PREFIX_AWARE"];
+
+/// A strategy to compare.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Strategy {
+    /// A filter strategy by its plugin-config name, routed by Envoy + the wasm filter.
+    Filter(String),
+    /// A baseline routed client-side.
+    Baseline(Baseline),
+}
+
+impl Strategy {
+    /// Parses a command-line name: a filter strategy or a baseline label.
+    pub fn parse(s: &str) -> anyhow::Result<Strategy> {
+        let up = s.trim().to_ascii_uppercase();
+        if FILTER_STRATEGIES.contains(&up.as_str()) {
+            return Ok(Strategy::Filter(up));
+        }
+        Baseline::ALL
+            .into_iter()
+            .find(|b| b.label() == up)
+            .map(Strategy::Baseline)
+            .ok_or_else(|| {
+                let all: Vec<&str> =
+                    FILTER_STRATEGIES.iter().copied().chain(Baseline::ALL.iter().map(|b| b.label())).collect();
+                anyhow::anyhow!("unknown strategy {s:?}; choose from {}", all.join(", "))
+            })
+    }
+
+    /// The report label.
+    pub fn label(&self) -> String {
+        match self {
+            Strategy::Filter(s) => s.clone(),
+            Strategy::Baseline(b) => b.label().to_string(),
+        }
+    }
+
+    /// True when requests go through Envoy and the filter.
+    pub fn via_envoy(&self) -> bool {
+        matches!(self, Strategy::Filter(_))
+    }
+}
+
+/// Settings shared by every strategy of a comparison.
+#[derive(Debug, Clone)]
+pub struct RunSettings {
+    /// Number of simulated servers.
+    pub endpoints: usize,
+    /// Configuration of each server (cache size, block size, latency model with its time scale).
+    pub sim: SimConfig,
+    /// Arrival-rate multiplier: request `at_ms` is divided by this (2.0 = twice the load).
+    pub rate_scale: f64,
+    /// Wall-clock budget for sending; requests not sent by then are counted as not sent.
+    pub max_wall: Duration,
+    /// Extra plugin-configuration fields for the filter (a JSON object), e.g. `{"load_factor": 1.5}`.
+    pub filter_extra: Value,
+    /// Characters of text the baselines key on (the filter uses its own `prefix_length`).
+    pub prefix_length: usize,
+    /// Envoy worker threads.
+    pub envoy_concurrency: u32,
+    /// Model name sent in requests.
+    pub model: String,
+    /// Print a progress line every this often (None = quiet).
+    pub progress_every: Option<Duration>,
+}
+
+/// Everything measured for one strategy.
+#[derive(Debug, Clone)]
+pub struct StrategyRun {
+    /// Strategy label.
+    pub label: String,
+    /// Whether requests went through Envoy.
+    pub via_envoy: bool,
+    /// One outcome per request sent.
+    pub outcomes: Vec<Outcome>,
+    /// Requests of the workload not sent within the wall budget.
+    pub not_sent: usize,
+    /// `(address, final metrics)` per server.
+    pub servers: Vec<(String, ServerMetrics)>,
+    /// Overflow decisions: the filter's overflow counter (Envoy stats) or the baseline's own count.
+    pub overflows: u64,
+    /// The filter's stats (`wasmcustom.warmpath.*`), empty for baselines.
+    pub filter_stats: Vec<(String, u64)>,
+    /// Wall time from first send to last completion, seconds.
+    pub wall_s: f64,
+    /// The time scale used (wall = simulated × scale).
+    pub time_scale: f64,
+}
+
+enum Target {
+    Envoy(String),
+    Direct(Arc<ClientRouter>),
+}
+
+/// Runs `strategy` over `reqs` with fresh servers (and a fresh Envoy for filter strategies).
+pub async fn run_strategy(strategy: &Strategy, reqs: &[Request], s: &RunSettings) -> anyhow::Result<StrategyRun> {
+    let label = strategy.label();
+    let mut servers = Vec::with_capacity(s.endpoints);
+    for _ in 0..s.endpoints {
+        servers.push(SimServer::start(s.sim.clone(), "127.0.0.1:0".parse()?).await?);
+    }
+    let addrs: Vec<String> = servers.iter().map(|x| x.addr().to_string()).collect();
+    let mut envoy = None;
+    let mut scraper = None;
+    let target = match strategy {
+        Strategy::Filter(name) => {
+            let mut extra = json!({"strategy": name});
+            if let (Some(dst), Some(src)) = (extra.as_object_mut(), s.filter_extra.as_object()) {
+                for (k, v) in src {
+                    dst.insert(k.clone(), v.clone());
+                }
+            }
+            let upstreams: Vec<std::net::SocketAddr> = servers.iter().map(|x| x.addr()).collect();
+            let plugin = EnvoyConfig::plugin_json(&upstreams, extra);
+            let cfg = EnvoyConfig::new(upstreams, plugin).with_wasm(filter_wasm()?);
+            let e = EnvoyProcess::start(cfg, s.envoy_concurrency).await?;
+            let url = e.url();
+            envoy = Some(e);
+            Target::Envoy(url)
+        }
+        Strategy::Baseline(b) => {
+            let r = ClientRouter::new(b.create(), &addrs, s.prefix_length);
+            scraper = Some(r.spawn_scraper(Duration::from_millis(50)));
+            Target::Direct(r)
+        }
+    };
+
+    let client = reqwest::Client::builder().pool_max_idle_per_host(256).build()?;
+    let scale = s.sim.latency.time_scale;
+    let start = Instant::now();
+    let mut tasks: JoinSet<Outcome> = JoinSet::new();
+    let mut outcomes = Vec::with_capacity(reqs.len());
+    let mut sent = 0usize;
+    let mut last_progress = Instant::now();
+    for r in reqs {
+        let due = Duration::from_secs_f64((r.at_ms / s.rate_scale.max(1e-9)) * scale / 1000.0);
+        if due > s.max_wall {
+            break;
+        }
+        // Drain finished tasks while waiting for the next arrival.
+        let deadline = tokio::time::Instant::from_std(start + due);
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep_until(deadline) => break,
+                Some(done) = tasks.join_next(), if !tasks.is_empty() => {
+                    if let Ok(o) = done { outcomes.push(o); }
+                }
+            }
+        }
+        if let Some(every) = s.progress_every {
+            if last_progress.elapsed() >= every {
+                last_progress = Instant::now();
+                progress(&label, sent, reqs.len(), &outcomes, start);
+            }
+        }
+        let body = serde_json::to_vec(&r.json(&s.model))?;
+        let sent_ms = start.elapsed().as_secs_f64() * 1000.0;
+        let (client, id, path) = (client.clone(), r.id, r.path());
+        match &target {
+            Target::Envoy(base) => {
+                let url = format!("{base}{path}");
+                tasks.spawn(async move { send(&client, &url, body, id, sent_ms).await });
+            }
+            Target::Direct(router) => {
+                let router = router.clone();
+                tasks.spawn(async move {
+                    let (addr, guard) = router.route(path, &body);
+                    let o = send(&client, &format!("http://{addr}{path}"), body, id, sent_ms).await;
+                    drop(guard);
+                    o
+                });
+            }
+        }
+        sent += 1;
+    }
+    // Let in-flight requests finish (bounded: a generous multiple of the wall budget).
+    let drain_deadline = Instant::now() + s.max_wall.max(Duration::from_secs(30));
+    while !tasks.is_empty() {
+        let left = drain_deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left.max(Duration::from_millis(1)), tasks.join_next()).await {
+            Ok(Some(Ok(o))) => outcomes.push(o),
+            Ok(Some(Err(_))) => {}
+            Ok(None) => break,
+            Err(_) => {
+                tasks.abort_all();
+                break;
+            }
+        }
+        if let Some(every) = s.progress_every {
+            if last_progress.elapsed() >= every {
+                last_progress = Instant::now();
+                progress(&label, sent, reqs.len(), &outcomes, start);
+            }
+        }
+    }
+    let wall_s = start.elapsed().as_secs_f64();
+    outcomes.sort_by_key(|o| o.id);
+
+    let mut server_metrics = Vec::new();
+    for a in &addrs {
+        server_metrics.push((a.clone(), scrape(&client, a).await?));
+    }
+    let (overflows, filter_stats) = match (&target, &envoy) {
+        (Target::Envoy(_), Some(e)) => {
+            let stats = e.stats().await?;
+            let fs: Vec<(String, u64)> =
+                stats.with_prefix(FILTER_STAT_PREFIX).map(|(k, v)| (k.to_string(), v)).collect();
+            let ov = fs.iter().filter(|(k, _)| k.contains("overflow")).map(|(_, v)| *v).sum();
+            (ov, fs)
+        }
+        (Target::Direct(r), _) => (r.overflows.load(std::sync::atomic::Ordering::Relaxed), Vec::new()),
+        _ => (0, Vec::new()),
+    };
+    if let Some(t) = scraper {
+        t.abort();
+    }
+    drop(envoy);
+    for srv in servers {
+        srv.stop().await;
+    }
+    if let Some(every) = s.progress_every {
+        let _ = every;
+        progress(&label, sent, reqs.len(), &outcomes, start);
+    }
+    Ok(StrategyRun {
+        label,
+        via_envoy: strategy.via_envoy(),
+        outcomes,
+        not_sent: reqs.len() - sent,
+        servers: server_metrics,
+        overflows,
+        filter_stats,
+        wall_s,
+        time_scale: scale,
+    })
+}
+
+fn progress(label: &str, sent: usize, total: usize, outcomes: &[Outcome], start: Instant) {
+    let errors = outcomes.iter().filter(|o| !o.ok).count();
+    eprintln!(
+        "[{label}] {:>5.1}s  sent {sent}/{total}  done {}  errors {errors}",
+        start.elapsed().as_secs_f64(),
+        outcomes.len()
+    );
+}

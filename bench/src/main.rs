@@ -1,0 +1,183 @@
+//! `warmpath-bench`: compare routing strategies on a workload or trace, through a real Envoy + the warmpath filter
+//! and against client-side baselines, with simulated model servers on loopback. See `docs/demo.md`.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Parser;
+use serde_json::Value;
+use warmpath_bench::harness::{run_strategy, RunSettings, Strategy};
+use warmpath_bench::report::{table, write_csv, Summary};
+use warmpath_bench::workload::{generate, GenParams, WorkloadKind};
+use warmpath_bench::{plot, pooled, trace};
+use warmpath_sim::{LatencyProfile, SimConfig};
+
+/// Replay a workload once per routing strategy and print the comparison table.
+#[derive(Parser, Debug)]
+#[command(version)]
+struct Args {
+    /// Built-in workload (ignored when --trace is given).
+    #[arg(long, value_enum, default_value = "chat")]
+    workload: WorkloadKind,
+    /// Trace file to replay instead: Mooncake `.jsonl` or Azure `.csv` (e.g. ../shared/traces/mooncake_synthetic_trace.jsonl).
+    #[arg(long)]
+    trace: Option<PathBuf>,
+    /// Number of simulated model servers.
+    #[arg(long, default_value_t = 4)]
+    endpoints: usize,
+    /// Prefix-cache capacity per server, in blocks.
+    #[arg(long, default_value_t = 2048)]
+    cache_blocks: usize,
+    /// Tokens per cache block on the servers.
+    #[arg(long, default_value_t = 16)]
+    block_tokens: usize,
+    /// Mean arrival rate of generated workloads, requests per simulated second.
+    #[arg(long, default_value_t = 6.0)]
+    rate: f64,
+    /// Multiplies the arrival rate (divides trace timestamps): 0.5 = half the load.
+    #[arg(long, default_value_t = 1.0)]
+    rate_scale: f64,
+    /// Requests to generate, or the most to read from a trace.
+    #[arg(long, default_value_t = 400)]
+    requests: usize,
+    /// Wall-clock budget per strategy for sending requests, seconds (later arrivals are not sent and count as errors).
+    #[arg(long, default_value_t = 60.0)]
+    max_wall_s: f64,
+    /// Strategies, comma-separated: RANDOM, LEAST_OUTSTANDING_REQUESTS, PREFIX_AWARE, SAGEMAKER_PREFIX, GIE_SCORERS,
+    /// SGLANG_CACHE_AWARE.
+    #[arg(long, value_delimiter = ',', default_value = "RANDOM,LEAST_OUTSTANDING_REQUESTS,PREFIX_AWARE,SAGEMAKER_PREFIX,GIE_SCORERS,SGLANG_CACHE_AWARE")]
+    strategies: Vec<String>,
+    /// Output folder for CSV and PNG files.
+    #[arg(long, default_value = "out/bench")]
+    out: PathBuf,
+    /// Seed of the workload generator.
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+    /// Wall seconds per simulated second (0.1 = ten times faster than real time).
+    #[arg(long, default_value_t = 0.1)]
+    time_scale: f64,
+    /// Server prefill time per uncached token, simulated ms.
+    #[arg(long, default_value_t = 0.2)]
+    prefill_ms_per_token: f64,
+    /// Server batch limit (requests running at once).
+    #[arg(long, default_value_t = 64)]
+    max_num_seqs: usize,
+    /// Extra filter plugin configuration (JSON object merged into the generated one), e.g. '{"load_factor": 1.5}'.
+    #[arg(long, default_value = "{}")]
+    filter_config: String,
+    /// Characters of request text the client-side baselines key on.
+    #[arg(long, default_value_t = 65536)]
+    prefix_length: usize,
+    /// Envoy worker threads.
+    #[arg(long, default_value_t = 2)]
+    envoy_concurrency: u32,
+    /// Exit with status 1 unless every request was answered and client and server counts balance.
+    #[arg(long)]
+    check: bool,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let a = Args::parse();
+    tokio::select! {
+        r = run(a) => r,
+        _ = tokio::signal::ctrl_c() => {
+            // Dropping `run` drops Envoy (killed on drop) and the servers.
+            eprintln!("interrupted: stopping Envoy and the simulated servers");
+            std::process::exit(130);
+        }
+    }
+}
+
+async fn run(a: Args) -> anyhow::Result<()> {
+    anyhow::ensure!(a.time_scale > 0.0, "--time-scale must be > 0, got {}", a.time_scale);
+    anyhow::ensure!(a.rate_scale > 0.0, "--rate-scale must be > 0, got {}", a.rate_scale);
+    anyhow::ensure!(a.endpoints >= 1, "--endpoints must be at least 1");
+    let strategies: Vec<Strategy> = a.strategies.iter().map(|s| Strategy::parse(s)).collect::<Result<_, _>>()?;
+    let filter_extra: Value =
+        serde_json::from_str(&a.filter_config).with_context(|| format!("--filter-config {:?}", a.filter_config))?;
+    anyhow::ensure!(filter_extra.is_object(), "--filter-config must be a JSON object");
+
+    let (reqs, source) = match &a.trace {
+        Some(path) => {
+            let t = trace::load(path, a.requests)?;
+            for e in &t.errors {
+                eprintln!("trace: skipped {e}");
+            }
+            if t.bad_lines > 0 {
+                eprintln!("trace: {} bad line(s) skipped ({} shown)", t.bad_lines, t.errors.len());
+            }
+            anyhow::ensure!(!t.requests.is_empty(), "{}: no usable requests", path.display());
+            (t.requests, format!("trace {}", path.display()))
+        }
+        None => (
+            generate(a.workload, GenParams { requests: a.requests, rate_per_s: a.rate, seed: a.seed }),
+            format!("workload {:?} (seed {}, {} req/s)", a.workload, a.seed, a.rate),
+        ),
+    };
+    let span_s = reqs.last().map_or(0.0, |r| r.at_ms) / 1000.0 / a.rate_scale;
+    eprintln!(
+        "{source}: {} requests over {span_s:.0} simulated s (≈{:.0} s wall per strategy at time scale {}), {} endpoints × {} blocks",
+        reqs.len(),
+        span_s * a.time_scale,
+        a.time_scale,
+        a.endpoints,
+        a.cache_blocks
+    );
+
+    let settings = RunSettings {
+        endpoints: a.endpoints,
+        sim: SimConfig {
+            cache_blocks: a.cache_blocks,
+            block_tokens: a.block_tokens,
+            latency: LatencyProfile {
+                prefill_ms_per_token: a.prefill_ms_per_token,
+                max_num_seqs: a.max_num_seqs,
+                time_scale: a.time_scale,
+                ..Default::default()
+            },
+            ..Default::default()
+        },
+        rate_scale: a.rate_scale,
+        max_wall: Duration::from_secs_f64(a.max_wall_s),
+        filter_extra,
+        prefix_length: a.prefix_length,
+        envoy_concurrency: a.envoy_concurrency,
+        model: "sim-model".into(),
+        progress_every: Some(Duration::from_secs(5)),
+    };
+
+    let mut runs = Vec::new();
+    for s in &strategies {
+        let run = run_strategy(s, &reqs, &settings).await.with_context(|| format!("strategy {}", s.label()))?;
+        runs.push(run);
+    }
+    let rows: Vec<Summary> = runs.iter().map(Summary::of).collect();
+    let sent = runs.iter().map(|r| r.outcomes.len()).max().unwrap_or(0);
+    let pooled = pooled::pooled_hit_ratio(&reqs[..sent.min(reqs.len())], a.endpoints * a.cache_blocks, a.block_tokens);
+    let t = table(&rows, Some(pooled));
+    println!("\n{t}");
+
+    std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
+    std::fs::write(a.out.join("table.md"), &t)?;
+    write_csv(&a.out, &runs, &rows)?;
+    if let Err(e) = plot::ttft_cdf(&a.out.join("ttft_cdf.png"), &runs) {
+        eprintln!("plot ttft_cdf.png failed: {e}");
+    }
+    if let Err(e) = plot::load_per_endpoint(&a.out.join("load_per_endpoint.png"), &runs) {
+        eprintln!("plot load_per_endpoint.png failed: {e}");
+    }
+    eprintln!("wrote {}/{{table.md,summary.csv,requests.csv,endpoints.csv,ttft_cdf.png,load_per_endpoint.png}}", a.out.display());
+    if a.check {
+        let bad: Vec<&Summary> = rows.iter().filter(|r| !r.balanced()).collect();
+        for r in &bad {
+            eprintln!(
+                "check failed for {}: errors {}, client completed {}, servers finished {}",
+                r.label, r.errors, r.client_ok, r.server_requests
+            );
+        }
+        anyhow::ensure!(bad.is_empty(), "counters do not balance");
+    }
+    Ok(())
+}

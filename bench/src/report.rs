@@ -1,0 +1,208 @@
+//! Turns strategy runs into the comparison table, CSV files and the check that counters balance.
+//!
+//! Latencies are reported in **simulated milliseconds** (wall time ÷ time scale), so numbers do not depend on how
+//! fast the run was played. Hit ratios are server truth: `vllm:prefix_cache_hits_total / prefix_cache_queries_total`
+//! summed over the fleet.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::Path;
+
+use crate::harness::StrategyRun;
+
+/// One row of the comparison table.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Summary {
+    /// Strategy label.
+    pub label: String,
+    /// "envoy" or "direct" (client-side baseline).
+    pub path: &'static str,
+    /// Requests sent.
+    pub requests: usize,
+    /// Requests that failed (non-2xx, broken stream) plus requests not sent within the wall budget.
+    pub errors: usize,
+    /// Server-truth token hit ratio, 0–1.
+    pub hit_ratio: f64,
+    /// TTFT percentiles p50/p90/p99, simulated ms.
+    pub ttft_ms: [f64; 3],
+    /// End-to-end latency p50/p99, simulated ms.
+    pub e2e_ms: [f64; 2],
+    /// Largest share of requests served by one endpoint (server truth), 0–1.
+    pub max_share: f64,
+    /// Overflow decisions.
+    pub overflows: u64,
+    /// Completed requests per simulated second.
+    pub throughput: f64,
+    /// Requests the servers report finishing (sum of `vllm:request_success_total`).
+    pub server_requests: u64,
+    /// Requests the client saw complete.
+    pub client_ok: usize,
+}
+
+/// The `q`-quantile (0–1) of `v` by nearest rank; 0 for an empty slice.
+pub fn percentile(v: &mut [f64], q: f64) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(f64::total_cmp);
+    let rank = ((q * v.len() as f64).ceil() as usize).clamp(1, v.len());
+    v[rank - 1]
+}
+
+impl Summary {
+    /// Summarizes one run.
+    pub fn of(run: &StrategyRun) -> Summary {
+        let sim = |ms: f64| ms / run.time_scale.max(1e-9);
+        let ok: Vec<_> = run.outcomes.iter().filter(|o| o.ok).collect();
+        let mut ttft: Vec<f64> = ok.iter().map(|o| sim(o.ttft_ms)).collect();
+        let mut e2e: Vec<f64> = ok.iter().map(|o| sim(o.e2e_ms)).collect();
+        let queries: f64 = run.servers.iter().map(|(_, m)| m.prefix_queries).sum();
+        let hits: f64 = run.servers.iter().map(|(_, m)| m.prefix_hits).sum();
+        let per: Vec<f64> = run.servers.iter().map(|(_, m)| m.requests).collect();
+        let total: f64 = per.iter().sum();
+        let sim_s = run.wall_s / run.time_scale.max(1e-9);
+        Summary {
+            label: run.label.clone(),
+            path: if run.via_envoy { "envoy" } else { "direct" },
+            requests: run.outcomes.len(),
+            errors: run.outcomes.len() - ok.len() + run.not_sent,
+            hit_ratio: if queries > 0.0 { hits / queries } else { 0.0 },
+            ttft_ms: [percentile(&mut ttft, 0.5), percentile(&mut ttft, 0.9), percentile(&mut ttft, 0.99)],
+            e2e_ms: [percentile(&mut e2e, 0.5), percentile(&mut e2e, 0.99)],
+            max_share: if total > 0.0 { per.iter().cloned().fold(0.0, f64::max) / total } else { 0.0 },
+            overflows: run.overflows,
+            throughput: if sim_s > 0.0 { ok.len() as f64 / sim_s } else { 0.0 },
+            server_requests: total as u64,
+            client_ok: ok.len(),
+        }
+    }
+
+    /// True when the client's completed count equals the servers' finished count and every request answered.
+    pub fn balanced(&self) -> bool {
+        self.server_requests == self.client_ok as u64 && self.errors == 0
+    }
+}
+
+/// The comparison table as Markdown (also readable in a terminal), with the pooled-cache bound below it.
+pub fn table(rows: &[Summary], pooled: Option<f64>) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "| strategy | path | requests | errors | hit ratio | TTFT p50 | TTFT p90 | TTFT p99 | E2E p50 | E2E p99 | max share | overflow | req/s |"
+    );
+    let _ = writeln!(s, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for r in rows {
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {} | {:.3} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.3} | {} | {:.2} |",
+            r.label,
+            r.path,
+            r.requests,
+            r.errors,
+            r.hit_ratio,
+            r.ttft_ms[0],
+            r.ttft_ms[1],
+            r.ttft_ms[2],
+            r.e2e_ms[0],
+            r.e2e_ms[1],
+            r.max_share,
+            r.overflows,
+            r.throughput
+        );
+    }
+    if let Some(p) = pooled {
+        let _ = writeln!(s, "\npooled-cache bound (one cache holding the whole fleet's capacity): hit ratio {p:.3}");
+    }
+    let _ = writeln!(s, "latencies in simulated ms; hit ratio = server-side cached prompt tokens / prompt tokens; \"direct\" = baseline routed client-side (no Envoy hop)");
+    s
+}
+
+/// Writes `summary.csv`, `requests.csv` and `endpoints.csv` into `dir`.
+pub fn write_csv(dir: &Path, runs: &[StrategyRun], rows: &[Summary]) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let mut w = csv::Writer::from_path(dir.join("summary.csv"))?;
+    w.write_record([
+        "strategy", "path", "requests", "errors", "hit_ratio", "ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms",
+        "e2e_p50_ms", "e2e_p99_ms", "max_share", "overflow", "throughput_rps", "server_requests",
+    ])?;
+    for r in rows {
+        w.write_record([
+            r.label.clone(),
+            r.path.to_string(),
+            r.requests.to_string(),
+            r.errors.to_string(),
+            format!("{:.4}", r.hit_ratio),
+            format!("{:.1}", r.ttft_ms[0]),
+            format!("{:.1}", r.ttft_ms[1]),
+            format!("{:.1}", r.ttft_ms[2]),
+            format!("{:.1}", r.e2e_ms[0]),
+            format!("{:.1}", r.e2e_ms[1]),
+            format!("{:.4}", r.max_share),
+            r.overflows.to_string(),
+            format!("{:.3}", r.throughput),
+            r.server_requests.to_string(),
+        ])?;
+    }
+    w.flush()?;
+    let mut w = csv::Writer::from_path(dir.join("requests.csv"))?;
+    w.write_record([
+        "strategy", "id", "sent_ms", "ok", "status", "ttft_ms", "e2e_ms", "prompt_tokens", "cached_tokens", "endpoint", "error",
+    ])?;
+    for run in runs {
+        let sim = |ms: f64| format!("{:.1}", ms / run.time_scale);
+        for o in &run.outcomes {
+            w.write_record([
+                run.label.clone(),
+                o.id.to_string(),
+                sim(o.sent_ms),
+                o.ok.to_string(),
+                o.status.to_string(),
+                sim(o.ttft_ms),
+                sim(o.e2e_ms),
+                o.usage.prompt_tokens.to_string(),
+                o.usage.prompt_tokens_details.cached_tokens.to_string(),
+                o.endpoint.clone().unwrap_or_default(),
+                o.error.clone().unwrap_or_default(),
+            ])?;
+        }
+    }
+    w.flush()?;
+    let mut w = csv::Writer::from_path(dir.join("endpoints.csv"))?;
+    w.write_record(["strategy", "endpoint", "requests", "prompt_tokens", "cached_tokens"])?;
+    for run in runs {
+        for (a, m) in &run.servers {
+            w.write_record([
+                run.label.clone(),
+                a.clone(),
+                format!("{}", m.requests),
+                format!("{}", m.prefix_queries),
+                format!("{}", m.prefix_hits),
+            ])?;
+        }
+    }
+    w.flush()?;
+    Ok(())
+}
+
+/// Requests per endpoint as the client saw them (`x-sim-endpoint`), for cross-checking server counters.
+pub fn client_counts(run: &StrategyRun) -> BTreeMap<String, u64> {
+    let mut m = BTreeMap::new();
+    for o in run.outcomes.iter().filter(|o| o.ok) {
+        *m.entry(o.endpoint.clone().unwrap_or_default()).or_insert(0) += 1;
+    }
+    m
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nearest_rank_percentiles() {
+        let mut v: Vec<f64> = (1..=100).map(f64::from).collect();
+        assert_eq!(percentile(&mut v, 0.5), 50.0);
+        assert_eq!(percentile(&mut v, 0.99), 99.0);
+        assert_eq!(percentile(&mut v, 1.0), 100.0);
+        assert_eq!(percentile(&mut [], 0.5), 0.0);
+    }
+}

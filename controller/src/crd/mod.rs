@@ -6,11 +6,19 @@
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
 
+pub mod image_cache;
+pub mod inference_endpoint;
+pub mod model_cache;
 pub mod routing_policy;
 
 /// Every CRD this crate defines, in a stable order (file names in the chart follow it).
 pub fn all() -> Vec<CustomResourceDefinition> {
-    vec![routing_policy::InferenceRoutingPolicy::crd()]
+    vec![
+        routing_policy::InferenceRoutingPolicy::crd(),
+        inference_endpoint::InferenceEndpoint::crd(),
+        model_cache::ModelCache::crd(),
+        image_cache::ImageCache::crd(),
+    ]
 }
 
 /// Renders one CRD as YAML exactly as `crdgen` writes it into `charts/warmpath/crds/`.

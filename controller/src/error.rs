@@ -18,6 +18,10 @@ pub enum Error {
     /// An object lacks a field the API server always sets (name, namespace, uid).
     #[error("object is missing {0}")]
     MissingField(&'static str),
+    /// Cleanup is waiting for something outside the controller (e.g. node agents removing a cache);
+    /// returned so the finalizer stays and the reconcile is retried.
+    #[error("cleanup pending: {0}")]
+    CleanupPending(String),
 }
 
 /// `Result` with the controller's [`Error`].
@@ -32,6 +36,7 @@ impl Error {
             Error::Serde(_) => "serde",
             Error::InvalidSpec(_) => "invalid_spec",
             Error::MissingField(_) => "missing_field",
+            Error::CleanupPending(_) => "cleanup_pending",
         }
     }
 }

@@ -1,0 +1,208 @@
+//! ModelCache reconciler: reads the node agents' reports from the target Nodes into status, and keeps
+//! the cleanup finalizer until no node holds the cache any more.
+//!
+//! The controller never downloads or writes node labels for weights: the agent on each node does
+//! (contract in [`crate::crd::model_cache`]). Nodes are watched, so node addition (a new target, state
+//! `Pending`) and node loss (a NotReady or deleted node stops counting) update the status.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::finalizer::{finalizer, Event};
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::watcher;
+use kube::{Resource, ResourceExt};
+use serde_json::json;
+
+use crate::conditions;
+use crate::crd::model_cache::{
+    cache_ready_label, parse_reports, phase, report_key, ModelCache, ModelCacheSpec, ModelCacheStatus, NodeCacheStatus,
+    FINALIZER, NODE_CACHE_STATES,
+};
+use crate::reconcile::Context;
+use crate::{Error, Result, FIELD_MANAGER};
+
+/// Name used in metrics and logs.
+pub const CONTROLLER: &str = "model-cache";
+/// Node label holding the instance type (well-known label).
+pub const INSTANCE_TYPE_LABEL: &str = "node.kubernetes.io/instance-type";
+
+/// True when the node is a target of the cache: all selector labels match, the instance type is
+/// allowed, and the node is not lost (its `Ready` condition is not False/Unknown) or being deleted.
+pub fn is_target(spec: &ModelCacheSpec, node: &Node) -> bool {
+    let labels = node.labels();
+    let selected = spec.node_selector.iter().all(|(k, v)| labels.get(k) == Some(v));
+    let typed = spec.instance_types.is_empty()
+        || labels.get(INSTANCE_TYPE_LABEL).is_some_and(|t| spec.instance_types.contains(t));
+    selected && typed && node.meta().deletion_timestamp.is_none() && !node_lost(node)
+}
+
+/// A node whose `Ready` condition is `False` or `Unknown` (kubelet stopped reporting) counts as lost.
+pub fn node_lost(node: &Node) -> bool {
+    node.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready"))
+        .is_some_and(|c| c.status != "True")
+}
+
+/// Status from the target nodes' labels and reports (pure; `now` stamps changed conditions).
+pub fn compute_status(mc: &ModelCache, nodes: &[Node], now: &Time) -> ModelCacheStatus {
+    let ns = mc.namespace().unwrap_or_default();
+    let name = mc.name_any();
+    let mut st = mc.status.clone().unwrap_or_default();
+    let generation = mc.meta().generation;
+    if mc.spec.source.volume.is_some() {
+        st.phase = Some(phase::READY.into());
+        (st.target, st.ready, st.failed, st.nodes) = (0, 0, 0, vec![]);
+        let c = conditions::new(conditions::READY, true, "VolumeSource", "weights come from a volume; nothing to pre-download", generation, now);
+        conditions::upsert(&mut st.conditions, c);
+        st.observed_generation = generation;
+        return st;
+    }
+    let label = cache_ready_label(&ns, &name);
+    let key = report_key(&ns, &name);
+    let mut per_node: Vec<NodeCacheStatus> = nodes
+        .iter()
+        .filter(|n| is_target(&mc.spec, n))
+        .map(|n| {
+            let report = parse_reports(n.annotations().get(NODE_CACHE_STATES)).remove(&key);
+            let labelled = n.labels().get(&label).is_some_and(|v| v == "true");
+            let mut s = NodeCacheStatus { node: n.name_any(), state: phase::PENDING.into(), ..Default::default() };
+            if let Some(r) = report {
+                s.state = r.state;
+                s.reason = r.reason;
+                s.message = r.message;
+                s.version = r.version;
+                s.bytes_done = Some(r.bytes_done as i64);
+                s.bytes_total = Some(r.bytes_total as i64);
+            }
+            // The label is what pods' affinity uses; a node counts as ready only with it.
+            if s.state == phase::READY && !labelled {
+                s.state = phase::PENDING.into();
+            } else if labelled && s.state == phase::PENDING {
+                s.state = phase::READY.into();
+            }
+            s
+        })
+        .collect();
+    per_node.sort_by(|a, b| a.node.cmp(&b.node));
+    let count = |state: &str| per_node.iter().filter(|n| n.state == state).count() as i32;
+    st.target = per_node.len() as i32;
+    st.ready = count(phase::READY);
+    st.failed = count(phase::FAILED);
+    let downloading = count(phase::DOWNLOADING);
+    let (ph, ok, reason, msg) = if st.failed > 0 {
+        let first = per_node.iter().find(|n| n.state == phase::FAILED).expect("counted");
+        let reason = first.reason.clone().unwrap_or_else(|| "Failed".into());
+        let msg = format!("node {}: {}", first.node, first.message.clone().unwrap_or_default());
+        (phase::FAILED, false, reason, msg)
+    } else if st.target > 0 && st.ready == st.target {
+        (phase::READY, true, "AllNodesReady".to_string(), format!("{} of {} target nodes hold the weights", st.ready, st.target))
+    } else if downloading > 0 {
+        (phase::DOWNLOADING, false, "Downloading".into(), format!("{} of {} target nodes ready", st.ready, st.target))
+    } else if st.target == 0 {
+        (phase::PENDING, false, "NoTargetNodes".into(), "no node matches nodeSelector/instanceTypes".into())
+    } else {
+        (phase::PENDING, false, "Pending".into(), format!("{} of {} target nodes ready", st.ready, st.target))
+    };
+    st.phase = Some(ph.into());
+    st.nodes = per_node;
+    conditions::upsert(&mut st.conditions, conditions::new(conditions::READY, ok, &reason, msg, generation, now));
+    st.observed_generation = generation;
+    st
+}
+
+fn now() -> Time {
+    Time(k8s_openapi::jiff::Timestamp::now())
+}
+
+async fn patch_status(api: &Api<ModelCache>, name: &str, status: &ModelCacheStatus) -> Result<()> {
+    let patch = json!({ "apiVersion": "warmpath.dev/v1alpha1", "kind": "ModelCache", "status": status });
+    api.patch_status(name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&patch)).await?;
+    Ok(())
+}
+
+/// Reconciles one ModelCache (finalizer-wrapped apply/cleanup).
+pub async fn reconcile(mc: Arc<ModelCache>, ctx: Arc<Context>) -> Result<Action> {
+    let ns = mc.namespace().ok_or(Error::MissingField("metadata.namespace"))?;
+    let api: Api<ModelCache> = Api::namespaced(ctx.client.clone(), &ns);
+    finalizer(&api, FINALIZER, mc, |event| async {
+        match event {
+            Event::Apply(mc) => apply(&api, &mc, &ctx).await,
+            Event::Cleanup(mc) => cleanup(&api, &mc, &ctx).await,
+        }
+    })
+    .await
+    .map_err(|e| Error::Finalizer(Box::new(e)))
+    .inspect(|_| ctx.metrics.reconcile_ok(CONTROLLER))
+}
+
+async fn apply(api: &Api<ModelCache>, mc: &ModelCache, ctx: &Context) -> Result<Action> {
+    let nodes = Api::<Node>::all(ctx.client.clone()).list(&ListParams::default()).await?.items;
+    let status = compute_status(mc, &nodes, &now());
+    if mc.status.as_ref() != Some(&status) {
+        patch_status(api, &mc.name_any(), &status).await?;
+    }
+    // Agents report progress on their nodes; poll a little while anything is moving.
+    Ok(match status.phase.as_deref() {
+        Some(phase::READY) => Action::requeue(Duration::from_secs(300)),
+        _ => Action::requeue(Duration::from_secs(10)),
+    })
+}
+
+/// Cleanup waits until no node carries the cache's label or report: the agents remove the files,
+/// then the label. Lost/deleted nodes do not hold it up.
+async fn cleanup(api: &Api<ModelCache>, mc: &ModelCache, ctx: &Context) -> Result<Action> {
+    let ns = mc.namespace().unwrap_or_default();
+    let (label, key) = (cache_ready_label(&ns, &mc.name_any()), report_key(&ns, &mc.name_any()));
+    let nodes = Api::<Node>::all(ctx.client.clone()).list(&ListParams::default()).await?.items;
+    let holding: Vec<String> = nodes
+        .iter()
+        .filter(|n| !node_lost(n))
+        .filter(|n| n.labels().contains_key(&label) || parse_reports(n.annotations().get(NODE_CACHE_STATES)).contains_key(&key))
+        .map(|n| n.name_any())
+        .collect();
+    if holding.is_empty() {
+        return Ok(Action::await_change());
+    }
+    let mut st = mc.status.clone().unwrap_or_default();
+    if st.phase.as_deref() != Some(phase::DELETING) {
+        st.phase = Some(phase::DELETING.into());
+        patch_status(api, &mc.name_any(), &st).await?;
+    }
+    Err(Error::CleanupPending(format!("waiting for node agents on {} to remove the cache", holding.join(", "))))
+}
+
+/// Error policy: count, log, retry in 5 s (cleanup waits) or 30 s.
+pub fn error_policy(_mc: Arc<ModelCache>, err: &Error, ctx: Arc<Context>) -> Action {
+    tracing::warn!(controller = CONTROLLER, error = %err, "reconcile failed");
+    ctx.metrics.reconcile_error(CONTROLLER, err);
+    Action::requeue(Duration::from_secs(if matches!(err, Error::Finalizer(_)) { 5 } else { 30 }))
+}
+
+/// Runs the ModelCache controller until the stream ends. Every Node event re-reconciles every
+/// ModelCache (node add/loss, agent reports).
+pub async fn run(ctx: Arc<Context>) {
+    let caches: Api<ModelCache> = Api::all(ctx.client.clone());
+    let nodes: Api<Node> = Api::all(ctx.client.clone());
+    let controller = Controller::new(caches, watcher::Config::default());
+    let store = controller.store();
+    controller
+        .watches(nodes, watcher::Config::default(), move |_node| {
+            store.state().into_iter().map(|mc| ObjectRef::from_obj(&*mc)).collect::<Vec<_>>()
+        })
+        .shutdown_on_signal()
+        .run(reconcile, error_policy, ctx)
+        .for_each(|r| async move {
+            if let Err(e) = r {
+                tracing::debug!(controller = CONTROLLER, error = %e, "reconcile failed");
+            }
+        })
+        .await;
+}

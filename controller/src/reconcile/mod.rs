@@ -7,6 +7,10 @@ use kube::Client;
 
 use crate::metrics::Metrics;
 
+pub mod image_cache;
+pub mod inference_endpoint;
+pub mod model_cache;
+
 /// Shared state handed to every reconciler.
 #[derive(Clone)]
 pub struct Context {

@@ -1,0 +1,120 @@
+"""A real Envoy with the warmpath filter in front of the llama-servers, on loopback.
+
+The bootstrap comes from the project's launcher (`scripts/envoy.sh render`, i.e. `warmpath-envoy render` in
+tests/e2e: one listener, the wasm filter, an `override_host` cluster falling back to least-request), so this
+module holds no Envoy configuration of its own. It only runs `.venv/bin/envoy` on that file and owns the
+process, so that Envoy dies with this client even when the client is killed.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from .servers import REPO, _die_with_parent, free_port
+
+ENVOY = REPO / ".venv" / "bin" / "envoy"
+#: The plugin configuration shipped with the filter (defaults for prefix_length, block_size, guards).
+DEFAULT_PLUGIN_CONFIG = REPO / "envoy" / "plugin-config.json"
+
+
+def plugin_config(strategy: str, endpoints: list[str], overrides: dict | None = None) -> dict:
+    """`envoy/plugin-config.json` with `strategy`, `endpoints` and `debug_header: true` set, then `overrides`."""
+    cfg = json.loads(DEFAULT_PLUGIN_CONFIG.read_text())
+    cfg.update({"strategy": strategy, "endpoints": endpoints, "debug_header": True})
+    cfg.update(overrides or {})
+    return cfg
+
+
+def build_launcher() -> None:
+    """Builds the filter module and the launcher once, up front (so later renders are quick). Raises
+    `subprocess.CalledProcessError` on a build failure."""
+    subprocess.run(["bash", str(REPO / "scripts" / "envoy.sh"), "render", "--upstream", "127.0.0.1:1",
+                    "--plugin-config", "{}"], cwd=REPO, check=True, stdout=subprocess.DEVNULL)
+
+
+class Envoy:
+    """Envoy (`--concurrency` workers) on a free 127.0.0.1 port routing to `endpoints` with the given plugin
+    config. `url` is the OpenAI base URL through it. `close()` kills it."""
+
+    def __init__(self, endpoints: list[str], plugin: dict, concurrency: int = 2):
+        self.port, self.admin_port = free_port(), free_port()
+        self._dir = tempfile.TemporaryDirectory(prefix="warmpath-real-envoy-")
+        d = Path(self._dir.name)
+        ups = [a for e in endpoints for a in ("--upstream", e)]
+        yaml = subprocess.run(
+            ["bash", str(REPO / "scripts" / "envoy.sh"), "render", *ups, "--plugin-config", json.dumps(plugin),
+             "--listener-port", str(self.port), "--admin-port", str(self.admin_port)],
+            cwd=REPO, check=True, capture_output=True, text=True).stdout
+        (d / "envoy.yaml").write_text(yaml)
+        self.log_path = d / "envoy.log"
+        self._log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(
+            [str(ENVOY), "-c", str(d / "envoy.yaml"), "--concurrency", str(concurrency), "--disable-hot-restart",
+             "--base-id", str(os.getpid() % 60000)],
+            cwd=REPO, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
+            preexec_fn=_die_with_parent)
+        try:
+            self._wait_ready(30.0)
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def url(self) -> str:
+        """OpenAI base URL through Envoy."""
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def _wait_ready(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"envoy exited ({self.proc.returncode}); log:\n{self.log_tail()}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.admin_port}/ready", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(f"envoy not ready after {timeout_s} s; log:\n{self.log_tail()}")
+
+    def stats(self, prefix: str = "wasmcustom.warmpath") -> dict[str, int]:
+        """Counters and gauges from the admin `/stats` whose name starts with `prefix` (name → integer value)."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.admin_port}/stats?filter=^{prefix}", timeout=5) as r:
+            out = {}
+            for line in r.read().decode().splitlines():
+                name, _, value = line.partition(": ")
+                if value.strip().lstrip("-").isdigit():
+                    out[name] = int(value)
+            return out
+
+    def log_tail(self, lines: int = 20) -> str:
+        """The last lines of Envoy's log."""
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def close(self) -> None:
+        """Kills Envoy and removes its working directory; idempotent."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+        self._dir.cleanup()
+
+    def __enter__(self) -> "Envoy":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Simulated model server + replay harness: unit tests, then short replays through a real Envoy with the filter
+# (PREFIX_AWARE beats RANDOM on server-side hit ratio; every request answered; client and server counts balance).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+export PATH="$PWD/.venv/bin:$PATH"
+cargo build -q -p warmpath-filter --target wasm32-wasip1 --release
+cargo test -p warmpath-sim
+cargo test -p warmpath-bench

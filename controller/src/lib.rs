@@ -10,7 +10,10 @@ pub mod conditions;
 pub mod crd;
 pub mod error;
 pub mod metrics;
+pub mod foreign;
 pub mod reconcile;
+pub mod render;
+pub mod routing;
 
 /// Test helpers: object builders and an in-memory API client (`kube-fake-client`) that knows every
 /// type the controller reads or writes. Compiled for unit tests and for integration tests in `tests/`.

@@ -57,10 +57,10 @@ pub struct InferenceRoutingPolicySpec {
     #[schemars(range(min = 1024, max = 65536))]
     pub prefix_length: Option<i64>,
 
-    /// Characters per hashed block of the prefix (the unit of longest-prefix matching); 16–65536.
-    /// Unset: the filter's default.
+    /// UTF-8 bytes of extracted text per hashed block (the unit of longest-prefix matching);
+    /// 16–8192 and at most `prefixLength`. Unset: the filter's default (128).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 16, max = 65536))]
+    #[schemars(range(min = 16, max = 8192))]
     pub block_size: Option<i64>,
 
     /// In-flight requests on the preferred endpoint above which a request overflows; 1–1024.
@@ -69,9 +69,11 @@ pub struct InferenceRoutingPolicySpec {
     pub concurrency_threshold: Option<i64>,
 
     /// Bounded-load factor c: an endpoint is overloaded above c × mean load
-    /// (Mirrokni, Thorup, Zadimoghaddam 2018); 1.0–100.0. Unset: the filter's default (1.25).
+    /// (Mirrokni, Thorup, Zadimoghaddam, SODA 2018); 1.0–10.0, or 0 to turn the bound off.
+    /// Unset: the filter's default (1.25).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1.0, max = 100.0))]
+    #[schemars(range(min = 0.0, max = 10.0))]
+    #[x_kube(validation = Rule::new("self == 0.0 || self >= 1.0").message("loadFactor must be 0 (off) or between 1.0 and 10.0"))]
     pub load_factor: Option<f64>,
 
     /// Request header holding the tenant id that namespaces prefix keys (HTTP header name,

@@ -1,0 +1,355 @@
+//! Pure rendering: routing intent + resolved references → the provider objects the controller
+//! applies. No API calls here, so `warmpath-controller render -f` and the reconciler share it.
+//!
+//! Envoy Gateway (API group `gateway.envoyproxy.io/v1alpha1`):
+//! - `EnvoyExtensionPolicy` targeting the HTTPRoute: `wasm[0]` with `code: {type: HTTP, http: {url},
+//!   sha256}`, `config` = the filter's plugin configuration, `failOpen`.
+//! - `BackendTrafficPolicy` targeting the HTTPRoute: `loadBalancer.endpointOverride.extractFrom:
+//!   [{header: x-gateway-destination-endpoint}]` — Envoy Gateway's typed front for Envoy's
+//!   `override_host` load-balancing policy, chosen over an EnvoyPatchPolicy cluster patch because it
+//!   is validated by Envoy Gateway and survives its cluster renames.
+//! - `EnvoyPatchPolicy` targeting each Gateway: adds the STRICT_DNS cluster the filter polls the
+//!   feed through (`dispatch_http_call` needs a cluster; no typed API adds one). Needs
+//!   `extensionApis.enableEnvoyPatchPolicy: true` in the Envoy Gateway configuration.
+//!
+//! Istio:
+//! - `WasmPlugin` (`extensions.istio.io/v1alpha1`) targeting each Gateway: `url`, `sha256`,
+//!   `pluginConfig`, `failStrategy: FAIL_OPEN|FAIL_CLOSE`, `type: HTTP`.
+//! - `EnvoyFilter` (`networking.istio.io/v1alpha3`) targeting each Gateway: a `CLUSTER` MERGE patch
+//!   of the backend Service's outbound cluster setting `load_balancing_policy` to `override_host`
+//!   with a least-request fallback (Istio's DestinationRule has no override-host option). The feed
+//!   is reached through the controller Service's own outbound cluster, which Istio already pushes.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use kube::core::{ApiResource, DynamicObject};
+use serde_json::{json, Value};
+
+use crate::foreign;
+use crate::routing::{FeedTarget, RoutingIntent, DESTINATION_HEADER};
+
+/// Label on every rendered object: the controller manages it.
+pub const LABEL_MANAGED_BY: &str = "app.kubernetes.io/managed-by";
+/// Label on every rendered object: uid of the policy or HTTPRoute it was rendered for. Clean-up
+/// deletes by this label, so it removes exactly what was created for that owner.
+pub const LABEL_OWNER_UID: &str = "warmpath.dev/owner-uid";
+/// Annotation naming the owner as `Kind/namespace/name` (for humans).
+pub const ANNOTATION_OWNER: &str = "warmpath.dev/owner";
+
+/// Data-plane provider.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Provider {
+    /// Envoy Gateway (`gateway.envoyproxy.io/gatewayclass-controller`).
+    EnvoyGateway,
+    /// Istio (`istio.io/gateway-controller`).
+    Istio,
+}
+
+impl Provider {
+    /// Provider from a GatewayClass `spec.controllerName`; `None` for other implementations.
+    pub fn from_controller_name(name: &str) -> Option<Self> {
+        match name {
+            "gateway.envoyproxy.io/gatewayclass-controller" => Some(Self::EnvoyGateway),
+            "istio.io/gateway-controller" => Some(Self::Istio),
+            _ => None,
+        }
+    }
+    /// Parses the Helm value `provider` (`envoy-gateway` | `istio`); `auto` and others → `None`.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "envoy-gateway" | "envoygateway" => Some(Self::EnvoyGateway),
+            "istio" => Some(Self::Istio),
+            _ => None,
+        }
+    }
+}
+
+/// The object a rendering belongs to (an `InferenceRoutingPolicy` or an annotated HTTPRoute).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Owner {
+    /// `apiVersion` of the owner.
+    pub api_version: String,
+    /// `kind` of the owner.
+    pub kind: String,
+    /// Name of the owner.
+    pub name: String,
+    /// Namespace of the owner.
+    pub namespace: String,
+    /// `metadata.uid` of the owner.
+    pub uid: String,
+}
+
+/// The wasm module as the gateways fetch it: an HTTP URL on the controller and its sha256 (hex).
+#[derive(Clone, Debug, PartialEq)]
+pub struct WasmModule {
+    /// `http://…/wasm/warmpath_filter-<sha prefix>.wasm`.
+    pub url: String,
+    /// Lower-case hex SHA-256 of the module bytes (64 characters).
+    pub sha256: String,
+}
+
+/// How the gateways reach the controller's HTTP server (wasm module and feed).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ControllerEndpoint {
+    /// Service name of the controller.
+    pub service: String,
+    /// Namespace of the controller.
+    pub namespace: String,
+    /// HTTP port (wasm + feed).
+    pub port: u16,
+}
+
+impl ControllerEndpoint {
+    /// Cluster-local DNS name of the Service.
+    pub fn host(&self) -> String {
+        format!("{}.{}.svc.cluster.local", self.service, self.namespace)
+    }
+}
+
+/// A Gateway an HTTPRoute attaches to.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct GatewayRef {
+    /// Namespace of the Gateway.
+    pub namespace: String,
+    /// Name of the Gateway.
+    pub name: String,
+}
+
+/// The backend whose endpoints are routed, resolved to something a gateway cluster can match.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ResolvedBackend {
+    /// A Service port.
+    Service {
+        /// Namespace.
+        namespace: String,
+        /// Service name.
+        name: String,
+        /// Service port.
+        port: u16,
+    },
+    /// An InferencePool.
+    InferencePool {
+        /// Namespace.
+        namespace: String,
+        /// Pool name.
+        name: String,
+    },
+}
+
+/// Everything one rendering needs.
+#[derive(Clone, Debug)]
+pub struct RenderInput<'a> {
+    /// Owner of the rendered objects.
+    pub owner: &'a Owner,
+    /// Namespace of the targeted HTTPRoute.
+    pub route_namespace: &'a str,
+    /// Name of the targeted HTTPRoute.
+    pub route_name: &'a str,
+    /// Gateways the route attaches to (all of one provider).
+    pub gateways: &'a [GatewayRef],
+    /// Provider of those Gateways.
+    pub provider: Provider,
+    /// Validated routing intent.
+    pub intent: &'a RoutingIntent,
+    /// Backend whose endpoints are routed.
+    pub backend: &'a ResolvedBackend,
+    /// Wasm module source.
+    pub wasm: &'a WasmModule,
+    /// Controller's HTTP endpoint.
+    pub controller: &'a ControllerEndpoint,
+    /// Feed path of the owner on the controller.
+    pub feed_path: &'a str,
+}
+
+/// The Envoy `load_balancing_policy` that honours the filter's pick (`override_host` reading
+/// [`DESTINATION_HEADER`], least-request fallback for requests without a valid pick). Shared with
+/// the test that loads it into a real Envoy.
+pub fn override_host_lb_policy() -> Value {
+    json!({
+        "policies": [{
+            "typed_extension_config": {
+                "name": "envoy.load_balancing_policies.override_host",
+                "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.load_balancing_policies.override_host.v3.OverrideHost",
+                    "override_host_sources": [{"header": DESTINATION_HEADER}],
+                    "fallback_policy": {"policies": [{"typed_extension_config": {
+                        "name": "envoy.load_balancing_policies.least_request",
+                        "typed_config": {"@type": "type.googleapis.com/envoy.extensions.load_balancing_policies.least_request.v3.LeastRequest"}
+                    }}]}
+                }
+            }
+        }]
+    })
+}
+
+/// The Envoy cluster (v3 JSON) the filter polls the feed through on Envoy Gateway.
+pub fn feed_cluster(name: &str, controller: &ControllerEndpoint) -> Value {
+    json!({
+        "name": name,
+        "type": "STRICT_DNS",
+        "connect_timeout": "2s",
+        "load_assignment": {
+            "cluster_name": name,
+            "endpoints": [{"lb_endpoints": [{"endpoint": {"address": {"socket_address": {
+                "address": controller.host(), "port_value": controller.port
+            }}}}]}]
+        }
+    })
+}
+
+/// Feed cluster name for an owner on a provider.
+pub fn feed_cluster_name(provider: Provider, owner: &Owner, controller: &ControllerEndpoint) -> String {
+    match provider {
+        Provider::EnvoyGateway => format!("warmpath-feed/{}/{}", owner.namespace, owner.name),
+        Provider::Istio => format!("outbound|{}||{}", controller.port, controller.host()),
+    }
+}
+
+/// Renders every object for one HTTPRoute, sorted by (kind, namespace, name).
+///
+/// Errors: the filter refuses the plugin configuration, or the combination is unsupported
+/// (Istio with an InferencePool backend: Istio programs InferencePool clusters itself).
+pub fn render(input: &RenderInput<'_>) -> Result<Vec<DynamicObject>, String> {
+    let feed = FeedTarget {
+        cluster: feed_cluster_name(input.provider, input.owner, input.controller),
+        path: input.feed_path.to_string(),
+        interval_ms: (input.intent.load.interval_seconds.clamp(1, 60) as u64) * 1000,
+    };
+    let config = input.intent.plugin_config(&feed)?;
+    let mut out = match input.provider {
+        Provider::EnvoyGateway => render_envoy_gateway(input, &config, &feed),
+        Provider::Istio => render_istio(input, &config)?,
+    };
+    out.sort_by(|a, b| {
+        let key = |o: &DynamicObject| {
+            (o.types.as_ref().map(|t| t.kind.clone()), o.metadata.namespace.clone(), o.metadata.name.clone())
+        };
+        key(a).cmp(&key(b))
+    });
+    Ok(out)
+}
+
+fn route_target(input: &RenderInput<'_>) -> Value {
+    json!([{"group": "gateway.networking.k8s.io", "kind": "HTTPRoute", "name": input.route_name}])
+}
+
+fn gateway_target(gw: &GatewayRef) -> Value {
+    json!({"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": gw.name})
+}
+
+fn render_envoy_gateway(input: &RenderInput<'_>, config: &Value, feed: &FeedTarget) -> Vec<DynamicObject> {
+    let name = format!("warmpath-{}", input.route_name);
+    let mut out = vec![
+        object(&foreign::envoy_extension_policy(), input.route_namespace, &name, input.owner, json!({
+            "targetRefs": route_target(input),
+            "wasm": [{
+                "name": "warmpath",
+                "rootID": "warmpath",
+                "code": {"type": "HTTP", "http": {"url": input.wasm.url}, "sha256": input.wasm.sha256},
+                "config": config,
+                "failOpen": input.intent.fail_open,
+            }],
+        })),
+        object(&foreign::backend_traffic_policy(), input.route_namespace, &name, input.owner, json!({
+            "targetRefs": route_target(input),
+            "loadBalancer": {
+                "type": "LeastRequest",
+                "endpointOverride": {"extractFrom": [{"header": DESTINATION_HEADER}]},
+            },
+        })),
+    ];
+    for gw in input.gateways {
+        let epp = format!("warmpath-feed-{}-{}", input.owner.namespace, input.owner.name);
+        out.push(object(&foreign::envoy_patch_policy(), &gw.namespace, &truncate(&epp), input.owner, json!({
+            "type": "JSONPatch",
+            "targetRef": gateway_target(gw),
+            "jsonPatches": [{
+                "type": "type.googleapis.com/envoy.config.cluster.v3.Cluster",
+                "name": feed.cluster,
+                "operation": {"op": "add", "path": "", "value": feed_cluster(&feed.cluster, input.controller)},
+            }],
+        })));
+    }
+    out
+}
+
+fn render_istio(input: &RenderInput<'_>, config: &Value) -> Result<Vec<DynamicObject>, String> {
+    let (svc_ns, svc, port) = match input.backend {
+        ResolvedBackend::Service { namespace, name, port } => (namespace, name, *port),
+        ResolvedBackend::InferencePool { .. } => {
+            return Err("Istio programs InferencePool backends itself (its own endpoint picker); use a Service backend for warmpath on Istio".into())
+        }
+    };
+    let mut out = vec![];
+    for gw in input.gateways {
+        let name = truncate(&format!("warmpath-{}-{}", input.route_namespace, input.route_name));
+        out.push(object(&foreign::wasm_plugin(), &gw.namespace, &name, input.owner, json!({
+            "targetRefs": [gateway_target(gw)],
+            "url": input.wasm.url,
+            "sha256": input.wasm.sha256,
+            "pluginName": "warmpath",
+            "pluginConfig": config,
+            "failStrategy": if input.intent.fail_open { "FAIL_OPEN" } else { "FAIL_CLOSE" },
+            "type": "HTTP",
+        })));
+        out.push(object(&foreign::envoy_filter(), &gw.namespace, &name, input.owner, json!({
+            "targetRefs": [gateway_target(gw)],
+            "configPatches": [{
+                "applyTo": "CLUSTER",
+                "match": {"context": "GATEWAY", "cluster": {"service": format!("{svc}.{svc_ns}.svc.cluster.local"), "portNumber": port}},
+                "patch": {"operation": "MERGE", "value": {"load_balancing_policy": override_host_lb_policy()}},
+            }],
+        })));
+    }
+    Ok(out)
+}
+
+fn truncate(name: &str) -> String {
+    name.chars().take(253).collect::<String>().trim_end_matches(['-', '.']).to_string()
+}
+
+/// Builds one object with our labels, the owner annotation, and an owner reference when the
+/// object lives in the owner's namespace (Kubernetes forbids cross-namespace owners; those
+/// objects are removed by the owner's finalizer instead).
+fn object(ar: &ApiResource, namespace: &str, name: &str, owner: &Owner, spec: Value) -> DynamicObject {
+    let labels = BTreeMap::from([
+        (LABEL_MANAGED_BY.to_string(), crate::FIELD_MANAGER.to_string()),
+        (LABEL_OWNER_UID.to_string(), owner.uid.clone()),
+    ]);
+    let annotations =
+        BTreeMap::from([(ANNOTATION_OWNER.to_string(), format!("{}/{}/{}", owner.kind, owner.namespace, owner.name))]);
+    let owner_references = (namespace == owner.namespace).then(|| {
+        vec![OwnerReference {
+            api_version: owner.api_version.clone(),
+            kind: owner.kind.clone(),
+            name: owner.name.clone(),
+            uid: owner.uid.clone(),
+            controller: Some(true),
+            block_owner_deletion: Some(true),
+        }]
+    });
+    let mut obj = DynamicObject::new(name, ar).within(namespace);
+    obj.metadata = ObjectMeta {
+        name: Some(name.into()),
+        namespace: Some(namespace.into()),
+        labels: Some(labels),
+        annotations: Some(annotations),
+        owner_references,
+        ..ObjectMeta::default()
+    };
+    obj.data = json!({ "spec": spec });
+    obj
+}
+
+/// YAML stream (`---`-separated) of rendered objects, as `render -f` prints it.
+///
+/// Errors: serialization failure (not expected).
+pub fn to_yaml_stream(objects: &[DynamicObject]) -> Result<String, serde_yaml::Error> {
+    let mut out = String::new();
+    for o in objects {
+        out.push_str("---\n");
+        out.push_str(&serde_yaml::to_string(o)?);
+    }
+    Ok(out)
+}

@@ -1,0 +1,275 @@
+//! Routing intent: what the user asked for, from an `InferenceRoutingPolicy` or from HTTPRoute
+//! annotations, validated against the filter's own ranges and turned into the filter's plugin
+//! configuration (checked with `warmpath_core::Settings::from_json`, so the controller never writes
+//! a configuration the filter would refuse).
+//!
+//! Precedence (documented in docs/controller.md): a policy that targets a route wins over that
+//! route's annotations; among several policies targeting one route the oldest wins (creation
+//! time, then namespace/name — the Gateway API conflict rule of GEP-713); the others report
+//! `Accepted=False` with reason `Conflicted`.
+
+use std::collections::BTreeMap;
+
+use serde_json::{json, Value};
+use warmpath_core::config::{
+    BLOCK_SIZE_RANGE, CONCURRENCY_THRESHOLD_RANGE, LOAD_FACTOR_RANGE, PREFIX_LENGTH_RANGE,
+};
+use warmpath_core::{Settings, Strategy};
+
+use crate::crd::routing_policy::{BackendRef, FailureMode, InferenceRoutingPolicySpec, LoadSource};
+
+/// Annotation turning routing on for an HTTPRoute: `random`, `least-outstanding-requests` or
+/// `prefix-aware` (the upper-case policy spellings are accepted too).
+pub const ANNOTATION_STRATEGY: &str = "warmpath.dev/routing-strategy";
+/// Annotation: prefix length in characters (1024–65536).
+pub const ANNOTATION_PREFIX_LENGTH: &str = "warmpath.dev/prefix-length";
+/// Annotation: concurrency threshold in in-flight requests (1–1024).
+pub const ANNOTATION_CONCURRENCY_THRESHOLD: &str = "warmpath.dev/concurrency-threshold";
+
+/// Header the filter writes and Envoy's `override_host` load balancer reads (Gateway API
+/// Inference Extension endpoint-picker protocol).
+pub const DESTINATION_HEADER: &str = "x-gateway-destination-endpoint";
+
+/// Validated routing intent for one HTTPRoute.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RoutingIntent {
+    /// Routing strategy.
+    pub strategy: Strategy,
+    /// Prefix length in characters, if set.
+    pub prefix_length: Option<u64>,
+    /// Block size in bytes, if set.
+    pub block_size: Option<u64>,
+    /// Concurrency threshold in in-flight requests, if set.
+    pub concurrency_threshold: Option<u64>,
+    /// Bounded-load factor, if set (0 = off).
+    pub load_factor: Option<f64>,
+    /// Tenant-id header name, if set.
+    pub tenant_header: Option<String>,
+    /// True unless the user asked for `FailClosed`.
+    pub fail_open: bool,
+    /// Explicit backend, if any (else the route's first backendRef).
+    pub backend: Option<BackendRef>,
+    /// Load scraping settings.
+    pub load: LoadSource,
+}
+
+/// Parses a strategy name in either spelling (`PREFIX_AWARE` or `prefix-aware`).
+///
+/// Errors: a message naming the accepted values.
+pub fn parse_strategy(s: &str) -> Result<Strategy, String> {
+    match s.trim().to_ascii_uppercase().replace('-', "_").as_str() {
+        "RANDOM" => Ok(Strategy::Random),
+        "LEAST_OUTSTANDING_REQUESTS" => Ok(Strategy::LeastOutstandingRequests),
+        "PREFIX_AWARE" => Ok(Strategy::PrefixAware),
+        _ => Err(format!(
+            "unknown strategy {s:?}: expected RANDOM, LEAST_OUTSTANDING_REQUESTS or PREFIX_AWARE (annotation spelling: random, least-outstanding-requests, prefix-aware)"
+        )),
+    }
+}
+
+fn check_range(field: &str, v: i64, (lo, hi): (u64, u64)) -> Result<u64, String> {
+    if v < lo as i64 || v > hi as i64 {
+        return Err(format!("{field} = {v} is out of range {lo}..={hi}"));
+    }
+    Ok(v as u64)
+}
+
+impl RoutingIntent {
+    /// Validates a policy spec. Ranges are the filter's (`warmpath_core::config::*_RANGE`).
+    ///
+    /// Errors: a user-facing message (goes into `Accepted=False, reason Invalid`).
+    pub fn from_policy(spec: &InferenceRoutingPolicySpec) -> Result<Self, String> {
+        let strategy = parse_strategy(&spec.strategy)?;
+        let prefix_length = spec.prefix_length.map(|v| check_range("prefixLength", v, PREFIX_LENGTH_RANGE)).transpose()?;
+        let block_size = spec.block_size.map(|v| check_range("blockSize", v, BLOCK_SIZE_RANGE)).transpose()?;
+        if let (Some(p), Some(b)) = (prefix_length, block_size) {
+            if b > p {
+                return Err(format!("blockSize = {b} exceeds prefixLength = {p}"));
+            }
+        }
+        let concurrency_threshold = spec
+            .concurrency_threshold
+            .map(|v| check_range("concurrencyThreshold", v, CONCURRENCY_THRESHOLD_RANGE))
+            .transpose()?;
+        if let Some(f) = spec.load_factor {
+            let (lo, hi) = LOAD_FACTOR_RANGE;
+            if !(f == 0.0 || (lo..=hi).contains(&f)) {
+                return Err(format!("loadFactor = {f} must be 0 (off) or within {lo}..={hi}"));
+            }
+        }
+        if let Some(b) = &spec.backend {
+            if b.service.is_some() == b.inference_pool.is_some() {
+                return Err("backend needs exactly one of service or inferencePool".into());
+            }
+        }
+        let intent = RoutingIntent {
+            strategy,
+            prefix_length,
+            block_size,
+            concurrency_threshold,
+            load_factor: spec.load_factor,
+            tenant_header: spec.tenant_header.clone(),
+            fail_open: spec.failure_mode == FailureMode::FailOpen,
+            backend: spec.backend.clone(),
+            load: spec.load.clone().unwrap_or_default(),
+        };
+        // Final word: the filter's own validation of the configuration we would write.
+        intent.plugin_config(&FeedTarget::placeholder())?;
+        Ok(intent)
+    }
+
+    /// Reads the HTTPRoute annotation shortcut. `None` when the strategy annotation is absent
+    /// (routing is off for the route); `Some(Err)` when a value is invalid.
+    pub fn from_annotations(annotations: &BTreeMap<String, String>) -> Option<Result<Self, String>> {
+        let strategy = annotations.get(ANNOTATION_STRATEGY)?;
+        Some((|| {
+            let num = |key: &str| -> Result<Option<i64>, String> {
+                annotations
+                    .get(key)
+                    .map(|v| v.trim().parse::<i64>().map_err(|_| format!("annotation {key}: {v:?} is not an integer")))
+                    .transpose()
+            };
+            let spec = InferenceRoutingPolicySpec {
+                target_refs: vec![],
+                strategy: strategy.clone(),
+                prefix_length: num(ANNOTATION_PREFIX_LENGTH)?,
+                block_size: None,
+                concurrency_threshold: num(ANNOTATION_CONCURRENCY_THRESHOLD)?,
+                load_factor: None,
+                tenant_header: None,
+                failure_mode: FailureMode::FailOpen,
+                backend: None,
+                load: None,
+            };
+            let strategy = parse_strategy(strategy)?;
+            if spec.prefix_length.is_some() && strategy != Strategy::PrefixAware {
+                return Err(format!("annotation {ANNOTATION_PREFIX_LENGTH} applies only to prefix-aware"));
+            }
+            let spec = InferenceRoutingPolicySpec { strategy: strategy.as_str().into(), ..spec };
+            Self::from_policy(&spec).map_err(|e| format!("annotations: {e}"))
+        })())
+    }
+
+    /// The filter's plugin configuration (JSON object, snake_case keys as in
+    /// `warmpath_core::RawConfig`), validated by `Settings::from_json`.
+    ///
+    /// Errors: the filter's validation message (never expected for a validated intent).
+    pub fn plugin_config(&self, feed: &FeedTarget) -> Result<Value, String> {
+        let mut cfg = json!({
+            "strategy": self.strategy.as_str(),
+            "feed": { "cluster": feed.cluster, "path": feed.path, "interval_ms": feed.interval_ms },
+        });
+        let obj = cfg.as_object_mut().expect("object literal");
+        let mut put = |k: &str, v: Option<Value>| {
+            if let Some(v) = v {
+                obj.insert(k.into(), v);
+            }
+        };
+        put("prefix_length", self.prefix_length.map(Value::from));
+        put("block_size", self.block_size.map(Value::from));
+        put("concurrency_threshold", self.concurrency_threshold.map(Value::from));
+        put("load_factor", self.load_factor.map(Value::from));
+        put("tenant_header", self.tenant_header.clone().map(Value::from));
+        let bytes = serde_json::to_vec(&cfg).map_err(|e| e.to_string())?;
+        Settings::from_json(&bytes).map_err(|e| format!("filter rejects the configuration: {e}"))?;
+        Ok(cfg)
+    }
+}
+
+/// Where the filter polls its endpoint/load feed: an Envoy cluster name (which differs per
+/// provider), the URL path on the controller's HTTP server, and the poll period.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FeedTarget {
+    /// Envoy cluster the filter's `dispatch_http_call` uses.
+    pub cluster: String,
+    /// URL path, e.g. `/v1/feed/default/my-policy`.
+    pub path: String,
+    /// Poll period in milliseconds (100–60000).
+    pub interval_ms: u64,
+}
+
+impl FeedTarget {
+    fn placeholder() -> Self {
+        Self { cluster: "warmpath-feed".into(), path: "/v1/feed/x/y".into(), interval_ms: 1000 }
+    }
+}
+
+/// URL path of a feed on the controller's HTTP server.
+pub fn feed_path(namespace: &str, name: &str) -> String {
+    format!("/v1/feed/{namespace}/{name}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(strategy: &str) -> InferenceRoutingPolicySpec {
+        InferenceRoutingPolicySpec {
+            target_refs: vec![],
+            strategy: strategy.into(),
+            prefix_length: None,
+            block_size: None,
+            concurrency_threshold: None,
+            load_factor: None,
+            tenant_header: None,
+            failure_mode: FailureMode::FailOpen,
+            backend: None,
+            load: None,
+        }
+    }
+
+    #[test]
+    fn strategies_parse_in_both_spellings_and_unknown_is_refused() {
+        assert_eq!(parse_strategy("prefix-aware"), Ok(Strategy::PrefixAware));
+        assert_eq!(parse_strategy("LEAST_OUTSTANDING_REQUESTS"), Ok(Strategy::LeastOutstandingRequests));
+        assert_eq!(parse_strategy("random"), Ok(Strategy::Random));
+        let e = parse_strategy("round-robin").unwrap_err();
+        assert!(e.contains("round-robin") && e.contains("PREFIX_AWARE"), "{e}");
+    }
+
+    #[test]
+    fn out_of_range_numbers_are_reported_with_the_filter_range() {
+        let e = RoutingIntent::from_policy(&InferenceRoutingPolicySpec { prefix_length: Some(100), ..spec("PREFIX_AWARE") }).unwrap_err();
+        assert!(e.contains("prefixLength = 100") && e.contains("1024..=65536"), "{e}");
+        let e = RoutingIntent::from_policy(&InferenceRoutingPolicySpec { concurrency_threshold: Some(0), ..spec("PREFIX_AWARE") }).unwrap_err();
+        assert!(e.contains("concurrencyThreshold = 0"), "{e}");
+        let e = RoutingIntent::from_policy(&InferenceRoutingPolicySpec { load_factor: Some(0.5), ..spec("PREFIX_AWARE") }).unwrap_err();
+        assert!(e.contains("loadFactor"), "{e}");
+        let e = RoutingIntent::from_policy(&InferenceRoutingPolicySpec { prefix_length: Some(1024), block_size: Some(4096), ..spec("PREFIX_AWARE") }).unwrap_err();
+        assert!(e.contains("exceeds"), "{e}");
+    }
+
+    #[test]
+    fn plugin_config_is_accepted_by_the_filter_core() {
+        let intent = RoutingIntent::from_policy(&InferenceRoutingPolicySpec {
+            prefix_length: Some(4096),
+            concurrency_threshold: Some(8),
+            load_factor: Some(1.5),
+            tenant_header: Some("x-tenant".into()),
+            ..spec("PREFIX_AWARE")
+        })
+        .unwrap();
+        let feed = FeedTarget { cluster: "c".into(), path: feed_path("ns", "p"), interval_ms: 500 };
+        let cfg = intent.plugin_config(&feed).unwrap();
+        let s = Settings::from_json(cfg.to_string().as_bytes()).unwrap();
+        assert_eq!((s.prefix_length, s.concurrency_threshold, s.tenant_header.as_str()), (4096, 8, "x-tenant"));
+        assert_eq!(s.feed.unwrap().path, "/v1/feed/ns/p");
+    }
+
+    #[test]
+    fn annotations_shortcut() {
+        let mut a = BTreeMap::new();
+        assert!(RoutingIntent::from_annotations(&a).is_none());
+        a.insert(ANNOTATION_STRATEGY.into(), "prefix-aware".into());
+        a.insert(ANNOTATION_PREFIX_LENGTH.into(), "2048".into());
+        a.insert(ANNOTATION_CONCURRENCY_THRESHOLD.into(), "16".into());
+        let i = RoutingIntent::from_annotations(&a).unwrap().unwrap();
+        assert_eq!((i.strategy, i.prefix_length, i.concurrency_threshold), (Strategy::PrefixAware, Some(2048), Some(16)));
+        a.insert(ANNOTATION_PREFIX_LENGTH.into(), "lots".into());
+        assert!(RoutingIntent::from_annotations(&a).unwrap().unwrap_err().contains("not an integer"));
+        a.insert(ANNOTATION_PREFIX_LENGTH.into(), "99999999".into());
+        assert!(RoutingIntent::from_annotations(&a).unwrap().unwrap_err().contains("out of range"));
+        a.insert(ANNOTATION_STRATEGY.into(), "fastest".into());
+        assert!(RoutingIntent::from_annotations(&a).unwrap().unwrap_err().contains("unknown strategy"));
+    }
+}

@@ -14,6 +14,7 @@ pub mod decision;
 pub mod endpoint;
 pub mod error;
 pub mod extract;
+pub mod feed;
 pub mod hrw;
 pub mod index;
 pub mod load;

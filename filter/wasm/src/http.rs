@@ -76,29 +76,26 @@ impl FilterHttp {
         self.waiting_for_body = false;
         let Ok(mut router) = shared.router.try_borrow_mut() else { return };
         // This gateway's in-flight count (all workers) plus what the feed says the server itself reports.
+        let table = shared::Table::read();
         let loads: Vec<EndpointLoad> = router
             .endpoints()
             .iter()
-            .map(|e| EndpointLoad { in_flight: shared::in_flight(&e.address), server: feed::server_load(&e.address) })
+            .map(|e| EndpointLoad { in_flight: table.get(&e.address), server: feed::server_load(&e.address) })
             .collect();
         let input = PickInput { key, random: random_u64(u64::from(self.context_id)), now_ms: now_ms(), ..PickInput::default() };
-        let strategy = shared.settings.strategy.as_str();
         let Some(decision) = router.route(&input, &loads) else {
             // No endpoints known yet (feed not delivered): leave the header unset so Envoy's fallback policy routes.
             metrics::fail_open("no_endpoints");
-            metrics::decision(strategy, "fail_open");
+            shared.metrics.record(warmpath_core::Reason::FailOpen, 0);
             return;
         };
         drop(router);
         if let Some(c) = cause {
             metrics::fail_open(c);
         }
-        metrics::decision(strategy, decision.reason.as_str());
-        if decision.matched_len > 0 {
-            metrics::histogram("warmpath.matched_prefix_chars", decision.matched_len as u64);
-            metrics::count("warmpath.matched_prefix_chars_total", decision.matched_len as u64);
-        }
-        match shared::add(&decision.address, 1) {
+        shared.metrics.record(decision.reason, decision.matched_len);
+        // Take the slot from the table the decision was made on; a concurrent change retries the increment only.
+        match shared::add(&decision.address, 1, Some(table)) {
             Some(_) => self.in_flight = Some(decision.address.clone()),
             None => metrics::count("warmpath.cas_failures", 1),
         }
@@ -116,7 +113,11 @@ impl HttpContext for FilterHttp {
         // First, on every request, whatever happens next: the client does not choose the destination.
         self.strip_destination_headers();
         let Some(shared) = self.shared.clone() else { return Action::Continue };
-        metrics::count("warmpath.requests", 1);
+        if let Some(key) = &shared.keyless {
+            // RANDOM / LEAST_OUTSTANDING_REQUESTS ignore the body: decide now, no buffering.
+            self.route(&shared, Some(key), None);
+            return Action::Continue;
+        }
         self.path = self.get_http_request_header(":path").unwrap_or_default();
         self.tenant = self.get_http_request_header(&shared.settings.tenant_header);
         if end_of_stream {
@@ -176,7 +177,7 @@ impl HttpContext for FilterHttp {
     fn on_log(&mut self) {
         // Runs once for every stream that ends — finished, reset by either side, or aborted by the client.
         if let Some(address) = self.in_flight.take() {
-            if shared::add(&address, -1).is_none() {
+            if shared::add(&address, -1, None).is_none() {
                 metrics::count("warmpath.cas_failures", 1);
             }
         }

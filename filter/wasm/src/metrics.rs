@@ -4,12 +4,10 @@
 //!
 //! | name | type | meaning |
 //! |---|---|---|
-//! | `warmpath.requests` | counter | requests seen by the filter |
 //! | `warmpath.decisions.<strategy>.<reason>` | counter | picks by strategy (`random`, `least_outstanding_requests`, `prefix_aware`) and reason (`random`, `least_outstanding`, `prefix_match`, `consistent_pick`, `overflow`, `fail_open`) |
 //! | `warmpath.fail_open.<cause>` | counter | requests routed by the fallback, by cause (see `FailOpen`) |
 //! | `warmpath.spoofed_header_removed` | counter | client-sent destination headers removed |
 //! | `warmpath.matched_prefix_chars` | histogram | matched prefix length (characters; bytes for raw bodies) of prefix-aware picks |
-//! | `warmpath.matched_prefix_chars_total` | counter | sum of the same, so a mean is `total / decisions.prefix_aware.*` |
 //! | `warmpath.in_flight.<IP>_<port>` | gauge | the shared in-flight counter of each endpoint, refreshed every tick |
 //! | `warmpath.endpoints` | gauge | endpoints the router currently picks from |
 //! | `warmpath.cas_failures` | counter | in-flight updates the host kept refusing |
@@ -20,6 +18,7 @@ use std::collections::HashMap;
 
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::MetricType;
+use warmpath_core::{Reason, Strategy};
 
 thread_local! {
     // One VM = one thread; the cache is per VM.
@@ -52,16 +51,33 @@ pub fn gauge(name: &str, value: u64) {
     }
 }
 
-/// Records `value` in histogram `name`.
-pub fn histogram(name: &str, value: u64) {
-    if let Some(id) = id(MetricType::Histogram, name) {
-        let _ = hostcalls::record_metric(id, value);
-    }
+/// The per-request metrics of one strategy, defined once at configure time so a request costs one host call per
+/// metric and no string formatting.
+pub struct DecisionMetrics {
+    by_reason: [Option<u32>; Reason::ALL.len()],
+    matched: Option<u32>,
 }
 
-/// `warmpath.decisions.<strategy>.<reason>`; both labels are lower-cased.
-pub fn decision(strategy: &str, reason: &str) {
-    count(&format!("warmpath.decisions.{}.{}", strategy.to_ascii_lowercase(), reason.to_ascii_lowercase()), 1);
+impl DecisionMetrics {
+    /// Defines `warmpath.decisions.<strategy>.<reason>` for every reason, and the matched-length histogram.
+    pub fn new(strategy: Strategy) -> Self {
+        let s = strategy.as_str().to_ascii_lowercase();
+        let by_reason = Reason::ALL.map(|r| id(MetricType::Counter, &format!("warmpath.decisions.{s}.{}", r.as_str())));
+        DecisionMetrics { by_reason, matched: id(MetricType::Histogram, "warmpath.matched_prefix_chars") }
+    }
+
+    /// Counts one decision with `reason`; records `matched_len` (characters, bytes for raw bodies) when non-zero.
+    pub fn record(&self, reason: Reason, matched_len: usize) {
+        let i = Reason::ALL.iter().position(|r| *r == reason).unwrap_or(0);
+        if let Some(id) = self.by_reason[i] {
+            let _ = hostcalls::increment_metric(id, 1);
+        }
+        if matched_len > 0 {
+            if let Some(id) = self.matched {
+                let _ = hostcalls::record_metric(id, matched_len as u64);
+            }
+        }
+    }
 }
 
 /// `warmpath.fail_open.<cause>`.

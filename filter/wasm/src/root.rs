@@ -12,7 +12,7 @@ use log::{info, warn};
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Bytes, ContextType};
-use warmpath_core::{Router, Settings};
+use warmpath_core::{BodyKind, RequestKey, Router, Settings, Strategy};
 
 use crate::feed::FeedPoller;
 use crate::http::FilterHttp;
@@ -63,6 +63,11 @@ pub struct Shared {
     pub settings: Rc<Settings>,
     /// The VM-wide router.
     pub router: Rc<RefCell<Router>>,
+    /// Decision counters of this strategy.
+    pub metrics: metrics::DecisionMetrics,
+    /// A key for strategies that do not look at the request (RANDOM, LEAST_OUTSTANDING_REQUESTS): the router
+    /// routes keyless requests as fail-open, so those strategies get this empty key and decide at header time.
+    pub keyless: Option<RequestKey>,
 }
 
 /// The root context of one VM and plugin configuration.
@@ -83,8 +88,9 @@ impl FilterRoot {
         let Ok(router) = shared.router.try_borrow() else { return };
         let endpoints = router.endpoints();
         metrics::gauge("warmpath.endpoints", endpoints.len() as u64);
+        let table = shared::Table::read();
         for e in endpoints {
-            metrics::gauge(&metrics::in_flight_gauge_name(&e.address), u64::from(shared::in_flight(&e.address)));
+            metrics::gauge(&metrics::in_flight_gauge_name(&e.address), u64::from(table.get(&e.address)));
         }
     }
 }
@@ -126,6 +132,7 @@ impl RootContext for FilterRoot {
                 }
             }
         });
+        shared::init();
         let tick = settings.feed.as_ref().map(|f| Duration::from_millis(f.interval_ms)).unwrap_or(DEFAULT_TICK);
         self.feed = settings.feed.clone().map(|f| FeedPoller::new(f, self.context_id));
         let _ = hostcalls::set_tick_period(tick);
@@ -140,7 +147,9 @@ impl RootContext for FilterRoot {
             settings.max_body_bytes,
             settings.feed.as_ref().map(|f| f.cluster.as_str()).unwrap_or("none"),
         );
-        self.shared = Some(Rc::new(Shared { settings: Rc::new(settings), router }));
+        let keyless = (settings.strategy != Strategy::PrefixAware).then(|| RequestKey::new(BodyKind::Raw, None, None, Vec::new()));
+        let metrics = metrics::DecisionMetrics::new(settings.strategy);
+        self.shared = Some(Rc::new(Shared { settings: Rc::new(settings), router, metrics, keyless }));
         true
     }
 

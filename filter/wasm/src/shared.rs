@@ -1,63 +1,152 @@
 //! In-flight request counters per endpoint, shared by every VM (main thread and each Envoy worker) through proxy-wasm
 //! shared data. This is the only compare-and-swap code in the filter.
 //!
-//! Layout: key `warmpath.in_flight.<IP:port>` → 4-byte little-endian `u32`. A missing key reads as 0.
+//! All counters live under one key, `warmpath.in_flight`, as a small table of entries
+//! `[address length: u8][address bytes][count: u32 LE]`, so a request costs one read (loads of every endpoint, plus
+//! the CAS token) and one write to take its slot, and one read + one write to release it — independent of the
+//! number of endpoints. Entries whose count drops to 0 are pruned on the next write, which bounds the table by the
+//! endpoints that have requests in flight.
 //!
-//! Every update is read → modify → `set_shared_data(.., cas)`; a CAS mismatch (another worker wrote in between)
-//! retries with the fresh value. Decrements saturate at 0, so a lost first write (Envoy ignores the CAS token when it
-//! creates a key, so two workers creating the same key at once can both "win") cannot leave a counter stuck above 0
-//! once traffic stops.
+//! A write carries the CAS token of the read it was computed from; a mismatch (another worker wrote in between)
+//! re-reads and retries. Decrements saturate at 0.
 
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::Status;
 
-const KEY_PREFIX: &str = "warmpath.in_flight.";
-/// Attempts before an update gives up (counted as a CAS failure by the caller); contention is between at most a few
-/// worker threads, so a handful of retries always suffices in practice.
+const KEY: &str = "warmpath.in_flight";
+/// Attempts before an update gives up (counted as a CAS failure by the caller); contention is between a few worker
+/// threads, so a handful of retries always suffices in practice.
 const MAX_CAS_ATTEMPTS: usize = 64;
 
-fn key(address: &str) -> String {
-    let mut k = String::with_capacity(KEY_PREFIX.len() + address.len());
-    k.push_str(KEY_PREFIX);
-    k.push_str(address);
-    k
+/// One read of the counter table.
+pub struct Table {
+    bytes: Vec<u8>,
+    cas: Option<u32>,
 }
 
-fn decode(bytes: Option<&[u8]>) -> u32 {
-    match bytes {
-        Some(b) if b.len() == 4 => u32::from_le_bytes([b[0], b[1], b[2], b[3]]),
-        _ => 0,
+impl Table {
+    /// Reads the table (empty on a missing key or a host error).
+    pub fn read() -> Table {
+        match hostcalls::get_shared_data(KEY) {
+            Ok((bytes, cas)) => Table { bytes: bytes.unwrap_or_default(), cas },
+            Err(_) => Table { bytes: Vec::new(), cas: None },
+        }
     }
-}
 
-/// Current in-flight count of `address` (0 when unknown or on a host error).
-pub fn in_flight(address: &str) -> u32 {
-    match hostcalls::get_shared_data(&key(address)) {
-        Ok((bytes, _)) => decode(bytes.as_deref()),
-        Err(_) => 0,
+    /// Entries `(address, count)` in table order; stops at the first malformed entry.
+    fn entries(&self) -> impl Iterator<Item = (&[u8], u32)> + '_ {
+        let mut rest = self.bytes.as_slice();
+        std::iter::from_fn(move || {
+            let (&len, tail) = rest.split_first()?;
+            let len = usize::from(len);
+            if tail.len() < len + 4 {
+                return None;
+            }
+            let (addr, tail) = tail.split_at(len);
+            let count = u32::from_le_bytes([tail[0], tail[1], tail[2], tail[3]]);
+            rest = &tail[4..];
+            Some((addr, count))
+        })
     }
-}
 
-/// Adds `delta` (saturating at 0 and `u32::MAX`) to the counter of `address` with compare-and-swap.
-///
-/// Returns the new value, or `None` when the host kept refusing the write (CAS mismatch `MAX_CAS_ATTEMPTS` times in a
-/// row, or another host error).
-pub fn add(address: &str, delta: i32) -> Option<u32> {
-    let k = key(address);
-    for _ in 0..MAX_CAS_ATTEMPTS {
-        let (bytes, cas) = hostcalls::get_shared_data(&k).ok()?;
-        let current = decode(bytes.as_deref());
+    /// In-flight count of `address` (0 when absent).
+    pub fn get(&self, address: &str) -> u32 {
+        self.entries().find(|(a, _)| *a == address.as_bytes()).map(|(_, c)| c).unwrap_or(0)
+    }
+
+    /// The table with `delta` added to `address` (saturating), zero entries dropped; `None` for an address longer
+    /// than 255 bytes (cannot be an `IP:port`). Returns the new bytes and the new count.
+    fn with_delta(&self, address: &str, delta: i32) -> Option<(Vec<u8>, u32)> {
+        let len = u8::try_from(address.len()).ok()?;
+        let mut out = Vec::with_capacity(self.bytes.len() + address.len() + 5);
+        let mut current = 0;
+        for (a, c) in self.entries() {
+            if a == address.as_bytes() {
+                current = c;
+            } else if c > 0 {
+                push_entry(&mut out, a, c);
+            }
+        }
         let next = if delta >= 0 {
             current.saturating_add(delta.unsigned_abs())
         } else {
             current.saturating_sub(delta.unsigned_abs())
         };
-        match hostcalls::set_shared_data(&k, Some(&next.to_le_bytes()), cas) {
+        if next > 0 {
+            out.push(len);
+            out.extend_from_slice(address.as_bytes());
+            out.extend_from_slice(&next.to_le_bytes());
+        }
+        Some((out, next))
+    }
+}
+
+fn push_entry(out: &mut Vec<u8>, address: &[u8], count: u32) {
+    // Entries come from a table we wrote, so the length fits in a byte.
+    out.push(address.len() as u8);
+    out.extend_from_slice(address);
+    out.extend_from_slice(&count.to_le_bytes());
+}
+
+/// Creates the table if it does not exist yet, so that later writes always carry a CAS token (Envoy ignores the
+/// token when it creates a key). Called at configure time, before traffic.
+pub fn init() {
+    if let Ok((None, _)) = hostcalls::get_shared_data(KEY) {
+        let _ = hostcalls::set_shared_data(KEY, Some(&[]), None);
+    }
+}
+
+/// Adds `delta` to the counter of `address` with compare-and-swap, starting from `read` (the table the caller just
+/// read to decide) or a fresh read.
+///
+/// Returns the new count, or `None` when the host kept refusing the write (`MAX_CAS_ATTEMPTS` mismatches in a row,
+/// or another host error).
+pub fn add(address: &str, delta: i32, read: Option<Table>) -> Option<u32> {
+    let mut table = read.unwrap_or_else(Table::read);
+    for _ in 0..MAX_CAS_ATTEMPTS {
+        let (bytes, next) = table.with_delta(address, delta)?;
+        match hostcalls::set_shared_data(KEY, Some(&bytes), table.cas) {
             Ok(()) => return Some(next),
-            Err(Status::CasMismatch) => continue,
+            Err(Status::CasMismatch) => table = Table::read(),
             Err(_) => return None,
         }
     }
     None
 }
 
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table(bytes: Vec<u8>) -> Table {
+        Table { bytes, cas: None }
+    }
+
+    #[test]
+    fn counts_round_trip_and_zero_entries_are_pruned() {
+        let t = table(Vec::new());
+        assert_eq!(t.get("127.0.0.1:1"), 0);
+        let (b, n) = t.with_delta("127.0.0.1:1", 1).expect("fits");
+        assert_eq!(n, 1);
+        let (b, n) = table(b).with_delta("127.0.0.1:2", 1).expect("fits");
+        assert_eq!(n, 1);
+        let (b, n) = table(b).with_delta("127.0.0.1:1", 1).expect("fits");
+        assert_eq!(n, 2);
+        let t = table(b);
+        assert_eq!((t.get("127.0.0.1:1"), t.get("127.0.0.1:2")), (2, 1));
+        let (b, n) = t.with_delta("127.0.0.1:2", -1).expect("fits");
+        assert_eq!(n, 0);
+        let t = table(b);
+        assert_eq!(t.entries().count(), 1, "zero entry pruned");
+        assert_eq!(t.get("127.0.0.1:1"), 2);
+    }
+
+    #[test]
+    fn decrements_saturate_and_garbage_reads_as_empty() {
+        let (_, n) = table(Vec::new()).with_delta("10.0.0.1:80", -1).expect("fits");
+        assert_eq!(n, 0);
+        let t = table(vec![200, 1, 2]);
+        assert_eq!(t.get("10.0.0.1:80"), 0);
+        assert!(table(Vec::new()).with_delta(&"x".repeat(300), 1).is_none());
+    }
+}

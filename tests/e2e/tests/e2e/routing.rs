@@ -118,9 +118,10 @@ async fn overloaded_preferred_upstream_overflows() {
     }
     let s = rig.envoy.stats().await.expect("stats");
     assert!(s.filter("decisions.prefix_aware.overflow") >= 1);
-    // Once the load is gone the prefix goes home again.
+    // Once the load is gone the prefix goes to an upstream that served it (home, or where it overflowed to —
+    // both hold it now), never to the third.
     let back = rig.chat(&p).await;
-    assert_eq!(back.upstream, first.upstream);
+    assert!(back.upstream == first.upstream || back.upstream == over.upstream, "{back:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import statistics
 import sys
 import threading
@@ -217,6 +218,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--markdown", help="also write the table (with settings) to this file")
     ap.add_argument("--json", help="also write all per-request records to this file")
     args = ap.parse_args(argv)
+    # `timeout`/Ctrl-C: unwind so every server and Envoy is stopped by its context manager.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
     sep = ";" if ";" in args.strategies else ","
     variants = [parse_variant(s.strip()) for s in args.strategies.split(sep) if s.strip()]

@@ -141,6 +141,15 @@ impl Default for Settings {
     }
 }
 
+/// `s` as one bounded line for an error message: control characters escaped, at most `max` characters.
+pub(crate) fn shown(s: &str, max: usize) -> String {
+    let mut out: String = s.chars().flat_map(|c| if c.is_control() { c.escape_default().collect::<Vec<_>>() } else { vec![c] }).take(max).collect();
+    if s.chars().count() > max {
+        out.push('…');
+    }
+    out
+}
+
 fn in_range(field: &'static str, v: u64, (lo, hi): (u64, u64), allowed: &'static str) -> Result<u64, ConfigError> {
     if (lo..=hi).contains(&v) {
         Ok(v)
@@ -167,7 +176,7 @@ impl Settings {
         let raw: RawConfig = if bytes.iter().all(u8::is_ascii_whitespace) {
             RawConfig::default()
         } else {
-            serde_json::from_slice(bytes).map_err(|e| ConfigError::Json(e.to_string()))?
+            serde_json::from_slice(bytes).map_err(|e| ConfigError::Json(shown(&e.to_string(), 300)))?
         };
         Settings::from_raw(raw)
     }
@@ -213,7 +222,7 @@ impl Settings {
             Some(h) => {
                 return Err(ConfigError::Invalid {
                     field: "tenant_header".into(),
-                    value: h,
+                    value: shown(&h, 100),
                     reason: "expected an HTTP header name (1..=128 token characters)",
                 })
             }
@@ -240,7 +249,7 @@ impl Settings {
         for (i, e) in raw_endpoints.into_iter().enumerate() {
             let addr = normalize_address(&e).ok_or_else(|| ConfigError::Invalid {
                 field: format!("endpoints[{i}]"),
-                value: e.clone(),
+                value: shown(&e, 100),
                 reason: "expected IP:port (IPv6 as [addr]:port)",
             })?;
             if !endpoints.contains(&addr) {
@@ -282,7 +291,7 @@ fn validate_feed(raw: RawFeed) -> Result<FeedSettings, ConfigError> {
         other => {
             return Err(ConfigError::Invalid {
                 field: "feed.cluster".into(),
-                value: other.unwrap_or_default(),
+                value: shown(&other.unwrap_or_default(), 100),
                 reason: "expected a non-empty Envoy cluster name",
             })
         }
@@ -291,7 +300,7 @@ fn validate_feed(raw: RawFeed) -> Result<FeedSettings, ConfigError> {
     if !path.starts_with('/') || path.chars().any(|c| c.is_ascii_control() || c == ' ') {
         return Err(ConfigError::Invalid {
             field: "feed.path".into(),
-            value: path,
+            value: shown(&path, 100),
             reason: "expected an HTTP path starting with `/`",
         });
     }
@@ -362,6 +371,10 @@ mod tests {
         assert!(e.contains("feed.path"), "{e}");
         let e = err(r#"{"feed":{"cluster":"c","interval_ms":5}}"#);
         assert!(e.contains("feed.interval_ms") && e.contains("100..=60000"), "{e}");
+        let e = err("{\"x\\ny\":1}");
+        assert!(!e.contains('\n') && e.contains("x\\ny"), "{e}");
+        let e = err(&format!(r#"{{"endpoints":["{}"]}}"#, "9".repeat(5000)));
+        assert!(e.len() < 400, "{e}");
         let e = err("{not json");
         assert!(e.starts_with("plugin configuration: invalid JSON"), "{e}");
         for e in [err(r#"{"prefix_length":99}"#), err("[1,2]"), err(r#"{"endpoints":["1.2.3.4"]}"#)] {

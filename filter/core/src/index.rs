@@ -68,7 +68,7 @@ impl PrefixIndex {
     pub fn new(capacity: usize) -> PrefixIndex {
         let capacity = capacity.max(1);
         PrefixIndex {
-            map: HashMap::with_capacity_and_hasher(capacity.min(1 << 16), Default::default()),
+            map: HashMap::with_capacity_and_hasher(capacity.min(1024), Default::default()),
             slots: Vec::new(),
             hand: 0,
             capacity,

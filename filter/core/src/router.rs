@@ -59,7 +59,7 @@ impl Router {
         for (i, a) in addresses.iter().enumerate() {
             let n = normalize_address(a).ok_or_else(|| ConfigError::Invalid {
                 field: format!("endpoints[{i}]"),
-                value: a.clone(),
+                value: crate::config::shown(a, 100),
                 reason: "expected IP:port (IPv6 as [addr]:port)",
             })?;
             if !normalized.contains(&n) {

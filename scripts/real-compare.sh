@@ -20,5 +20,5 @@ mkdir -p out/real
 exec env PYTHONPATH=realserver timeout --signal=TERM --kill-after=30 780 .venv/bin/python -m warmpath_real.compare \
   --strategies 'RANDOM;LEAST_OUTSTANDING_REQUESTS;PREFIX_AWARE;PREFIX_AWARE:{"load_factor":0}' \
   --servers 3 --concurrency 2 --time-limit-s 130 \
-  --prefixes 6 --prefix-words 1100 --conversations-per-prefix 2 --turns 3 \
+  --prefixes 6 --prefix-words 900 --conversations-per-prefix 2 --turns 3 \
   --markdown out/real/compare.md --json out/real/compare.json "$@"

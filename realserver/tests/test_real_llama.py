@@ -13,6 +13,7 @@ from collections import defaultdict
 import pytest
 
 from warmpath_real.compare import run_strategy
+from warmpath_real.envoy import build_launcher
 from warmpath_real.servers import ServerCannotRun, ServerSpec, configured_model
 from warmpath_real.workload import WorkloadSpec
 
@@ -24,6 +25,7 @@ def prefix_aware_run():
     workload = WorkloadSpec(prefixes=2, prefix_words=200, conversations_per_prefix=2, turns=3, max_tokens=4)
     try:
         spec = ServerSpec(model=configured_model())
+        build_launcher()
         run = run_strategy("PREFIX_AWARE", "PREFIX_AWARE", {}, spec, n_servers=2, workload=workload,
                            concurrency=1, time_limit_s=240.0)
     except ServerCannotRun as e:
@@ -76,7 +78,6 @@ def test_server_metrics_agree_with_stream_timings(prefix_aware_run):
 def test_filter_counted_every_request_and_released_in_flight(prefix_aware_run):
     run = prefix_aware_run
     stats = run.filter_stats
-    assert stats.get("wasmcustom.warmpath.requests") == 12
     decisions = sum(v for k, v in stats.items() if k.startswith("wasmcustom.warmpath.decisions.prefix_aware."))
     assert decisions == 12
     assert stats.get("wasmcustom.warmpath.decisions.prefix_aware.prefix_match", 0) >= 1

@@ -32,8 +32,11 @@ def plugin_config(strategy: str, endpoints: list[str], overrides: dict | None = 
 
 
 def build_launcher() -> None:
-    """Builds the filter module and the launcher once, up front (so later renders are quick). Raises
-    `subprocess.CalledProcessError` on a build failure."""
+    """Builds the release filter module and the launcher up front, so a stale module is never measured
+    (`scripts/envoy.sh` only builds a missing one) and later renders are quick. Uses `$CARGO_TARGET_DIR` like
+    `scripts/envoy.sh`. Raises `subprocess.CalledProcessError` on a build failure."""
+    subprocess.run(["cargo", "build", "-q", "-p", "warmpath-filter", "--target", "wasm32-wasip1", "--release"],
+                   cwd=REPO, check=True)
     subprocess.run(["bash", str(REPO / "scripts" / "envoy.sh"), "render", "--upstream", "127.0.0.1:1",
                     "--plugin-config", "{}"], cwd=REPO, check=True, stdout=subprocess.DEVNULL)
 

@@ -9,6 +9,7 @@
 pub mod conditions;
 pub mod crd;
 pub mod error;
+pub mod feed;
 pub mod metrics;
 pub mod foreign;
 pub mod reconcile;

@@ -1,0 +1,16 @@
+//! The endpoint/load feed: per policy (or annotated route), the backend's ready endpoints and
+//! each model server's load, as a versioned [`FeedSnapshot`] served over HTTP for the filter.
+//!
+//! - [`metrics`]: Prometheus text → load (vLLM, SGLang, llama.cpp names).
+//! - [`store`]: the snapshots, versioned per feed.
+//! - [`scrape`]: concurrent, bounded scrapes of a set of endpoints.
+//! - [`discovery`]: a backend's ready endpoints from EndpointSlices or InferencePool pods.
+//! - [`server`]: the axum HTTP server (feed, wasm module, health, metrics).
+
+pub mod discovery;
+pub mod metrics;
+pub mod scrape;
+pub mod server;
+pub mod store;
+
+pub use warmpath_core::feed::{FeedEndpoint, FeedLoad, FeedSnapshot};

@@ -1,0 +1,75 @@
+//! Snapshots per feed key (`namespace/name` of the policy or annotated HTTPRoute). The version of a
+//! feed grows only when its content changes, so pollers can skip identical documents.
+
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+
+use super::{FeedEndpoint, FeedSnapshot};
+
+/// Shared, cloneable snapshot store.
+#[derive(Clone, Default)]
+pub struct FeedStore {
+    inner: Arc<RwLock<HashMap<String, FeedSnapshot>>>,
+}
+
+impl FeedStore {
+    /// Replaces the endpoints of `key` (creating the feed at version 1). Endpoints are sorted by
+    /// address; the version grows by one when anything differs. Returns the resulting version.
+    pub fn update(&self, key: &str, mut endpoints: Vec<FeedEndpoint>) -> u64 {
+        endpoints.sort_by(|a, b| a.address.cmp(&b.address));
+        endpoints.dedup_by(|a, b| a.address == b.address);
+        let mut map = self.inner.write().unwrap_or_else(|p| p.into_inner());
+        match map.get_mut(key) {
+            Some(snap) if snap.endpoints == endpoints => snap.version,
+            Some(snap) => {
+                snap.version += 1;
+                snap.endpoints = endpoints;
+                snap.version
+            }
+            None => {
+                map.insert(key.to_string(), FeedSnapshot { version: 1, endpoints });
+                1
+            }
+        }
+    }
+
+    /// Current snapshot of `key`, if the feed exists.
+    pub fn get(&self, key: &str) -> Option<FeedSnapshot> {
+        self.inner.read().unwrap_or_else(|p| p.into_inner()).get(key).cloned()
+    }
+
+    /// Removes a feed (its policy was deleted). Returns whether it existed.
+    pub fn remove(&self, key: &str) -> bool {
+        self.inner.write().unwrap_or_else(|p| p.into_inner()).remove(key).is_some()
+    }
+
+    /// Keys of every feed, sorted.
+    pub fn keys(&self) -> Vec<String> {
+        let mut k: Vec<_> = self.inner.read().unwrap_or_else(|p| p.into_inner()).keys().cloned().collect();
+        k.sort();
+        k
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::feed::FeedLoad;
+
+    fn ep(a: &str, waiting: u32) -> FeedEndpoint {
+        FeedEndpoint { address: a.into(), load: Some(FeedLoad { waiting, running: 0, kv_cache_usage: 0.0 }) }
+    }
+
+    #[test]
+    fn version_grows_only_on_change() {
+        let s = FeedStore::default();
+        assert_eq!(s.update("ns/p", vec![ep("10.0.0.2:80", 0), ep("10.0.0.1:80", 0)]), 1);
+        assert_eq!(s.update("ns/p", vec![ep("10.0.0.1:80", 0), ep("10.0.0.2:80", 0)]), 1, "order does not matter");
+        assert_eq!(s.update("ns/p", vec![ep("10.0.0.1:80", 3), ep("10.0.0.2:80", 0)]), 2, "load change");
+        assert_eq!(s.update("ns/p", vec![ep("10.0.0.1:80", 3)]), 3, "endpoint removed");
+        assert_eq!(s.get("ns/p").unwrap().endpoints.len(), 1);
+        assert!(s.remove("ns/p"));
+        assert!(s.get("ns/p").is_none());
+        assert!(!s.remove("ns/p"));
+    }
+}

@@ -43,9 +43,12 @@ def build_launcher() -> None:
 
 class Envoy:
     """Envoy (`--concurrency` workers) on a free 127.0.0.1 port routing to `endpoints` with the given plugin
-    config. `url` is the OpenAI base URL through it. `close()` kills it."""
+    config. `url` is the OpenAI base URL through it. `close()` kills it.
 
-    def __init__(self, endpoints: list[str], plugin: dict, concurrency: int = 2):
+    `route_timeout_s` replaces the launcher's 60 s route timeout: on a shared 2-core machine a cold ~1.3k-token
+    prefill queued behind another one can take longer than that, and a 504 would lose the measurement."""
+
+    def __init__(self, endpoints: list[str], plugin: dict, concurrency: int = 2, route_timeout_s: int = 300):
         self.port, self.admin_port = free_port(), free_port()
         self._dir = tempfile.TemporaryDirectory(prefix="warmpath-real-envoy-")
         d = Path(self._dir.name)
@@ -54,6 +57,9 @@ class Envoy:
             ["bash", str(REPO / "scripts" / "envoy.sh"), "render", *ups, "--plugin-config", json.dumps(plugin),
              "--listener-port", str(self.port), "--admin-port", str(self.admin_port)],
             cwd=REPO, check=True, capture_output=True, text=True).stdout
+        if yaml.count("timeout: 60s") != 1:
+            raise RuntimeError("rendered bootstrap has no single 'timeout: 60s' route timeout to replace")
+        yaml = yaml.replace("timeout: 60s", f"timeout: {route_timeout_s}s")
         (d / "envoy.yaml").write_text(yaml)
         self.log_path = d / "envoy.log"
         self._log = open(self.log_path, "wb")

@@ -1,30 +1,137 @@
-//! The endpoint/load feed poller (issue 5) — not wired yet: a configured `feed` is accepted but not polled, and
-//! endpoints come from the plugin configuration only.
+//! The endpoint/load feed poller (issue 5): one poller per Envoy, elected among the VMs through a lease in shared
+//! data, fetches the controller's versioned snapshot (`GET feed.path` on Envoy cluster `feed.cluster`) on the tick
+//! and publishes it in shared data; every VM applies a newer published snapshot to its router on its own tick.
+//!
+//! When the feed is unreachable or answers garbage, the last good snapshot stays in force and the failure is
+//! counted (`warmpath.feed.failures.<cause>`). Endpoint-set changes go through `Router::set_endpoints`, which keeps
+//! the prefix index and the in-flight counters of endpoints that stay.
 
 use std::cell::RefCell;
+use std::collections::HashMap;
 use std::rc::Rc;
+use std::time::Duration;
 
-use log::warn;
+use log::{info, warn};
+use proxy_wasm::hostcalls;
+use warmpath_core::feed::FeedSnapshot;
 use warmpath_core::{FeedSettings, Router, ServerLoad};
 
-/// Server-side load of `address` from the last applied feed snapshot (none until the poller exists).
-pub fn server_load(_address: &str) -> Option<ServerLoad> {
-    None
+use crate::{metrics, shared};
+
+/// Shared-data key of the latest good snapshot (its JSON bytes, as served).
+const SNAPSHOT_KEY: &str = "warmpath.feed.snapshot";
+/// Shared-data key of the poller lease (see `shared::take_lease`).
+const LEASE_KEY: &str = "warmpath.feed.lease";
+/// A lease lasts this many poll intervals, so a vanished owner (VM torn down) is replaced after a few ticks.
+const LEASE_INTERVALS: u64 = 3;
+
+thread_local! {
+    // Server-reported load per endpoint address from the last applied snapshot (per VM).
+    static SERVER_LOADS: RefCell<HashMap<String, ServerLoad>> = RefCell::new(HashMap::new());
 }
 
-/// Placeholder poller: logs once that feeds are not supported by this build.
-pub struct FeedPoller;
+/// Server-side load of `address` from the last applied feed snapshot, if any.
+pub fn server_load(address: &str) -> Option<ServerLoad> {
+    SERVER_LOADS.with(|m| m.borrow().get(address).copied())
+}
+
+/// Poller state of one root context.
+pub struct FeedPoller {
+    settings: FeedSettings,
+    owner: u64,
+    pending: Option<u32>,
+    applied_cas: Option<u32>,
+    applied_version: Option<u64>,
+}
 
 impl FeedPoller {
-    /// Logs that `settings` will not be polled.
-    pub fn new(settings: FeedSettings, _context_id: u32) -> Self {
-        warn!("feed `{}` configured but this build does not poll feeds yet", settings.cluster);
-        FeedPoller
+    /// A poller for `settings`; `context_id` salts its lease owner id.
+    pub fn new(settings: FeedSettings, context_id: u32) -> Self {
+        let owner = crate::root::random_u64(u64::from(context_id)) | 1;
+        FeedPoller { settings, owner, pending: None, applied_cas: None, applied_version: None }
     }
 
-    /// Does nothing yet.
-    pub fn on_tick(&mut self, _now_ms: u64, _router: &Rc<RefCell<Router>>) {}
+    /// Applies a newer published snapshot, then polls if this VM holds (or takes) the lease.
+    pub fn on_tick(&mut self, now_ms: u64, router: &Rc<RefCell<Router>>) {
+        self.apply_published(router);
+        let ttl = self.settings.interval_ms.saturating_mul(LEASE_INTERVALS);
+        if self.pending.is_some() || !shared::take_lease(LEASE_KEY, self.owner, now_ms, ttl) {
+            return;
+        }
+        let headers = vec![(":method", "GET"), (":path", self.settings.path.as_str()), (":authority", "warmpath-feed")];
+        let timeout = Duration::from_millis(self.settings.interval_ms.max(100));
+        match hostcalls::dispatch_http_call(&self.settings.cluster, headers, None, vec![], timeout) {
+            Ok(token) => {
+                metrics::count("warmpath.feed.polls", 1);
+                self.pending = Some(token);
+            }
+            Err(_) => metrics::count("warmpath.feed.failures.dispatch", 1),
+        }
+    }
 
-    /// Does nothing yet.
-    pub fn on_response(&mut self, _token: u32, _body_size: usize, _router: &Rc<RefCell<Router>>) {}
+    /// Handles the feed's answer: publish and apply a valid, newer snapshot; count anything else.
+    pub fn on_response(&mut self, token: u32, body_size: usize, router: &Rc<RefCell<Router>>) {
+        if self.pending != Some(token) {
+            return;
+        }
+        self.pending = None;
+        // A failed call (connection refused, timeout) arrives here with no headers at all.
+        let status = hostcalls::get_map_value(proxy_wasm::types::MapType::HttpCallResponseHeaders, ":status")
+            .ok()
+            .flatten();
+        match status.as_deref() {
+            Some("200") => {}
+            None => return metrics::count("warmpath.feed.failures.unreachable", 1),
+            Some(_) => return metrics::count("warmpath.feed.failures.status", 1),
+        }
+        let body = hostcalls::get_buffer(proxy_wasm::types::BufferType::HttpCallResponseBody, 0, body_size)
+            .ok()
+            .flatten()
+            .unwrap_or_default();
+        let snapshot = match FeedSnapshot::from_json(&body) {
+            Ok(s) => s,
+            Err(e) => {
+                warn!("feed snapshot rejected: {e}");
+                return metrics::count("warmpath.feed.failures.invalid", 1);
+            }
+        };
+        if self.applied_version == Some(snapshot.version) {
+            return; // Nothing new.
+        }
+        // Any other version is news (a restarted controller starts counting again, so "lower" is not "older").
+        let _ = hostcalls::set_shared_data(SNAPSHOT_KEY, Some(&body), None);
+        self.apply_published(router);
+    }
+
+    /// Applies the published snapshot if it changed since this VM last applied it.
+    fn apply_published(&mut self, router: &Rc<RefCell<Router>>) {
+        let Ok((Some(bytes), cas)) = hostcalls::get_shared_data(SNAPSHOT_KEY) else { return };
+        if cas.is_some() && cas == self.applied_cas {
+            return;
+        }
+        self.applied_cas = cas;
+        let Ok(snapshot) = FeedSnapshot::from_json(&bytes) else { return };
+        if self.applied_version == Some(snapshot.version) {
+            return;
+        }
+        let Ok(mut router) = router.try_borrow_mut() else { return };
+        let addresses: Vec<String> = snapshot.endpoints.iter().map(|e| e.address.clone()).collect();
+        if let Err(e) = router.set_endpoints(addresses) {
+            warn!("feed snapshot version {} not applied: {e}", snapshot.version);
+            return metrics::count("warmpath.feed.failures.invalid", 1);
+        }
+        SERVER_LOADS.with(|m| {
+            let mut m = m.borrow_mut();
+            m.clear();
+            for e in &snapshot.endpoints {
+                if let Some(load) = e.load {
+                    m.insert(e.address.clone(), ServerLoad::from(load));
+                }
+            }
+        });
+        info!("feed snapshot version {} applied: {} endpoints", snapshot.version, snapshot.endpoints.len());
+        self.applied_version = Some(snapshot.version);
+        metrics::count("warmpath.feed.applied", 1);
+        metrics::gauge("warmpath.feed.version", snapshot.version);
+    }
 }

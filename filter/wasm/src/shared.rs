@@ -1,5 +1,5 @@
-//! In-flight request counters per endpoint, shared by every VM (main thread and each Envoy worker) through proxy-wasm
-//! shared data. This is the only compare-and-swap code in the filter.
+//! State shared by every VM (main thread and each Envoy worker) through proxy-wasm shared data: the in-flight request
+//! counters per endpoint and the feed poller's lease. This is the only compare-and-swap code in the filter.
 //!
 //! All counters live under one key, `warmpath.in_flight`, as a small table of entries
 //! `[address length: u8][address bytes][count: u32 LE]`, so a request costs one read (loads of every endpoint, plus
@@ -112,6 +112,31 @@ pub fn add(address: &str, delta: i32, read: Option<Table>) -> Option<u32> {
         }
     }
     None
+}
+
+/// Takes or renews the lease stored under `key` for `owner` until `now_ms + ttl_ms` (ms since the epoch).
+///
+/// Value layout: owner id (u64 LE) then expiry (u64 LE). Succeeds when the lease is free, expired or already ours and
+/// our compare-and-swap write wins; false otherwise (someone else holds it, or another VM won the race).
+pub fn take_lease(key: &str, owner: u64, now_ms: u64, ttl_ms: u64) -> bool {
+    let Ok((bytes, cas)) = hostcalls::get_shared_data(key) else { return false };
+    let (holder, expiry) = match bytes.as_deref() {
+        Some(b) if b.len() == 16 => {
+            let mut h = [0u8; 8];
+            let mut e = [0u8; 8];
+            h.copy_from_slice(&b[..8]);
+            e.copy_from_slice(&b[8..]);
+            (u64::from_le_bytes(h), u64::from_le_bytes(e))
+        }
+        _ => (0, 0),
+    };
+    if holder != owner && expiry > now_ms {
+        return false;
+    }
+    let mut v = [0u8; 16];
+    v[..8].copy_from_slice(&owner.to_le_bytes());
+    v[8..].copy_from_slice(&now_ms.saturating_add(ttl_ms).to_le_bytes());
+    hostcalls::set_shared_data(key, Some(&v), cas).is_ok()
 }
 
 #[cfg(test)]

@@ -7,6 +7,7 @@
 mod common;
 
 mod config;
+mod feed;
 mod failopen;
 mod inflight;
 mod reconfigure;

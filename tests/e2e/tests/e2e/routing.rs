@@ -48,7 +48,7 @@ async fn distinct_prefixes_spread_over_all_upstreams() {
     let counts = rig.counts();
     assert_eq!(counts.iter().sum::<usize>(), n);
     // Consistent hashing of 60 keys over 3 endpoints: every endpoint gets a share, none gets most.
-    assert!(counts.iter().all(|&c| c >= 5 && c <= 40), "uneven spread {counts:?}");
+    assert!(counts.iter().all(|c| (5..=40).contains(c)), "uneven spread {counts:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,0 +1,156 @@
+//! The endpoint/load feed (issue 5) end to end: a real Envoy whose filter polls a local feed server through an
+//! Envoy cluster; endpoints added and removed mid-run, server load joining the overload guard, the feed stopped
+//! (last good snapshot kept, failures counted) and restarted.
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use warmpath_core::feed::{FeedEndpoint, FeedLoad, FeedSnapshot};
+use warmpath_e2e::{filter_wasm, EnvoyConfig, EnvoyProcess, FeedCluster, FeedServer, Stats, Upstream};
+
+use crate::common::{prompt, Rig, CONCURRENCY};
+
+const INTERVAL_MS: u64 = 200;
+
+fn snapshot(version: u64, eps: &[(SocketAddr, Option<FeedLoad>)]) -> String {
+    let snap = FeedSnapshot {
+        version,
+        endpoints: eps.iter().map(|(a, load)| FeedEndpoint { address: a.to_string(), load: *load }).collect(),
+    };
+    serde_json::to_string(&snap).expect("json")
+}
+
+/// Waits until the filter reports `version` applied (gauge `warmpath.feed.version`) and returns the stats.
+async fn wait_version(rig: &Rig, version: u64) -> Stats {
+    let s = rig.stats_until(|s| s.filter("feed.version") == version).await;
+    assert_eq!(s.filter("feed.version"), version, "feed version not applied; log:\n{}", rig.envoy.log());
+    // Every worker VM applies on its own tick; give the others one more interval.
+    tokio::time::sleep(Duration::from_millis(3 * INTERVAL_MS)).await;
+    s
+}
+
+/// Upstreams that received requests in `rig` since the last `clear`, then clears.
+fn used(rig: &Rig) -> BTreeSet<usize> {
+    let s = rig.upstreams.iter().enumerate().filter(|(_, u)| u.count() > 0).map(|(i, _)| i).collect();
+    rig.upstreams.iter().for_each(Upstream::clear);
+    s
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn feed_drives_endpoints_and_survives_outages() {
+    let upstreams = Upstream::start_many(4).await.expect("upstreams");
+    let a: Vec<SocketAddr> = upstreams.iter().map(Upstream::addr).collect();
+    let mut feed = FeedServer::start(snapshot(1, &[(a[0], None), (a[1], None), (a[2], None)])).await.expect("feed");
+    // Envoy's cluster knows all four hosts (as EDS would); the filter picks only among the feed's endpoints.
+    let plugin = json!({
+        "endpoints": [], "debug_header": true, "strategy": "PREFIX_AWARE",
+        "feed": {"cluster": "warmpath_feed", "path": "/v1/endpoints", "interval_ms": INTERVAL_MS},
+    });
+    let cfg = EnvoyConfig::new(a.clone(), plugin.to_string())
+        .with_wasm(filter_wasm().expect("filter module"))
+        .with_feed(FeedCluster { name: "warmpath_feed".into(), address: feed.addr() });
+    let envoy = EnvoyProcess::start(cfg, CONCURRENCY).await.expect("envoy");
+    let client = reqwest::Client::builder().timeout(Duration::from_secs(20)).build().expect("client");
+    let rig = Rig { upstreams, envoy, client };
+
+    // v1: three endpoints.
+    wait_version(&rig, 1).await;
+    used(&rig);
+    let mut home = Vec::new();
+    for i in 0..30 {
+        let r = rig.chat(&prompt(&format!("feed {i}"), 2000)).await;
+        assert_eq!(r.status, 200);
+        assert_ne!(r.reason(), "fail_open", "{r:?}");
+        home.push(r.upstream);
+    }
+    assert_eq!(used(&rig), BTreeSet::from([0, 1, 2]), "v1 routes over A, B, C only");
+
+    // One poller per Envoy, not one per VM: over ~2 s the feed sees about one request per interval.
+    let (hits0, t0) = (feed.hits(), Instant::now());
+    tokio::time::sleep(Duration::from_millis(2000)).await;
+    let (hits, ms) = (feed.hits() - hits0, t0.elapsed().as_millis() as u64);
+    assert!(hits >= 3 && hits <= ms / INTERVAL_MS + 3, "{hits} feed requests in {ms} ms at {INTERVAL_MS} ms interval");
+
+    // v2: D added mid-run. Known prefixes mostly stay (index + rendezvous move ~1/N); new ones reach D too.
+    feed.set_snapshot(snapshot(2, &[(a[0], None), (a[1], None), (a[2], None), (a[3], None)]));
+    wait_version(&rig, 2).await;
+    let mut stayed = 0;
+    for (i, h) in home.iter().enumerate() {
+        let r = rig.chat(&prompt(&format!("feed {i}"), 2000)).await;
+        stayed += usize::from(r.upstream == *h);
+    }
+    assert!(stayed >= 18, "only {stayed}/30 prefixes kept their upstream after adding one endpoint");
+    used(&rig);
+    for i in 0..60 {
+        assert_eq!(rig.chat(&prompt(&format!("feed new {i}"), 2000)).await.status, 200);
+    }
+    assert!(used(&rig).contains(&3), "the added endpoint D got no traffic");
+
+    // v3: B removed.
+    feed.set_snapshot(snapshot(3, &[(a[0], None), (a[2], None), (a[3], None)]));
+    wait_version(&rig, 3).await;
+    used(&rig);
+    for i in 0..40 {
+        assert_eq!(rig.chat(&prompt(&format!("feed {i}"), 2000)).await.status, 200);
+    }
+    assert!(!used(&rig).contains(&1), "removed endpoint B still gets traffic");
+
+    // Feed down: failures are counted, the last good snapshot (A, C, D) keeps routing.
+    feed.stop().await;
+    // (Envoy answers a call to a cluster with no reachable host with a local 503, counted as `status`.)
+    let failures = |s: &Stats| s.sum_prefix("wasmcustom.warmpath.feed.failures.");
+    let f0 = failures(&rig.envoy.stats().await.expect("stats"));
+    let s = rig.stats_until(|s| failures(s) >= f0 + 3).await;
+    assert!(failures(&s) >= f0 + 3, "{:?}", s.with_prefix("wasmcustom.warmpath.feed").collect::<Vec<_>>());
+    assert_eq!(s.filter("feed.version"), 3, "the last good snapshot stays in force");
+    for i in 0..20 {
+        let r = rig.chat(&prompt(&format!("outage {i}"), 2000)).await;
+        assert_eq!(r.status, 200);
+        assert_ne!(r.reason(), "fail_open");
+    }
+    let during = used(&rig);
+    assert!(!during.contains(&1) && !during.is_empty(), "outage routing used {during:?}");
+
+    // Feed back with v4 = A, B where A reports a deep queue: the overload guard (threshold 10) sends all to B.
+    let busy = FeedLoad { waiting: 40, running: 8, kv_cache_usage: 0.9 };
+    feed.set_snapshot(snapshot(4, &[(a[0], Some(busy)), (a[1], None)]));
+    feed.restart().await.expect("feed restart");
+    wait_version(&rig, 4).await;
+    used(&rig);
+    for i in 0..20 {
+        assert_eq!(rig.chat(&prompt(&format!("after {i}"), 2000)).await.status, 200);
+    }
+    assert_eq!(used(&rig), BTreeSet::from([1]), "server load did not steer traffic away from the busy endpoint");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_feed_documents_keep_the_last_good_snapshot() {
+    let upstreams = Upstream::start_many(3).await.expect("upstreams");
+    let a: Vec<SocketAddr> = upstreams.iter().map(Upstream::addr).collect();
+    let feed = FeedServer::start(snapshot(1, &[(a[0], None)])).await.expect("feed");
+    let plugin = json!({
+        "endpoints": [], "debug_header": true,
+        "feed": {"cluster": "warmpath_feed", "interval_ms": INTERVAL_MS},
+    });
+    let cfg = EnvoyConfig::new(a.clone(), plugin.to_string())
+        .with_wasm(filter_wasm().expect("filter module"))
+        .with_feed(FeedCluster { name: "warmpath_feed".into(), address: feed.addr() });
+    let envoy = EnvoyProcess::start(cfg, CONCURRENCY).await.expect("envoy");
+    let client = reqwest::Client::builder().timeout(Duration::from_secs(20)).build().expect("client");
+    let rig = Rig { upstreams, envoy, client };
+    wait_version(&rig, 1).await;
+    for doc in ["{not json", r#"{"version": 9, "endpoints": [{"address": "not-an-address"}]}"#] {
+        feed.set_snapshot(doc.to_string());
+        let before = rig.envoy.stats().await.expect("stats").filter("feed.failures.invalid");
+        let s = rig.stats_until(|s| s.filter("feed.failures.invalid") > before).await;
+        assert!(s.filter("feed.failures.invalid") > before);
+        assert_eq!(s.filter("feed.version"), 1);
+        for i in 0..5 {
+            let r = rig.chat(&prompt(&format!("bad feed {i}"), 2000)).await;
+            assert_eq!((r.status, r.upstream.as_str()), (200, a[0].to_string().as_str()));
+        }
+    }
+    assert!(rig.envoy.log().contains("feed snapshot rejected"), "no log line for the bad document");
+}

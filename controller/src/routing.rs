@@ -190,13 +190,19 @@ pub struct FeedTarget {
 
 impl FeedTarget {
     fn placeholder() -> Self {
-        Self { cluster: "warmpath-feed".into(), path: "/v1/feed/x/y".into(), interval_ms: 1000 }
+        Self { cluster: "warmpath-feed".into(), path: "/v1/feed/policy/x/y".into(), interval_ms: 1000 }
     }
 }
 
-/// URL path of a feed on the controller's HTTP server.
-pub fn feed_path(namespace: &str, name: &str) -> String {
-    format!("/v1/feed/{namespace}/{name}")
+/// Feed key (also the store key) of an owner: `policy/<namespace>/<name>` for an
+/// `InferenceRoutingPolicy`, `httproute/<namespace>/<name>` for an annotated HTTPRoute.
+pub fn feed_key(kind: &str, namespace: &str, name: &str) -> String {
+    format!("{kind}/{namespace}/{name}")
+}
+
+/// URL path of a feed on the controller's HTTP server: `/v1/feed/<feed key>`.
+pub fn feed_path(key: &str) -> String {
+    format!("/v1/feed/{key}")
 }
 
 #[cfg(test)]
@@ -249,11 +255,11 @@ mod tests {
             ..spec("PREFIX_AWARE")
         })
         .unwrap();
-        let feed = FeedTarget { cluster: "c".into(), path: feed_path("ns", "p"), interval_ms: 500 };
+        let feed = FeedTarget { cluster: "c".into(), path: feed_path(&feed_key("policy", "ns", "p")), interval_ms: 500 };
         let cfg = intent.plugin_config(&feed).unwrap();
         let s = Settings::from_json(cfg.to_string().as_bytes()).unwrap();
         assert_eq!((s.prefix_length, s.concurrency_threshold, s.tenant_header.as_str()), (4096, 8, "x-tenant"));
-        assert_eq!(s.feed.unwrap().path, "/v1/feed/ns/p");
+        assert_eq!(s.feed.unwrap().path, "/v1/feed/policy/ns/p");
     }
 
     #[test]

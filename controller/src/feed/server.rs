@@ -2,7 +2,8 @@
 //! metrics listener.
 //!
 //! Routes:
-//! - `GET /v1/feed/{namespace}/{name}` → the feed's [`FeedSnapshot`] as JSON (404 if unknown).
+//! - `GET /v1/feed/{kind}/{namespace}/{name}` → the feed's [`FeedSnapshot`] as JSON (404 if
+//!   unknown); `kind` is `policy` or `httproute`.
 //! - `GET /wasm/{file}` → the filter module (`application/wasm`), only under its content-addressed
 //!   name `warmpath_filter-<first 16 hex of sha256>.wasm`, so a gateway can never cache one build
 //!   under another build's URL; Envoy Gateway / Istio also verify the sha256 we render.
@@ -59,7 +60,7 @@ struct AppState {
 /// Router for the main HTTP port.
 pub fn router(store: FeedStore, wasm: Option<WasmBlob>) -> Router {
     Router::new()
-        .route("/v1/feed/{namespace}/{name}", get(feed))
+        .route("/v1/feed/{kind}/{namespace}/{name}", get(feed))
         .route("/wasm/{file}", get(wasm_module))
         .route("/healthz", get(|| async { "ok" }))
         .with_state(AppState { store, wasm: wasm.map(Arc::new) })
@@ -78,10 +79,11 @@ pub fn metrics_router(metrics: Arc<Metrics>) -> Router {
     )
 }
 
-async fn feed(State(st): State<AppState>, Path((namespace, name)): Path<(String, String)>) -> Response {
-    match st.store.get(&format!("{namespace}/{name}")) {
+async fn feed(State(st): State<AppState>, Path((kind, namespace, name)): Path<(String, String, String)>) -> Response {
+    let key = crate::routing::feed_key(&kind, &namespace, &name);
+    match st.store.get(&key) {
         Some(snap) => axum::Json(snap).into_response(),
-        None => (StatusCode::NOT_FOUND, format!("no feed {namespace}/{name}\n")).into_response(),
+        None => (StatusCode::NOT_FOUND, format!("no feed {key}\n")).into_response(),
     }
 }
 

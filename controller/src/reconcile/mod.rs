@@ -1,15 +1,25 @@
 //! Reconcilers, one module per custom resource, sharing one [`Context`].
+//!
+//! - [`routing_policy`]: `InferenceRoutingPolicy` → provider objects + status.
+//! - [`route_annotations`]: the HTTPRoute annotation shortcut.
+//! - [`program`]: the pipeline both share (resolve refs, render, apply, sweep).
+//! - [`feed_loop`]: keeps every registered feed's snapshot fresh.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use kube::runtime::events::{Recorder, Reporter};
 use kube::Client;
 
+use crate::crd::routing_policy::LoadSource;
+use crate::feed::store::FeedStore;
 use crate::metrics::Metrics;
+use crate::render::{ControllerEndpoint, Provider, ResolvedBackend, WasmModule};
 
-pub mod image_cache;
-pub mod inference_endpoint;
-pub mod model_cache;
+pub mod feed_loop;
+pub mod program;
+pub mod route_annotations;
+pub mod routing_policy;
 
 /// Shared state handed to every reconciler.
 #[derive(Clone)]
@@ -22,10 +32,23 @@ pub struct Context {
     pub metrics: Arc<Metrics>,
     /// Settings from the command line / Helm values.
     pub config: Arc<ControllerConfig>,
+    /// Feed snapshots served over HTTP.
+    pub feeds: FeedStore,
+    /// What each feed scrapes, keyed like the store (`kind/namespace/name`).
+    pub feed_sources: Arc<Mutex<HashMap<String, FeedSource>>>,
+}
+
+/// What one feed reads: a backend and how to read its servers' load.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FeedSource {
+    /// Backend whose ready endpoints make up the feed.
+    pub backend: ResolvedBackend,
+    /// Metrics path/port/interval.
+    pub load: LoadSource,
 }
 
 impl Context {
-    /// Builds a context with fresh metrics and the controller's event reporter name.
+    /// Builds a context with fresh metrics, an empty feed store and the controller's event reporter.
     pub fn new(client: Client, config: ControllerConfig) -> Self {
         let reporter = Reporter { controller: crate::FIELD_MANAGER.into(), instance: std::env::var("POD_NAME").ok() };
         Self {
@@ -33,13 +56,40 @@ impl Context {
             client,
             metrics: Arc::new(Metrics::default()),
             config: Arc::new(config),
+            feeds: FeedStore::default(),
+            feed_sources: Arc::default(),
         }
+    }
+
+    /// Registers (or replaces) what a feed scrapes.
+    pub fn set_feed_source(&self, key: &str, source: FeedSource) {
+        self.feed_sources.lock().unwrap_or_else(|p| p.into_inner()).insert(key.to_string(), source);
+    }
+
+    /// Forgets a feed: no more scrapes, and its snapshot is no longer served.
+    pub fn remove_feed(&self, key: &str) {
+        self.feed_sources.lock().unwrap_or_else(|p| p.into_inner()).remove(key);
+        self.feeds.remove(key);
     }
 }
 
 /// Controller-wide settings (command-line flags, filled from Helm values).
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct ControllerConfig {
-    /// Namespace the controller runs in (where it serves the wasm module and the feed from).
-    pub namespace: String,
+    /// Forced provider, or `None` to detect it from each Gateway's GatewayClass.
+    pub provider: Option<Provider>,
+    /// How gateways reach the controller's HTTP server.
+    pub controller: ControllerEndpoint,
+    /// Where gateways fetch the wasm module, and its sha256.
+    pub wasm: WasmModule,
+}
+
+impl Default for ControllerConfig {
+    fn default() -> Self {
+        Self {
+            provider: None,
+            controller: ControllerEndpoint { service: "warmpath-controller".into(), namespace: "warmpath-system".into(), port: 8080 },
+            wasm: WasmModule { url: String::new(), sha256: String::new() },
+        }
+    }
 }

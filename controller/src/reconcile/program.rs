@@ -1,0 +1,277 @@
+//! The pipeline shared by the policy and annotation reconcilers: resolve the HTTPRoute, its
+//! Gateways (and their provider) and the backend; render; apply with server-side apply; sweep
+//! objects of the same owner that are no longer wanted.
+
+use std::collections::BTreeSet;
+
+use gateway_api::apis::standard::gatewayclasses::GatewayClass;
+use gateway_api::apis::standard::gateways::Gateway;
+use gateway_api::apis::standard::httproutes::HttpRoute;
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kube::core::DynamicObject;
+use kube::ResourceExt;
+
+use super::{Context, FeedSource};
+use crate::conditions::{self, reason, ACCEPTED, PROGRAMMED, RESOLVED_REFS};
+use crate::crd::routing_policy::{AncestorRef, PolicyAncestorStatus, CONTROLLER_NAME, GATEWAY_API_GROUP, INFERENCE_POOL_GROUP};
+use crate::render::{self, GatewayRef, Owner, Provider, RenderInput, ResolvedBackend, LABEL_OWNER_UID};
+use crate::routing::RoutingIntent;
+use crate::{foreign, Result};
+
+/// What resolving + rendering one targeted HTTPRoute produced.
+#[derive(Debug, Default)]
+pub struct TargetOutcome {
+    /// Status entries (one per Gateway, or one for the route when it cannot be resolved).
+    pub ancestors: Vec<PolicyAncestorStatus>,
+    /// Objects to apply (empty when something did not resolve).
+    pub objects: Vec<DynamicObject>,
+    /// Feed source, when the backend resolved.
+    pub feed: Option<FeedSource>,
+}
+
+/// Identity of an object for sweeps: (kind, namespace, name).
+pub type ObjectKey = (String, String, String);
+
+/// Key of a rendered object.
+pub fn key_of(o: &DynamicObject) -> ObjectKey {
+    (
+        o.types.as_ref().map(|t| t.kind.clone()).unwrap_or_default(),
+        o.metadata.namespace.clone().unwrap_or_default(),
+        o.metadata.name.clone().unwrap_or_default(),
+    )
+}
+
+/// Ancestor entry with the three policy conditions.
+pub fn ancestor(aref: AncestorRef, conds: [(bool, &str, String); 3], generation: Option<i64>, now: &Time) -> PolicyAncestorStatus {
+    let [a, r, p] = conds;
+    PolicyAncestorStatus {
+        ancestor_ref: aref,
+        controller_name: CONTROLLER_NAME.into(),
+        conditions: vec![
+            conditions::new(ACCEPTED, a.0, a.1, a.2, generation, now),
+            conditions::new(RESOLVED_REFS, r.0, r.1, r.2, generation, now),
+            conditions::new(PROGRAMMED, p.0, p.1, p.2, generation, now),
+        ],
+    }
+}
+
+/// Ancestor reference naming an HTTPRoute (used when its Gateways are unknown).
+pub fn route_ref(ns: &str, name: &str) -> AncestorRef {
+    AncestorRef { group: GATEWAY_API_GROUP.into(), kind: "HTTPRoute".into(), namespace: Some(ns.into()), name: name.into(), section_name: None }
+}
+
+fn gateway_ref(gw: &GatewayRef) -> AncestorRef {
+    AncestorRef { group: GATEWAY_API_GROUP.into(), kind: "Gateway".into(), namespace: Some(gw.namespace.clone()), name: gw.name.clone(), section_name: None }
+}
+
+fn not_programmed() -> (bool, &'static str, String) {
+    (false, reason::PENDING, "nothing written: see Accepted / ResolvedRefs".into())
+}
+
+/// Resolves one targeted HTTPRoute and renders its objects. API errors propagate; every user
+/// error (missing route, Gateway, backend, unknown provider) becomes an ancestor condition.
+#[allow(clippy::too_many_arguments)]
+pub async fn resolve_and_render(
+    ctx: &Context,
+    owner: &Owner,
+    intent: &RoutingIntent,
+    route_ns: &str,
+    route_name: &str,
+    feed_path: &str,
+    generation: Option<i64>,
+    now: &Time,
+) -> Result<TargetOutcome> {
+    let mut out = TargetOutcome::default();
+    let Some(route) = Api::<HttpRoute>::namespaced(ctx.client.clone(), route_ns).get_opt(route_name).await? else {
+        out.ancestors.push(ancestor(
+            route_ref(route_ns, route_name),
+            [
+                (false, reason::TARGET_NOT_FOUND, format!("HTTPRoute {route_ns}/{route_name} not found")),
+                (false, reason::TARGET_NOT_FOUND, format!("HTTPRoute {route_ns}/{route_name} not found")),
+                not_programmed(),
+            ],
+            generation,
+            now,
+        ));
+        return Ok(out);
+    };
+
+    // Gateways the route attaches to, with their provider.
+    let mut gateways: Vec<(GatewayRef, std::result::Result<Provider, String>)> = vec![];
+    let parents: BTreeSet<GatewayRef> = route
+        .spec
+        .parent_refs
+        .iter()
+        .flatten()
+        .filter(|p| p.kind.as_deref().unwrap_or("Gateway") == "Gateway" && p.group.as_deref().unwrap_or(GATEWAY_API_GROUP) == GATEWAY_API_GROUP)
+        .map(|p| GatewayRef { namespace: p.namespace.clone().unwrap_or_else(|| route_ns.to_string()), name: p.name.clone() })
+        .collect();
+    for gw in parents {
+        let provider = provider_of(ctx, &gw).await?;
+        gateways.push((gw, provider));
+    }
+    if gateways.is_empty() {
+        out.ancestors.push(ancestor(
+            route_ref(route_ns, route_name),
+            [
+                (false, reason::TARGET_NOT_FOUND, format!("HTTPRoute {route_ns}/{route_name} has no Gateway parentRefs")),
+                (false, reason::TARGET_NOT_FOUND, "no Gateway to attach to".into()),
+                not_programmed(),
+            ],
+            generation,
+            now,
+        ));
+        return Ok(out);
+    }
+
+    // Backend: explicit, else the route's first backendRef.
+    let backend = resolve_backend(ctx, intent, &route, route_ns).await?;
+
+    for (gw, provider) in &gateways {
+        let aref = gateway_ref(gw);
+        let entry = match (provider, &backend) {
+            (Err(msg), _) => ancestor(aref, [(false, reason::UNSUPPORTED_PROVIDER, msg.clone()), (true, reason::RESOLVED, String::new()), not_programmed()], generation, now),
+            (_, Err(msg)) => ancestor(aref, [(true, reason::ACCEPTED, "policy accepted".into()), (false, reason::BACKEND_NOT_FOUND, msg.clone()), not_programmed()], generation, now),
+            (Ok(provider), Ok(backend)) => {
+                let input = RenderInput {
+                    owner,
+                    route_namespace: route_ns,
+                    route_name,
+                    gateways: std::slice::from_ref(gw),
+                    provider: *provider,
+                    intent,
+                    backend,
+                    wasm: &ctx.config.wasm,
+                    controller: &ctx.config.controller,
+                    feed_path,
+                };
+                match render::render(&input) {
+                    Ok(objs) => {
+                        out.objects.extend(objs);
+                        ancestor(
+                            aref,
+                            [
+                                (true, reason::ACCEPTED, format!("strategy {} on {:?}", intent.strategy.as_str(), provider)),
+                                (true, reason::RESOLVED, "route, gateway and backend resolved".into()),
+                                (true, reason::PROGRAMMED, "objects applied".into()),
+                            ],
+                            generation,
+                            now,
+                        )
+                    }
+                    Err(msg) => ancestor(aref, [(false, reason::INVALID, msg), (true, reason::RESOLVED, String::new()), not_programmed()], generation, now),
+                }
+            }
+        };
+        out.ancestors.push(entry);
+    }
+    // Envoy Gateway objects that target the route (not a Gateway) are identical per Gateway.
+    out.objects.sort_by_key(key_of);
+    out.objects.dedup_by(|a, b| key_of(a) == key_of(b));
+    if let Ok(backend) = backend {
+        out.feed = Some(FeedSource { backend, load: intent.load.clone() });
+    }
+    Ok(out)
+}
+
+async fn provider_of(ctx: &Context, gw: &GatewayRef) -> Result<std::result::Result<Provider, String>> {
+    if let Some(p) = ctx.config.provider {
+        return Ok(Ok(p));
+    }
+    let Some(gateway) = Api::<Gateway>::namespaced(ctx.client.clone(), &gw.namespace).get_opt(&gw.name).await? else {
+        return Ok(Err(format!("Gateway {}/{} not found", gw.namespace, gw.name)));
+    };
+    let class = &gateway.spec.gateway_class_name;
+    let Some(gc) = Api::<GatewayClass>::all(ctx.client.clone()).get_opt(class).await? else {
+        return Ok(Err(format!("GatewayClass {class} not found")));
+    };
+    Ok(Provider::from_controller_name(&gc.spec.controller_name).ok_or_else(|| {
+        format!("GatewayClass {class} is implemented by {:?}; warmpath supports Envoy Gateway and Istio", gc.spec.controller_name)
+    }))
+}
+
+async fn resolve_backend(ctx: &Context, intent: &RoutingIntent, route: &HttpRoute, route_ns: &str) -> Result<std::result::Result<ResolvedBackend, String>> {
+    let wanted = if let Some(b) = &intent.backend {
+        match (&b.service, &b.inference_pool) {
+            (Some(s), _) => ResolvedBackend::Service { namespace: route_ns.into(), name: s.name.clone(), port: s.port.clamp(1, 65535) as u16 },
+            (None, Some(p)) => ResolvedBackend::InferencePool { namespace: route_ns.into(), name: p.name.clone() },
+            (None, None) => return Ok(Err("backend needs exactly one of service or inferencePool".into())),
+        }
+    } else {
+        let first = route.spec.rules.iter().flatten().flat_map(|r| r.backend_refs.iter().flatten()).next();
+        let Some(br) = first else {
+            return Ok(Err("no backend: set spec.backend or give the HTTPRoute a backendRef".into()));
+        };
+        let ns = br.namespace.clone().unwrap_or_else(|| route_ns.to_string());
+        match (br.group.as_deref().unwrap_or(""), br.kind.as_deref().unwrap_or("Service")) {
+            ("", "Service") => match br.port {
+                Some(port) => ResolvedBackend::Service { namespace: ns, name: br.name.clone(), port: port.clamp(1, 65535) as u16 },
+                None => return Ok(Err(format!("backendRef Service {} has no port", br.name))),
+            },
+            (INFERENCE_POOL_GROUP, "InferencePool") => ResolvedBackend::InferencePool { namespace: ns, name: br.name.clone() },
+            (g, k) => return Ok(Err(format!("backendRef kind {k} (group {g:?}) is not a Service or InferencePool"))),
+        }
+    };
+    let exists = match &wanted {
+        ResolvedBackend::Service { namespace, name, .. } => {
+            Api::<Service>::namespaced(ctx.client.clone(), namespace).get_opt(name).await?.is_some()
+        }
+        ResolvedBackend::InferencePool { namespace, name } => {
+            Api::<DynamicObject>::namespaced_with(ctx.client.clone(), namespace, &foreign::inference_pool()).get_opt(name).await?.is_some()
+        }
+    };
+    Ok(if exists {
+        Ok(wanted)
+    } else {
+        let (kind, ns, name) = match &wanted {
+            ResolvedBackend::Service { namespace, name, .. } => ("Service", namespace, name),
+            ResolvedBackend::InferencePool { namespace, name } => ("InferencePool", namespace, name),
+        };
+        Err(format!("backend {kind} {ns}/{name} not found"))
+    })
+}
+
+/// Server-side applies every object with the controller's fixed field manager (forced, so a
+/// restarted controller takes its own fields back instead of creating anything new).
+pub async fn apply_all(ctx: &Context, objects: &[DynamicObject]) -> Result<()> {
+    let pp = PatchParams::apply(crate::FIELD_MANAGER).force();
+    for o in objects {
+        let (kind, ns, name) = key_of(o);
+        let ar = foreign::owned_kinds()
+            .into_iter()
+            .find(|ar| ar.kind == kind)
+            .ok_or_else(|| crate::Error::InvalidSpec(format!("unexpected kind {kind}")))?;
+        Api::<DynamicObject>::namespaced_with(ctx.client.clone(), &ns, &ar).patch(&name, &pp, &Patch::Apply(o)).await?;
+    }
+    Ok(())
+}
+
+/// Deletes every object labelled with `owner_uid` that is not in `keep`. Returns how many were
+/// deleted. Kinds whose CRD is not installed (the other provider) are skipped.
+pub async fn sweep(ctx: &Context, owner_uid: &str, keep: &BTreeSet<ObjectKey>) -> Result<usize> {
+    let lp = ListParams::default().labels(&format!("{LABEL_OWNER_UID}={owner_uid}"));
+    let mut deleted = 0;
+    for ar in foreign::owned_kinds() {
+        let api = Api::<DynamicObject>::all_with(ctx.client.clone(), &ar);
+        let list = match api.list(&lp).await {
+            Ok(l) => l,
+            Err(kube::Error::Api(e)) if e.code == 404 => continue,
+            Err(e) => return Err(e.into()),
+        };
+        for o in list.items {
+            let key = (ar.kind.clone(), o.namespace().unwrap_or_default(), o.name_any());
+            if keep.contains(&key) {
+                continue;
+            }
+            let ns_api = Api::<DynamicObject>::namespaced_with(ctx.client.clone(), &key.1, &ar);
+            match ns_api.delete(&key.2, &DeleteParams::default()).await {
+                Ok(_) => deleted += 1,
+                Err(kube::Error::Api(e)) if e.code == 404 => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+    Ok(deleted)
+}

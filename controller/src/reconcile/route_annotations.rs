@@ -1,0 +1,135 @@
+//! Reconciler of the HTTPRoute annotation shortcut (`warmpath.dev/routing-strategy` and friends).
+//!
+//! An annotated route with no policy targeting it is programmed exactly like a policy would be,
+//! with the route as owner (owner references in its namespace, a finalizer on the route for the
+//! objects in Gateway namespaces). Removing the annotation, or a policy starting to target the
+//! route (policies take precedence), removes exactly those objects. Outcomes are reported as
+//! Events on the HTTPRoute (the route's status belongs to the gateway implementation).
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use gateway_api::apis::standard::httproutes::HttpRoute;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
+use kube::runtime::finalizer::{finalizer, Event as Finalizer};
+use kube::{Resource, ResourceExt};
+use serde_json::json;
+
+use super::routing_policy::{publish, winner};
+use super::{program, Context};
+use crate::crd::routing_policy::InferenceRoutingPolicy;
+use crate::render::Owner;
+use crate::routing::{feed_key, feed_path, RoutingIntent};
+use crate::{Error, Result};
+
+/// Finalizer on annotated HTTPRoutes the controller has programmed.
+pub const FINALIZER: &str = "warmpath.dev/route-annotation-cleanup";
+/// Name of this reconciler in metrics.
+pub const CONTROLLER: &str = "route-annotations";
+
+/// Entry point for the kube-runtime `Controller`.
+pub async fn reconcile(route: Arc<HttpRoute>, ctx: Arc<Context>) -> Result<Action> {
+    let res = reconcile_inner(route, &ctx).await;
+    match &res {
+        Ok(_) => ctx.metrics.reconcile_ok(CONTROLLER),
+        Err(e) => ctx.metrics.reconcile_error(CONTROLLER, e),
+    }
+    res
+}
+
+/// Error policy: log and retry with a delay.
+pub fn error_policy(route: Arc<HttpRoute>, err: &Error, _ctx: Arc<Context>) -> Action {
+    tracing::warn!(route = %route.name_any(), error = %err, "reconcile failed");
+    Action::requeue(Duration::from_secs(15))
+}
+
+async fn reconcile_inner(route: Arc<HttpRoute>, ctx: &Context) -> Result<Action> {
+    let ns = route.namespace().ok_or(Error::MissingField("metadata.namespace"))?;
+    let api: Api<HttpRoute> = Api::namespaced(ctx.client.clone(), &ns);
+    let annotated = RoutingIntent::from_annotations(route.annotations()).is_some();
+    let ours = route.finalizers().iter().any(|f| f == FINALIZER);
+    if annotated {
+        return finalizer(&api, FINALIZER, route, |event| async {
+            match event {
+                Finalizer::Apply(r) => apply(&r, ctx).await,
+                Finalizer::Cleanup(r) => cleanup(&r, ctx).await,
+            }
+        })
+        .await
+        .map_err(|e| Error::Finalizer(Box::new(e)));
+    }
+    if ours {
+        // Annotation removed: delete what it created, then release the route.
+        cleanup(&route, ctx).await?;
+        let remaining: Vec<String> = route.finalizers().iter().filter(|f| *f != FINALIZER).cloned().collect();
+        let patch = json!({"metadata": {"finalizers": remaining, "resourceVersion": route.resource_version()}});
+        api.patch(&route.name_any(), &PatchParams::default(), &Patch::Merge(&patch)).await?;
+    }
+    Ok(Action::await_change())
+}
+
+fn owner_of(r: &HttpRoute) -> Result<Owner> {
+    Ok(Owner {
+        api_version: HttpRoute::api_version(&()).into_owned(),
+        kind: HttpRoute::kind(&()).into_owned(),
+        name: r.name_any(),
+        namespace: r.namespace().ok_or(Error::MissingField("metadata.namespace"))?,
+        uid: r.uid().ok_or(Error::MissingField("metadata.uid"))?,
+    })
+}
+
+async fn apply(route: &HttpRoute, ctx: &Context) -> Result<Action> {
+    let owner = owner_of(route)?;
+    let key = feed_key("httproute", &owner.namespace, &owner.name);
+    // Precedence: a policy targeting this route wins over its annotations.
+    let policies = Api::<InferenceRoutingPolicy>::namespaced(ctx.client.clone(), &owner.namespace).list(&ListParams::default()).await?;
+    if let Some(p) = winner(&policies.items, &owner.name) {
+        let removed = program::sweep(ctx, &owner.uid, &BTreeSet::new()).await?;
+        ctx.remove_feed(&key);
+        publish(ctx, route, EventType::Warning, "AnnotationsOverridden",
+            format!("InferenceRoutingPolicy {} targets this route and takes precedence over its warmpath.dev annotations (removed {removed} annotation-owned object(s))", p.name_any())).await;
+        return Ok(Action::requeue(Duration::from_secs(300)));
+    }
+    let intent = match RoutingIntent::from_annotations(route.annotations()) {
+        Some(Ok(i)) => i,
+        Some(Err(msg)) => {
+            publish(ctx, route, EventType::Warning, "InvalidAnnotation", format!("{msg}; nothing changed")).await;
+            return Ok(Action::requeue(Duration::from_secs(300)));
+        }
+        None => return Ok(Action::await_change()),
+    };
+    let now = Time(k8s_openapi::jiff::Timestamp::now());
+    let out = program::resolve_and_render(ctx, &owner, &intent, &owner.namespace, &owner.name, &feed_path(&key), route.metadata.generation, &now).await?;
+    program::apply_all(ctx, &out.objects).await?;
+    let keep: BTreeSet<_> = out.objects.iter().map(program::key_of).collect();
+    program::sweep(ctx, &owner.uid, &keep).await?;
+    match out.feed {
+        Some(f) => ctx.set_feed_source(&key, f),
+        None => ctx.remove_feed(&key),
+    }
+    let failing: Vec<String> = out
+        .ancestors
+        .iter()
+        .flat_map(|a| a.conditions.iter().filter(|c| c.status == "False").map(move |c| format!("{}/{}: {} ({})", a.ancestor_ref.kind, a.ancestor_ref.name, c.reason, c.message)))
+        .collect();
+    if failing.is_empty() {
+        publish(ctx, route, EventType::Normal, "Programmed", format!("strategy {} via annotations: {} object(s)", intent.strategy.as_str(), out.objects.len())).await;
+    } else {
+        publish(ctx, route, EventType::Warning, "NotProgrammed", failing.join("; ")).await;
+    }
+    Ok(Action::requeue(Duration::from_secs(300)))
+}
+
+async fn cleanup(route: &HttpRoute, ctx: &Context) -> Result<Action> {
+    let owner = owner_of(route)?;
+    let removed = program::sweep(ctx, &owner.uid, &BTreeSet::new()).await?;
+    ctx.remove_feed(&feed_key("httproute", &owner.namespace, &owner.name));
+    if removed > 0 {
+        publish(ctx, route, EventType::Normal, "CleanedUp", format!("deleted {removed} object(s)")).await;
+    }
+    Ok(Action::await_change())
+}

@@ -1,0 +1,207 @@
+//! Reconciler of `InferenceRoutingPolicy`: validate, resolve each targeted HTTPRoute, render,
+//! server-side apply, sweep what is no longer wanted, register the feed, write status and events.
+//! A finalizer removes everything the policy created, including objects in Gateway namespaces
+//! that owner references cannot cover.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::runtime::events::{Event, EventType};
+use kube::runtime::finalizer::{finalizer, Event as Finalizer};
+use kube::{Resource, ResourceExt};
+use serde_json::json;
+
+use super::program::{self, ancestor, route_ref};
+use super::{Context, FeedSource};
+use crate::conditions::reason;
+use crate::crd::routing_policy::{InferenceRoutingPolicy, InferenceRoutingPolicyStatus, PolicyAncestorStatus};
+use crate::render::Owner;
+use crate::routing::{feed_key, feed_path, RoutingIntent};
+use crate::{Error, Result};
+
+/// Finalizer on every policy the controller has programmed.
+pub const FINALIZER: &str = "warmpath.dev/routing-cleanup";
+/// Name of this reconciler in metrics.
+pub const CONTROLLER: &str = "routing-policy";
+
+/// Entry point for the kube-runtime `Controller`.
+pub async fn reconcile(policy: Arc<InferenceRoutingPolicy>, ctx: Arc<Context>) -> Result<Action> {
+    let ns = policy.namespace().ok_or(Error::MissingField("metadata.namespace"))?;
+    let api: Api<InferenceRoutingPolicy> = Api::namespaced(ctx.client.clone(), &ns);
+    let res = finalizer(&api, FINALIZER, policy, |event| async {
+        match event {
+            Finalizer::Apply(p) => apply(&p, &ctx).await,
+            Finalizer::Cleanup(p) => cleanup(&p, &ctx).await,
+        }
+    })
+    .await
+    .map_err(|e| Error::Finalizer(Box::new(e)));
+    match &res {
+        Ok(_) => ctx.metrics.reconcile_ok(CONTROLLER),
+        Err(e) => ctx.metrics.reconcile_error(CONTROLLER, e),
+    }
+    res
+}
+
+/// Error policy: log, and retry with a delay (the error was counted in `reconcile`).
+pub fn error_policy(policy: Arc<InferenceRoutingPolicy>, err: &Error, _ctx: Arc<Context>) -> Action {
+    tracing::warn!(policy = %policy.name_any(), error = %err, "reconcile failed");
+    Action::requeue(Duration::from_secs(15))
+}
+
+fn owner_of(p: &InferenceRoutingPolicy) -> Result<Owner> {
+    Ok(Owner {
+        api_version: InferenceRoutingPolicy::api_version(&()).into_owned(),
+        kind: InferenceRoutingPolicy::kind(&()).into_owned(),
+        name: p.name_any(),
+        namespace: p.namespace().ok_or(Error::MissingField("metadata.namespace"))?,
+        uid: p.uid().ok_or(Error::MissingField("metadata.uid"))?,
+    })
+}
+
+fn now() -> Time {
+    Time(k8s_openapi::jiff::Timestamp::now())
+}
+
+/// The policy that decides routing for `route` among `policies`: the oldest by creation time,
+/// ties broken by name (GEP-713 conflict resolution).
+pub fn winner<'a>(policies: &'a [InferenceRoutingPolicy], route: &str) -> Option<&'a InferenceRoutingPolicy> {
+    policies
+        .iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .filter(|p| p.spec.target_refs.iter().any(|t| t.kind == "HTTPRoute" && t.name == route))
+        .min_by(|a, b| {
+            let ka = (a.metadata.creation_timestamp.as_ref().map(|t| t.0), a.name_any());
+            let kb = (b.metadata.creation_timestamp.as_ref().map(|t| t.0), b.name_any());
+            ka.cmp(&kb)
+        })
+}
+
+async fn apply(policy: &InferenceRoutingPolicy, ctx: &Context) -> Result<Action> {
+    let owner = owner_of(policy)?;
+    let generation = policy.metadata.generation;
+    let now = now();
+    let key = feed_key("policy", &owner.namespace, &owner.name);
+    let path = feed_path(&key);
+    let mut ancestors: Vec<PolicyAncestorStatus> = vec![];
+    let targets: BTreeSet<String> = policy.spec.target_refs.iter().map(|t| t.name.clone()).collect();
+
+    let intent = match RoutingIntent::from_policy(&policy.spec) {
+        Ok(i) => i,
+        Err(msg) => {
+            // Bad input: report it and touch nothing else (objects from the last good spec stay).
+            for t in &targets {
+                ancestors.push(ancestor(
+                    route_ref(&owner.namespace, t),
+                    [(false, reason::INVALID, msg.clone()), (false, reason::INVALID, msg.clone()), (false, reason::INVALID, "not changed: the spec is invalid".into())],
+                    generation,
+                    &now,
+                ));
+            }
+            write_status(policy, ctx, ancestors, None).await?;
+            return Ok(Action::requeue(Duration::from_secs(300)));
+        }
+    };
+
+    let all = Api::<InferenceRoutingPolicy>::namespaced(ctx.client.clone(), &owner.namespace).list(&ListParams::default()).await?;
+    let mut objects = vec![];
+    let mut feed: Option<FeedSource> = None;
+    for route in &targets {
+        let w = winner(&all.items, route);
+        if let Some(w) = w.filter(|w| w.uid() != policy.uid()) {
+            let msg = format!("HTTPRoute {route} is already routed by InferenceRoutingPolicy {} (older)", w.name_any());
+            ancestors.push(ancestor(
+                route_ref(&owner.namespace, route),
+                [(false, reason::CONFLICTED, msg.clone()), (true, reason::RESOLVED, String::new()), (false, reason::CONFLICTED, msg)],
+                generation,
+                &now,
+            ));
+            continue;
+        }
+        let out = program::resolve_and_render(ctx, &owner, &intent, &owner.namespace, route, &path, generation, &now).await?;
+        ancestors.extend(out.ancestors);
+        objects.extend(out.objects);
+        if feed.is_none() {
+            feed = out.feed;
+        }
+    }
+
+    program::apply_all(ctx, &objects).await?;
+    let keep: BTreeSet<_> = objects.iter().map(program::key_of).collect();
+    let removed = program::sweep(ctx, &owner.uid, &keep).await?;
+    match feed {
+        Some(f) => ctx.set_feed_source(&key, f),
+        None => ctx.remove_feed(&key),
+    }
+    if removed > 0 {
+        publish(ctx, policy, EventType::Normal, "Pruned", format!("deleted {removed} object(s) no longer wanted")).await;
+    }
+    write_status(policy, ctx, ancestors, Some(path)).await?;
+    Ok(Action::requeue(Duration::from_secs(300)))
+}
+
+async fn cleanup(policy: &InferenceRoutingPolicy, ctx: &Context) -> Result<Action> {
+    let owner = owner_of(policy)?;
+    let removed = program::sweep(ctx, &owner.uid, &BTreeSet::new()).await?;
+    ctx.remove_feed(&feed_key("policy", &owner.namespace, &owner.name));
+    publish(ctx, policy, EventType::Normal, "CleanedUp", format!("deleted {removed} object(s)")).await;
+    Ok(Action::await_change())
+}
+
+/// One line per ancestor and condition, for change detection and event messages.
+fn summary(ancestors: &[PolicyAncestorStatus]) -> Vec<String> {
+    ancestors
+        .iter()
+        .flat_map(|a| {
+            a.conditions.iter().map(move |c| format!("{}/{}: {}={} ({})", a.ancestor_ref.kind, a.ancestor_ref.name, c.type_, c.status, c.reason))
+        })
+        .collect()
+}
+
+async fn write_status(policy: &InferenceRoutingPolicy, ctx: &Context, mut ancestors: Vec<PolicyAncestorStatus>, feed: Option<String>) -> Result<()> {
+    // Keep lastTransitionTime of unchanged conditions (API conventions; makes re-reconciles no-ops).
+    let old = policy.status.clone().unwrap_or_default();
+    for a in &mut ancestors {
+        if let Some(prev) = old.ancestors.iter().find(|p| p.ancestor_ref == a.ancestor_ref) {
+            let mut merged = prev.conditions.clone();
+            for c in a.conditions.drain(..) {
+                crate::conditions::upsert(&mut merged, c);
+            }
+            merged.retain(|c| [crate::conditions::ACCEPTED, crate::conditions::RESOLVED_REFS, crate::conditions::PROGRAMMED].contains(&c.type_.as_str()));
+            a.conditions = merged;
+        }
+    }
+    ancestors.truncate(16);
+    let before = summary(&old.ancestors);
+    let after = summary(&ancestors);
+    let status = InferenceRoutingPolicyStatus { ancestors, feed_path: feed, observed_generation: policy.metadata.generation };
+    let api: Api<InferenceRoutingPolicy> = Api::namespaced(ctx.client.clone(), &policy.namespace().unwrap_or_default());
+    let patch = json!({
+        "apiVersion": InferenceRoutingPolicy::api_version(&()),
+        "kind": InferenceRoutingPolicy::kind(&()),
+        "status": status,
+    });
+    api.patch_status(&policy.name_any(), &PatchParams::apply(crate::FIELD_MANAGER).force(), &Patch::Apply(&patch)).await?;
+    if before != after {
+        let failing: Vec<&String> = after.iter().filter(|l| l.contains("=False")).collect();
+        let (type_, reason, note) = if failing.is_empty() {
+            (EventType::Normal, "Programmed", format!("programmed: {}", after.len() / 3))
+        } else {
+            (EventType::Warning, "NotProgrammed", failing.iter().map(|s| s.as_str()).collect::<Vec<_>>().join("; "))
+        };
+        publish(ctx, policy, type_, reason, note).await;
+    }
+    Ok(())
+}
+
+/// Publishes an event; failures are logged only (events are best effort).
+pub async fn publish<K: Resource<DynamicType = ()>>(ctx: &Context, obj: &K, type_: EventType, reason: &str, note: String) {
+    let ev = Event { type_, reason: reason.into(), note: Some(note.chars().take(1024).collect()), action: "Reconcile".into(), secondary: None };
+    if let Err(e) = ctx.recorder.publish(&ev, &obj.object_ref(&())).await {
+        tracing::debug!(error = %e, "event not published");
+    }
+}

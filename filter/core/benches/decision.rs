@@ -1,0 +1,84 @@
+#![allow(missing_docs)] // criterion_main! generates an undocumented `main`
+//! Native decision time of the core (criterion): key extraction, block hashing and the PREFIX_AWARE pick for
+//! 4 KB and 64 KB chat bodies, against a `serde_json::Value` DOM parse of the same body as the baseline.
+//!
+//! `cargo bench -p warmpath-core --bench decision -- --warm-up-time 1 --measurement-time 3`
+
+use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use serde_json::{json, Value};
+use warmpath_core::{extract_key, EndpointLoad, PrefixHashes, Router, Settings};
+
+const CHAT: &str = "/v1/chat/completions";
+
+/// A chat body of about `size` bytes: a system prompt, then user/assistant turns.
+fn body(size: usize, seed: u64) -> Vec<u8> {
+    let mut msgs = vec![json!({"role": "system", "content": "You are a helpful assistant. Answer briefly and cite sources. ".repeat(8)})];
+    let mut i = 0u64;
+    while serde_json::to_vec(&json!({"model": "m", "messages": msgs})).unwrap().len() < size {
+        let role = if i % 2 == 0 { "user" } else { "assistant" };
+        let text: String = (0..60).map(|w| format!("w{}x{} ", (seed + i) * 7 + w, w % 13)).collect();
+        msgs.push(json!({"role": role, "content": text}));
+        i += 1;
+    }
+    serde_json::to_vec(&json!({"model": "m", "stream": true, "max_tokens": 256, "messages": msgs})).unwrap()
+}
+
+/// The baseline: parse the whole body into a DOM, then build the same text the core extracts.
+fn dom_extract(body: &[u8], limit: usize) -> String {
+    let v: Value = serde_json::from_slice(body).unwrap();
+    let mut text = String::new();
+    for m in v["messages"].as_array().unwrap() {
+        text.push_str(m["role"].as_str().unwrap_or(""));
+        text.push('\u{1f}');
+        text.push_str(m["content"].as_str().unwrap_or(""));
+        text.push('\u{1e}');
+    }
+    text.chars().take(limit).collect()
+}
+
+fn settings() -> Settings {
+    Settings { endpoints: (0..8).map(|i| format!("10.0.0.{i}:8000")).collect(), ..Settings::default() }
+}
+
+fn benches(c: &mut Criterion) {
+    let s = settings();
+    for size in [4 * 1024, 64 * 1024] {
+        let b = body(size, 1);
+        let label = format!("{}KB", size / 1024);
+        let mut g = c.benchmark_group(format!("chat_{label}"));
+        g.throughput(Throughput::Bytes(b.len() as u64));
+        g.bench_function(BenchmarkId::new("dom_parse_baseline", &label), |bench| {
+            bench.iter(|| black_box(dom_extract(black_box(&b), s.prefix_length)))
+        });
+        g.bench_function(BenchmarkId::new("extract", &label), |bench| {
+            bench.iter(|| black_box(extract_key(CHAT, black_box(&b), None, s.prefix_length).unwrap()))
+        });
+        g.bench_function(BenchmarkId::new("extract_hash", &label), |bench| {
+            bench.iter(|| {
+                let k = extract_key(CHAT, black_box(&b), None, s.prefix_length).unwrap();
+                black_box(PrefixHashes::compute(k.namespace, &k.text, s.block_size))
+            })
+        });
+        // Full decision on a warmed router: extract + hash + pick + index update. Requests rotate over 256
+        // conversations so both prefix matches and index inserts happen, as in steady traffic.
+        let others: Vec<Vec<u8>> = (0..256).map(|i| body(size, 1000 + i * 97)).collect();
+        let mut r = Router::new(s.clone());
+        let loads = vec![EndpointLoad::in_flight(2); 8];
+        for o in &others {
+            let k = extract_key(CHAT, o, None, s.prefix_length).unwrap();
+            r.route_key(&k, 0, 0, &loads);
+        }
+        let mut i = 0usize;
+        g.bench_function(BenchmarkId::new("decision", &label), |bench| {
+            bench.iter(|| {
+                i = (i + 1) % others.len();
+                let k = extract_key(CHAT, black_box(&others[i]), None, s.prefix_length).unwrap();
+                black_box(r.route_key(&k, i as u64, 0, &loads))
+            })
+        });
+        g.finish();
+    }
+}
+
+criterion_group!(decision, benches);
+criterion_main!(decision);

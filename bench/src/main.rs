@@ -27,19 +27,19 @@ struct Args {
     #[arg(long, default_value_t = 4)]
     endpoints: usize,
     /// Prefix-cache capacity per server, in blocks.
-    #[arg(long, default_value_t = 2048)]
+    #[arg(long, default_value_t = 1024)]
     cache_blocks: usize,
     /// Tokens per cache block on the servers.
     #[arg(long, default_value_t = 16)]
     block_tokens: usize,
     /// Mean arrival rate of generated workloads, requests per simulated second.
-    #[arg(long, default_value_t = 6.0)]
+    #[arg(long, default_value_t = 8.0)]
     rate: f64,
     /// Multiplies the arrival rate (divides trace timestamps): 0.5 = half the load.
     #[arg(long, default_value_t = 1.0)]
     rate_scale: f64,
     /// Requests to generate, or the most to read from a trace.
-    #[arg(long, default_value_t = 400)]
+    #[arg(long, default_value_t = 1000)]
     requests: usize,
     /// Wall-clock budget per strategy for sending requests, seconds (later arrivals are not sent and count as errors).
     #[arg(long, default_value_t = 60.0)]

@@ -79,18 +79,8 @@ pub fn load_per_endpoint(path: &Path, runs: &[StrategyRun]) -> anyhow::Result<()
         .x_label_area_size(45)
         .y_label_area_size(55)
         .build_cartesian_2d(0.0..width, 0.0..ymax)?;
-    let labels: Vec<String> = runs.iter().map(|r| r.label.clone()).collect();
     let per = (endpoints + 1) as f64;
-    chart
-        .configure_mesh()
-        .disable_x_mesh()
-        .x_labels(groups)
-        .x_label_formatter(&|x| {
-            let g = (x / per).floor() as usize;
-            labels.get(g).map(|l| l.chars().take(18).collect()).unwrap_or_default()
-        })
-        .y_desc("share of requests")
-        .draw()?;
+    chart.configure_mesh().disable_x_mesh().x_labels(0).x_desc("strategies (one bar per endpoint)").y_desc("share of requests").draw()?;
     for (g, r) in runs.iter().enumerate() {
         let total: f64 = r.servers.iter().map(|(_, m)| m.requests).sum::<f64>().max(1.0);
         for (e, (_, m)) in r.servers.iter().enumerate() {
@@ -98,6 +88,9 @@ pub fn load_per_endpoint(path: &Path, runs: &[StrategyRun]) -> anyhow::Result<()
             let color = COLORS[e % COLORS.len()];
             chart.draw_series(std::iter::once(Rectangle::new([(x0, 0.0), (x0 + 0.9, m.requests / total)], color.filled())))?;
         }
+        // Strategy name above its group, alternating heights so long names do not overlap.
+        let y = ymax * if g % 2 == 0 { 0.97 } else { 0.92 };
+        chart.draw_series(std::iter::once(Text::new(r.label.clone(), (g as f64 * per + 0.5, y), ("sans-serif", 14))))?;
     }
     let fair = 1.0 / endpoints as f64;
     chart.draw_series(LineSeries::new([(0.0, fair), (width, fair)], BLACK.stroke_width(1)))?.label("fair share").legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK));

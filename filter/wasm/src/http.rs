@@ -43,17 +43,23 @@ impl FilterHttp {
         FilterHttp { context_id, shared, path: String::new(), tenant: None, waiting_for_body: false, in_flight: None, debug: None }
     }
 
-    /// Removes any client-sent destination header; counts one removal per request that carried any.
-    fn strip_destination_headers(&self) {
+    /// Reads the request headers in one host call: removes any client-sent destination header (counting one
+    /// removal per request that carried any) and keeps `:path` and the tenant header.
+    fn read_headers(&mut self, tenant_header: Option<&str>) {
         let mut spoofed = false;
-        for name in [DESTINATION_HEADER, ORIGINAL_DST_HEADER] {
-            if self.get_http_request_header(name).is_some() {
-                // Setting to None removes every value of the header.
-                self.set_http_request_header(name, None);
-                spoofed = true;
+        for (name, value) in self.get_http_request_headers() {
+            // Envoy hands header names lower-cased.
+            match name.as_str() {
+                DESTINATION_HEADER | ORIGINAL_DST_HEADER => spoofed = true,
+                ":path" => self.path = value,
+                n if Some(n) == tenant_header && self.tenant.is_none() => self.tenant = Some(value),
+                _ => {}
             }
         }
         if spoofed {
+            // Setting to None removes every value of the header.
+            self.set_http_request_header(DESTINATION_HEADER, None);
+            self.set_http_request_header(ORIGINAL_DST_HEADER, None);
             metrics::count("warmpath.spoofed_header_removed", 1);
         }
     }
@@ -86,14 +92,15 @@ impl FilterHttp {
         let Some(decision) = router.route(&input, &loads) else {
             // No endpoints known yet (feed not delivered): leave the header unset so Envoy's fallback policy routes.
             metrics::fail_open("no_endpoints");
-            shared.metrics.record(warmpath_core::Reason::FailOpen, 0);
+            shared.metrics.record(warmpath_core::Reason::FailOpen, None);
             return;
         };
         drop(router);
         if let Some(c) = cause {
             metrics::fail_open(c);
         }
-        shared.metrics.record(decision.reason, decision.matched_len);
+        let matched = (key.is_some() && shared.keyless.is_none()).then_some(decision.matched_len);
+        shared.metrics.record(decision.reason, matched);
         // Take the slot from the table the decision was made on; a concurrent change retries the increment only.
         match shared::add(&decision.address, 1, Some(table)) {
             Some(_) => self.in_flight = Some(decision.address.clone()),
@@ -111,15 +118,14 @@ impl Context for FilterHttp {}
 impl HttpContext for FilterHttp {
     fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
         // First, on every request, whatever happens next: the client does not choose the destination.
-        self.strip_destination_headers();
-        let Some(shared) = self.shared.clone() else { return Action::Continue };
+        let shared = self.shared.clone();
+        self.read_headers(shared.as_ref().map(|s| s.settings.tenant_header.as_str()));
+        let Some(shared) = shared else { return Action::Continue };
         if let Some(key) = &shared.keyless {
             // RANDOM / LEAST_OUTSTANDING_REQUESTS ignore the body: decide now, no buffering.
             self.route(&shared, Some(key), None);
             return Action::Continue;
         }
-        self.path = self.get_http_request_header(":path").unwrap_or_default();
-        self.tenant = self.get_http_request_header(&shared.settings.tenant_header);
         if end_of_stream {
             self.route(&shared, None, Some(cause::NO_BODY));
             return Action::Continue;

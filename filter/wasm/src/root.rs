@@ -18,8 +18,8 @@ use crate::feed::FeedPoller;
 use crate::http::FilterHttp;
 use crate::{metrics, shared};
 
-/// Tick period when no feed is configured: how often the in-flight gauges are refreshed.
-const DEFAULT_TICK: Duration = Duration::from_millis(1000);
+/// Tick period when no feed is configured: how often batched counters are flushed and in-flight gauges refreshed.
+const DEFAULT_TICK: Duration = Duration::from_millis(500);
 
 thread_local! {
     // One VM = one thread. `None` until the first valid configuration.
@@ -157,6 +157,7 @@ impl RootContext for FilterRoot {
         if let (Some(feed), Some(shared)) = (self.feed.as_mut(), self.shared.as_ref()) {
             feed.on_tick(now_ms(), &shared.router);
         }
+        metrics::flush();
         self.refresh_gauges();
     }
 

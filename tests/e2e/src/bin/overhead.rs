@@ -1,10 +1,11 @@
 //! Benchmark (not a test): Envoy with vs without the warmpath filter, same run, same upstreams, 4 KB chat bodies.
 //!
-//! Reports throughput of each config, their ratio, and Envoy's added CPU time per request (user + system time of
-//! the Envoy process from `/proc/<pid>/stat`, measured around each bounded run). Runs alternate
-//! baseline/filter `--rounds` times; medians are reported.
+//! Reports throughput of each config, its ratio to the no-filter baseline, and Envoy's added CPU time per request
+//! (user + system time of the Envoy process from `/proc/<pid>/stat`, measured around each bounded run). All configs
+//! run side by side and are measured in alternation `--rounds` times; medians are reported.
 //!
-//! `cargo run -p warmpath-e2e --release --bin overhead -- [--requests 20000] [--connections 16] [--rounds 3]`
+//! `cargo run -p warmpath-e2e --release --bin overhead -- [--requests 20000] [--connections 16] [--rounds 5]
+//!  [--filter PREFIX_AWARE] [--filter RANDOM] [--filter STRATEGY=/path/to/variant.wasm]`
 //! (needs the release wasm module and `.venv/bin/envoy`).
 
 use std::sync::Arc;
@@ -24,8 +25,8 @@ struct Args {
     /// Concurrent client connections.
     #[arg(long, default_value_t = 16)]
     connections: usize,
-    /// Alternating baseline/filter rounds (medians reported).
-    #[arg(long, default_value_t = 3)]
+    /// Alternating rounds over all configs (medians reported).
+    #[arg(long, default_value_t = 5)]
     rounds: usize,
     /// Distinct prompts cycled through (repeats exercise the prefix index).
     #[arg(long, default_value_t = 256)]
@@ -33,9 +34,10 @@ struct Args {
     /// Body size in bytes (approximate; JSON chat request).
     #[arg(long, default_value_t = 4096)]
     body_bytes: usize,
-    /// Plugin strategy.
-    #[arg(long, default_value = "PREFIX_AWARE")]
-    strategy: String,
+    /// Filter configurations measured against the no-filter baseline, each `STRATEGY` or `STRATEGY=MODULE.wasm`
+    /// (default module: the release build); repeat the flag for several.
+    #[arg(long = "filter", default_values_t = ["PREFIX_AWARE".to_string(), "RANDOM".to_string()])]
+    filters: Vec<String>,
     /// Envoy worker threads.
     #[arg(long, default_value_t = 2)]
     concurrency: u32,
@@ -123,37 +125,52 @@ async fn main() -> Result<()> {
     let args = Args::parse();
     let upstreams = Upstream::start_many(3).await?;
     let addrs: Vec<_> = upstreams.iter().map(Upstream::addr).collect();
-    let plugin = EnvoyConfig::plugin_json(&addrs, json!({"strategy": args.strategy, "debug_header": false}));
-    let base = EnvoyProcess::start(EnvoyConfig::new(addrs.clone(), plugin.clone()), args.concurrency).await?;
-    let filt = EnvoyProcess::start(EnvoyConfig::new(addrs, plugin).with_wasm(filter_wasm()?), args.concurrency).await?;
     let bodies = bodies(args.prompts, args.body_bytes);
-    let (mut b_rps, mut f_rps, mut b_cpu, mut f_cpu) = (vec![], vec![], vec![], vec![]);
-    for round in 0..args.rounds {
-        let b = run(&base, &bodies, &args).await?;
-        let f = run(&filt, &bodies, &args).await?;
-        eprintln!(
-            "round {round}: baseline {:.0} req/s {:.1} µs CPU/req | filter {:.0} req/s {:.1} µs CPU/req",
-            b.rps, b.cpu_us_per_req, f.rps, f.cpu_us_per_req
-        );
-        b_rps.push(b.rps);
-        f_rps.push(f.rps);
-        b_cpu.push(b.cpu_us_per_req);
-        f_cpu.push(f.cpu_us_per_req);
+    // Config 0 is the baseline (same listener and cluster, no wasm filter); all Envoys run for the whole session
+    // and are measured in alternation, so drift in machine load hits every config alike.
+    let mut configs = vec![("Envoy, no filter".to_string(), EnvoyProcess::start(EnvoyConfig::new(addrs.clone(), "{}"), args.concurrency).await?)];
+    for f in &args.filters {
+        let (strategy, wasm) = match f.split_once('=') {
+            Some((s, w)) => (s.to_string(), std::path::PathBuf::from(w)),
+            None => (f.clone(), filter_wasm()?),
+        };
+        let plugin = EnvoyConfig::plugin_json(&addrs, json!({"strategy": strategy, "debug_header": false}));
+        let name = match f.split_once('=') {
+            Some((_, w)) => format!("Envoy + warmpath {strategy} ({w})"),
+            None => format!("Envoy + warmpath {strategy}"),
+        };
+        configs.push((name, EnvoyProcess::start(EnvoyConfig::new(addrs.clone(), plugin).with_wasm(wasm), args.concurrency).await?));
     }
-    let stats = filt.stats().await?;
-    let decisions = stats.sum_prefix("wasmcustom.warmpath.decisions.");
-    let fail_open = stats.sum_prefix("wasmcustom.warmpath.fail_open.");
-    let (br, fr, bc, fc) = (median(b_rps), median(f_rps), median(b_cpu), median(f_cpu));
-    println!("| config | throughput (req/s) | Envoy CPU per request (µs) |");
-    println!("|---|---|---|");
-    println!("| Envoy, no filter | {br:.0} | {bc:.1} |");
-    println!("| Envoy + warmpath ({}) | {fr:.0} | {fc:.1} |", args.strategy);
+    let mut rps = vec![Vec::new(); configs.len()];
+    let mut cpu = vec![Vec::new(); configs.len()];
+    for round in 0..args.rounds {
+        let mut line = format!("round {round}:");
+        for (i, (_, envoy)) in configs.iter().enumerate() {
+            let r = run(envoy, &bodies, &args).await?;
+            line.push_str(&format!(" | {:.0} req/s {:.1} µs", r.rps, r.cpu_us_per_req));
+            rps[i].push(r.rps);
+            cpu[i].push(r.cpu_us_per_req);
+        }
+        eprintln!("{line}");
+    }
+    let (base_rps, base_cpu) = (median(rps[0].clone()), median(cpu[0].clone()));
+    println!("| config | throughput (req/s) | ratio to no filter | Envoy CPU per request (µs) | added CPU per request (µs) |");
+    println!("|---|---|---|---|---|");
+    for (i, (name, envoy)) in configs.iter().enumerate() {
+        let (r, c) = (median(rps[i].clone()), median(cpu[i].clone()));
+        println!("| {name} | {r:.0} | {:.3} | {c:.1} | {:+.1} |", r / base_rps, c - base_cpu);
+        if i > 0 {
+            let s = envoy.stats().await?;
+            let fail_open = s.sum_prefix("wasmcustom.warmpath.fail_open.");
+            if fail_open > 0 {
+                println!("|  (fail-open decisions: {fail_open}) | | | | |");
+            }
+        }
+    }
     println!();
-    println!("throughput ratio (filter / no filter): {:.3}", fr / br);
-    println!("added Envoy CPU per request: {:.1} µs", fc - bc);
     println!(
-        "({} requests × {} rounds, {} connections, {} distinct ~{} B chat bodies, --concurrency {}; filter decisions {decisions}, fail-open {fail_open})",
-        args.requests, args.rounds, args.connections, args.prompts, args.body_bytes, args.concurrency
+        "medians of {} alternating rounds × {} requests, {} connections, {} distinct ~{} B chat bodies, 3 upstreams, Envoy --concurrency {}",
+        args.rounds, args.requests, args.connections, args.prompts, args.body_bytes, args.concurrency
     );
     Ok(())
 }

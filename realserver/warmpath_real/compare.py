@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import statistics
 import sys
@@ -60,6 +61,8 @@ class StrategyRun:
     server_cached_tokens: dict[str, float] = field(default_factory=dict)
     server_prompt_tokens: dict[str, float] = field(default_factory=dict)
     filter_stats: dict[str, int] = field(default_factory=dict)
+    #: 1-minute load average of the machine at the start and end of the replay (other work shares the CPU).
+    loadavg: tuple[float, float] = (0.0, 0.0)
 
     def ok(self) -> list[ChatResult]:
         """Results of requests that completed without error."""
@@ -129,9 +132,11 @@ def run_strategy(label: str, strategy: str, overrides: dict, spec: ServerSpec, n
         with Envoy(group.addresses, plugin) as envoy:
             before = {s.address: server_load(s.metrics_text()) for s in group.servers}
             t0 = time.monotonic()
+            load0 = os.getloadavg()[0]
             run.records, run.skipped = replay(envoy.url, build(workload), concurrency, workload.max_tokens,
                                               t0 + time_limit_s)
             run.wall_s = time.monotonic() - t0
+            run.loadavg = (load0, os.getloadavg()[0])
             for s in group.servers:
                 s.check_alive()
                 after = server_load(s.metrics_text())
@@ -169,6 +174,7 @@ def summarize(run: StrategyRun) -> dict:
         "server_cached_tokens": [run.server_cached_tokens.get(a, 0) for a in run.servers],
         "reasons": dict(reasons),
         "wall_s": run.wall_s,
+        "loadavg": run.loadavg,
     }
 
 
@@ -178,14 +184,15 @@ def markdown(rows: list[dict]) -> str:
         return "–" if v is None else f"{v:,.{nd}f}"
     out = ["| strategy | requests (err/skipped) | TTFT p50 ms | TTFT p90 ms | cached tokens / request | "
            "cached share of prompt tokens | requests per server | server-side cached tokens per server | "
-           "filter decisions | wall s |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
+           "filter decisions | wall s | load avg start→end |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         reasons = ", ".join(f"{k} {v}" for k, v in sorted(r["reasons"].items())) or "–"
         out.append(f"| {r['label']} | {r['requests']} ({r['errors']}/{r['skipped']}) | {f(r['ttft_p50_ms'])} | "
                    f"{f(r['ttft_p90_ms'])} | {f(r['cached_tokens_per_request'])} | {f(r['cached_share'], 2)} | "
                    f"{' / '.join(map(str, r['per_server']))} | "
-                   f"{' / '.join(f(v) for v in r['server_cached_tokens'])} | {reasons} | {f(r['wall_s'])} |")
+                   f"{' / '.join(f(v) for v in r['server_cached_tokens'])} | {reasons} | {f(r['wall_s'])} | "
+                   f"{r['loadavg'][0]:.1f}→{r['loadavg'][1]:.1f} |")
     return "\n".join(out)
 
 

@@ -373,9 +373,8 @@ impl<'de> Visitor<'de> for MessagesSeed<'_> {
     }
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
         while !self.0.text.full() {
-            match seq.next_element::<Message<'de>>()? {
-                Some(m) => m.append_to(&mut self.0.text),
-                None => return Ok(()),
+            if seq.next_element_seed(MessageSeed(&mut self.0.text))?.is_none() {
+                return Ok(());
             }
         }
         // Budget spent: the rest only has to be valid JSON.
@@ -387,12 +386,91 @@ impl<'de> Visitor<'de> for MessagesSeed<'_> {
     }
 }
 
-/// One chat message: only `role` and `content` are kept.
-struct Message<'de> {
-    role: Option<Cow<'de, str>>,
-    content: Content<'de>,
+/// One chat message, appended to the text as `role` U+001F `content` U+001E. When `role` comes first (the
+/// usual order) a string `content` is copied straight from the parser into the text, never into its own
+/// allocation; otherwise the content is held until the role is known.
+struct MessageSeed<'c>(&'c mut TextBuf);
+
+impl<'de> DeserializeSeed<'de> for MessageSeed<'_> {
+    type Value = ();
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_map(self)
+    }
 }
 
+impl<'de> Visitor<'de> for MessageSeed<'_> {
+    type Value = ();
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a message object")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        let t = self.0;
+        let mut role: Option<Cow<'de, str>> = None;
+        let mut held: Option<Content<'de>> = None;
+        let mut written = false;
+        while let Some(Str(key)) = map.next_key::<Str<'de>>()? {
+            match key.as_ref() {
+                "role" if role.is_none() => role = map.next_value::<Option<Str<'de>>>()?.map(|s| s.0),
+                "content" if !written && held.is_none() => match &role {
+                    Some(r) => {
+                        t.push_str(r);
+                        t.push_char(ROLE_SEP);
+                        map.next_value_seed(ContentSeed(&mut *t))?;
+                        written = true;
+                    }
+                    None => held = Some(map.next_value::<Content<'de>>()?),
+                },
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        if !written {
+            t.push_str(role.as_deref().unwrap_or(""));
+            t.push_char(ROLE_SEP);
+            if let Some(c) = held {
+                c.append_to(t);
+            }
+        }
+        t.push_char(MSG_SEP);
+        Ok(())
+    }
+}
+
+/// A message `content` appended directly to the text (strings without a copy of their own).
+struct ContentSeed<'c>(&'c mut TextBuf);
+
+impl<'de> DeserializeSeed<'de> for ContentSeed<'_> {
+    type Value = ();
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for ContentSeed<'_> {
+    type Value = ();
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a string, null or an array of content parts")
+    }
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<(), E> {
+        self.0.push_str(v);
+        Ok(())
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_none<E: de::Error>(self) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        while let Some(p) = seq.next_element::<Part<'de>>()? {
+            p.append_to(self.0);
+        }
+        Ok(())
+    }
+}
+
+/// A message `content` held until its role is known (`content` before `role` in the JSON).
 enum Content<'de> {
     Absent,
     Text(Cow<'de, str>),
@@ -404,53 +482,27 @@ enum Part<'de> {
     Other(Cow<'de, str>),
 }
 
-impl Message<'_> {
+impl Content<'_> {
     fn append_to(&self, t: &mut TextBuf) {
-        t.push_str(self.role.as_deref().unwrap_or(""));
-        t.push_char(ROLE_SEP);
-        match &self.content {
+        match self {
             Content::Absent => {}
             Content::Text(s) => t.push_str(s),
-            Content::Parts(parts) => {
-                for p in parts {
-                    match p {
-                        Part::Text(s) => t.push_str(s),
-                        Part::Other(ty) => {
-                            t.push_char(PART_MARK);
-                            t.push_str(ty);
-                            t.push_char(PART_MARK);
-                        }
-                    }
-                }
-            }
+            Content::Parts(parts) => parts.iter().for_each(|p| p.append_to(t)),
         }
-        t.push_char(MSG_SEP);
     }
 }
 
-impl<'de> de::Deserialize<'de> for Message<'de> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = Message<'de>;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a message object")
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Message<'de>, A::Error> {
-                let mut m = Message { role: None, content: Content::Absent };
-                while let Some(Str(key)) = map.next_key::<Str<'de>>()? {
-                    match key.as_ref() {
-                        "role" => m.role = map.next_value::<Option<Str<'de>>>()?.map(|s| s.0),
-                        "content" => m.content = map.next_value::<Content<'de>>()?,
-                        _ => {
-                            map.next_value::<IgnoredAny>()?;
-                        }
-                    }
-                }
-                Ok(m)
+impl Part<'_> {
+    /// Text parts add their text; other parts (image, audio, file) add U+001D `type` U+001D.
+    fn append_to(&self, t: &mut TextBuf) {
+        match self {
+            Part::Text(s) => t.push_str(s),
+            Part::Other(ty) => {
+                t.push_char(PART_MARK);
+                t.push_str(ty);
+                t.push_char(PART_MARK);
             }
         }
-        d.deserialize_map(V)
     }
 }
 

@@ -1,5 +1,5 @@
 //! Arbitrary-input "fuzz" tests without nightly: proptest feeds random bytes and mutated valid bodies /
-//! configurations to key extraction, plugin-configuration parsing and routing, and asserts no panic and a
+//! configurations / feed documents to key extraction, plugin-configuration and feed parsing and routing, and asserts no panic and a
 //! bounded output size. Runs a small number of cases by default; `scripts/test.d/10-core.sh` runs it longer:
 //!
 //! `WARMPATH_FUZZ_CASES=200000 WARMPATH_FUZZ_SECS=60 cargo test -p warmpath-core --release --test fuzz -- --nocapture`
@@ -28,6 +28,10 @@ const BODIES: &[&str] = &[
 const CONFIGS: &[&str] = &[
     r#"{"strategy":"PREFIX_AWARE","prefix_length":2048,"block_size":64,"concurrency_threshold":4,"load_factor":1.25,"tenant_header":"x-t","max_body_bytes":65536,"endpoints":["127.0.0.1:1","[::1]:2"],"index_capacity":128,"debug_header":true,"feed":{"cluster":"c","path":"/v1/endpoints","interval_ms":500}}"#,
     r#"{"strategy":"RANDOM","endpoints":["10.0.0.1:8000"]}"#,
+];
+
+const FEEDS: &[&str] = &[
+    r#"{"version":7,"endpoints":[{"address":"10.0.0.5:8000","load":{"waiting":2,"running":5,"kv_cache_usage":0.41}},{"address":"[::1]:9"}]}"#,
 ];
 
 /// Random bytes, or a valid sample with byte edits / a cut (reaches the deeper parser states).
@@ -122,6 +126,20 @@ fn fuzz_settings_from_json() {
                 let msg = e.to_string();
                 prop_assert!(!msg.contains('\n') && msg.len() < 4096, "one bounded line: {msg}");
             }
+        }
+        Ok(())
+    });
+    assert!(n > 0);
+}
+
+#[test]
+fn fuzz_feed_snapshot() {
+    let n = fuzz("feed_snapshot", input(FEEDS), |bytes| {
+        if let Ok(snap) = warmpath_core::feed::FeedSnapshot::from_json(&bytes) {
+            prop_assert!(snap.endpoints.len() <= 4096);
+            // An accepted snapshot is always a usable endpoint set.
+            let mut r = Router::new(Settings { endpoints: vec!["127.0.0.1:1".into()], ..Settings::default() });
+            prop_assert!(r.set_endpoints(snap.endpoints.iter().map(|e| e.address.clone()).collect()).is_ok());
         }
         Ok(())
     });

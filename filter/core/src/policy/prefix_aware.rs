@@ -63,6 +63,9 @@ pub struct PrefixAwarePolicy {
     ids: Vec<u32>,
     /// Position of each endpoint id in that list (`usize::MAX` = not present), indexed by id.
     pos_by_id: Vec<usize>,
+    /// Common-block count of the last pick, keyed by (namespace, full blocks, last block hash), so `on_routed`
+    /// right after `pick` does not search the index again.
+    last_common: Option<((u64, usize, u64), usize)>,
 }
 
 /// What the index says about one request.
@@ -94,6 +97,7 @@ impl PrefixAwarePolicy {
             index: PrefixIndex::new(settings.index_capacity),
             ids: Vec::new(),
             pos_by_id: Vec::new(),
+            last_common: None,
         }
     }
 
@@ -248,6 +252,10 @@ impl PrefixAwarePolicy {
     }
 }
 
+fn fingerprint(ph: &PrefixHashes) -> (u64, usize, u64) {
+    (ph.namespace, ph.blocks.len(), ph.blocks.last().copied().unwrap_or(0))
+}
+
 impl Policy for PrefixAwarePolicy {
     fn name(&self) -> &'static str {
         "PREFIX_AWARE"
@@ -269,6 +277,7 @@ impl Policy for PrefixAwarePolicy {
             _ => Cow::Owned(PrefixHashes::compute(key.namespace, &key.text, self.block_size)),
         };
         let plan = self.plan(&key.text, &ph);
+        self.last_common = Some((fingerprint(&ph), plan.common_blocks));
         let blocks = plan.matched_blocks as u32;
         // Follow the match when it is useful, or when it covers the whole text (a repeat: any holder has it
         // all; holders are tried in rendezvous order so replicas agree).
@@ -318,7 +327,10 @@ impl Policy for PrefixAwarePolicy {
             Some(p) if p.block_size == self.block_size && p.namespace == key.namespace => Cow::Borrowed(p),
             _ => Cow::Owned(PrefixHashes::compute(key.namespace, &key.text, self.block_size)),
         };
-        let common = self.plan(&key.text, &ph).common_blocks;
+        let common = match self.last_common.take() {
+            Some((f, c)) if f == fingerprint(&ph) => c,
+            _ => self.plan(&key.text, &ph).common_blocks,
+        };
         let chain = self.chain(&key.text, &ph, common);
         let pos_by_id = std::mem::take(&mut self.pos_by_id);
         let active = |h: u32| pos_by_id.get(h as usize).is_some_and(|&p| p != usize::MAX);

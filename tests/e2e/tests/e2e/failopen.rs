@@ -26,7 +26,8 @@ async fn bad_bodies_fail_open_and_are_counted() {
         let r = rig.get("/v1/models", &[]).await;
         assert_eq!((r.status, r.reason()), (200, "fail_open"));
     }
-    let s = rig.stats_until(|s| s.filter("fail_open.no_body") >= 3).await;
+    // Decision counters reach Envoy on the filter's tick.
+    let s = rig.stats_until(|s| s.filter("fail_open.no_body") >= 3 && s.filter("decisions.prefix_aware.fail_open") >= 15).await;
     for (cause, _, _) in &cases {
         assert_eq!(s.filter(&format!("fail_open.{cause}")), 3, "fail_open.{cause}: {:?}", s.with_prefix("wasmcustom").collect::<Vec<_>>());
     }

@@ -58,6 +58,6 @@ async fn strategy_switch_keeps_serving() {
     bg.await.expect("join");
     assert!(ok.load(Ordering::SeqCst) > 10, "background traffic barely ran");
     assert_eq!(failed.load(Ordering::SeqCst), 0, "requests failed during reconfiguration");
-    let s = rig.envoy.stats().await.expect("stats");
+    let s = rig.stats_until(|s| s.filter("decisions.random.random") >= 11).await;
     assert!(s.filter("decisions.random.random") >= 11);
 }

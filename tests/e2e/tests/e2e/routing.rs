@@ -26,15 +26,20 @@ async fn same_prefix_lands_on_one_upstream() {
             assert_eq!(req.header(warmpath_e2e::DESTINATION_HEADER), Some(u.addr().to_string().as_str()));
         }
     }
-    let s = rig.envoy.stats().await.expect("stats");
+    let picks = |s: &warmpath_e2e::Stats| s.sum_prefix("wasmcustom.warmpath.decisions.prefix_aware.");
+    let s = rig.stats_until(|s| picks(s) >= 30).await;
+    assert_eq!(picks(&s), 30, "30 requests, 30 decisions");
     assert_eq!(
         s.filter("decisions.prefix_aware.prefix_match") + s.filter("decisions.prefix_aware.consistent_pick"),
         30,
         "all 30 picks are prefix-aware decisions: {:?}",
         s.with_prefix("wasmcustom.warmpath.decisions").collect::<Vec<_>>()
     );
-    // Repeats of a prefix find it in the index (per worker VM, so at least 5 × (6 − 2 workers) matches).
+    // Repeats of a prefix find it in the index (per worker VM, so at least 5 × (6 − 2 workers) matches), and the
+    // matched lengths are counted.
     assert!(s.filter("decisions.prefix_aware.prefix_match") >= 20, "{:?}", s.with_prefix("wasmcustom").collect::<Vec<_>>());
+    assert!(s.filter("matched_prefix_chars_total") > 0);
+    assert_eq!(s.sum_prefix("wasmcustom.warmpath.matched_prefix."), 30, "every prefix-aware pick lands in one bucket");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -116,7 +121,7 @@ async fn overloaded_preferred_upstream_overflows() {
         let r = h.await.expect("join");
         assert_eq!((r.status, r.upstream.as_str()), (200, first.upstream.as_str()));
     }
-    let s = rig.envoy.stats().await.expect("stats");
+    let s = rig.stats_until(|s| s.filter("decisions.prefix_aware.overflow") >= 1).await;
     assert!(s.filter("decisions.prefix_aware.overflow") >= 1);
     // Once the load is gone the prefix goes to an upstream that served it (home, or where it overflowed to —
     // both hold it now), never to the third.

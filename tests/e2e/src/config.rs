@@ -46,6 +46,11 @@ pub struct EnvoyConfig {
     pub buffer_limit_bytes: u32,
     /// Route timeout in seconds (0 = none). Default 60.
     pub route_timeout_s: u32,
+    /// With the wasm filter, also remove client-sent destination headers in a native `header_mutation` filter
+    /// placed before it (default true): defence in depth, so that a crashed VM — which `FAIL_OPEN` passes
+    /// through — cannot let a client choose the destination. The filter strips them itself either way; the
+    /// spoofing test turns this off to prove that.
+    pub strip_in_envoy: bool,
 }
 
 impl EnvoyConfig {
@@ -60,6 +65,7 @@ impl EnvoyConfig {
             feed: None,
             buffer_limit_bytes: 4 << 20,
             route_timeout_s: 60,
+            strip_in_envoy: true,
         }
     }
 
@@ -101,6 +107,18 @@ impl EnvoyConfig {
     /// The HTTP filter list of the listener: the wasm filter (when configured), then the router.
     fn http_filters(&self) -> Value {
         let mut filters = Vec::new();
+        if self.wasm.is_some() && self.strip_in_envoy {
+            filters.push(json!({
+                "name": "envoy.filters.http.header_mutation",
+                "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.filters.http.header_mutation.v3.HeaderMutation",
+                    "mutations": { "request_mutations": [
+                        { "remove": crate::DESTINATION_HEADER },
+                        { "remove": crate::ORIGINAL_DST_HEADER },
+                    ] },
+                },
+            }));
+        }
         if let Some(wasm) = &self.wasm {
             filters.push(json!({
                 "name": "envoy.filters.http.wasm",

@@ -8,9 +8,14 @@ use crate::common::{prompt, Rig};
 
 const FOREIGN: &str = "10.9.9.9:9999";
 
+/// The filter alone (no native header_mutation in front of it) strips the headers.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_destination_headers_are_not_honoured() {
-    let rig = Rig::start(3, json!({"strategy": "PREFIX_AWARE"})).await;
+    let upstreams = warmpath_e2e::Upstream::start_many(3).await.expect("upstreams");
+    let mut cfg = Rig::config(&upstreams, json!({"strategy": "PREFIX_AWARE"}));
+    cfg.strip_in_envoy = false;
+    let envoy = warmpath_e2e::EnvoyProcess::start(cfg, crate::common::CONCURRENCY).await.expect("envoy");
+    let rig = Rig { upstreams, envoy, client: reqwest::Client::new() };
     let mut spoofed_requests = 0;
     for i in 0..9 {
         let p = prompt(&format!("spoof {i}"), 2000);
@@ -50,6 +55,27 @@ async fn client_destination_headers_are_not_honoured() {
     assert!(fail_open_at_member < 12, "all fail-open requests went where the client asked");
     let s = rig.envoy.stats().await.expect("stats");
     assert_eq!(s.filter("spoofed_header_removed"), spoofed_requests);
+}
+
+/// The rendered default: Envoy removes the headers before the filter runs (defence in depth); same outcome.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn default_config_also_strips_in_envoy() {
+    let rig = Rig::start(3, json!({"strategy": "PREFIX_AWARE"})).await;
+    for i in 0..6 {
+        let body = json!({"model": "m", "messages": [{"role": "user", "content": prompt(&format!("d {i}"), 2000)}]}).to_string();
+        let r = rig.post("/v1/chat/completions", body.into_bytes(), &[(DESTINATION_HEADER, FOREIGN), (ORIGINAL_DST_HEADER, FOREIGN)]).await;
+        assert_eq!(r.status, 200);
+        let r = rig.get("/health", &[(DESTINATION_HEADER, FOREIGN), (ORIGINAL_DST_HEADER, FOREIGN)]).await;
+        assert_eq!(r.status, 200);
+    }
+    for u in &rig.upstreams {
+        for req in u.requests() {
+            assert_eq!(req.header(DESTINATION_HEADER), Some(u.addr().to_string().as_str()), "{req:?}");
+            assert_eq!(req.header(ORIGINAL_DST_HEADER), None, "{req:?}");
+        }
+    }
+    // Nothing reached the filter to strip.
+    assert_eq!(rig.envoy.stats().await.expect("stats").filter("spoofed_header_removed"), 0);
 }
 
 /// The threat the filter closes: without it, Envoy's override_host policy obeys a client-sent header.

@@ -17,7 +17,8 @@ pub mod render;
 pub mod routing;
 
 /// Test helpers: object builders and an in-memory API client (`kube-fake-client`) that knows every
-/// type the controller reads or writes. Compiled for unit tests and for integration tests in `tests/`.
+/// type the controller reads or writes. Compiled for the crate's unit tests only.
+#[cfg(test)]
 pub mod fixtures;
 
 pub use error::{Error, Result};

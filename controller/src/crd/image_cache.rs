@@ -44,11 +44,12 @@ pub mod phase {
 }
 
 /// An image to keep pulled.
-#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
 #[kube(
     group = "warmpath.dev",
     version = "v1alpha1",
     kind = "ImageCache",
+    derive = "Default",
     namespaced,
     status = "ImageCacheStatus",
     shortname = "ic",

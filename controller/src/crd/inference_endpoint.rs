@@ -35,11 +35,12 @@ pub mod phase {
 }
 
 /// A model served by a Deployment, with cache warming and routing.
-#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
 #[kube(
     group = "warmpath.dev",
     version = "v1alpha1",
     kind = "InferenceEndpoint",
+    derive = "Default",
     namespaced,
     status = "InferenceEndpointStatus",
     shortname = "ie",

@@ -43,11 +43,12 @@ pub mod phase {
 }
 
 /// Model weights to keep on the target nodes.
-#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 #[kube(
     group = "warmpath.dev",
     version = "v1alpha1",
     kind = "ModelCache",
+    derive = "Default",
     namespaced,
     status = "ModelCacheStatus",
     shortname = "mc",

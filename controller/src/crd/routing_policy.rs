@@ -33,6 +33,7 @@ pub const INFERENCE_POOL_GROUP: &str = "inference.networking.k8s.io";
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[kube(cel)]
+#[kube(derive = "Default")]
 #[x_kube(
     validation = Rule::new("!has(self.prefixLength) || self.strategy == 'PREFIX_AWARE'").message("prefixLength applies only to strategy PREFIX_AWARE"),
     validation = Rule::new("!has(self.blockSize) || self.strategy == 'PREFIX_AWARE'").message("blockSize applies only to strategy PREFIX_AWARE"),
@@ -95,6 +96,23 @@ pub struct InferenceRoutingPolicySpec {
     /// How the controller reads each model server's load for the feed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub load: Option<LoadSource>,
+}
+
+impl Default for InferenceRoutingPolicySpec {
+    fn default() -> Self {
+        Self {
+            target_refs: vec![],
+            strategy: default_strategy(),
+            prefix_length: None,
+            block_size: None,
+            concurrency_threshold: None,
+            load_factor: None,
+            tenant_header: None,
+            failure_mode: FailureMode::FailOpen,
+            backend: None,
+            load: None,
+        }
+    }
 }
 
 fn default_strategy() -> String {

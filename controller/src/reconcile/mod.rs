@@ -4,6 +4,7 @@
 //! - [`route_annotations`]: the HTTPRoute annotation shortcut.
 //! - [`program`]: the pipeline both share (resolve refs, render, apply, sweep).
 //! - [`feed_loop`]: keeps every registered feed's snapshot fresh.
+//! - [`inference_endpoint`], [`model_cache`], [`image_cache`]: cache warming (weights on node-local disk, image pre-pull).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -17,6 +18,11 @@ use crate::metrics::Metrics;
 use crate::render::{ControllerEndpoint, Provider, ResolvedBackend, WasmModule};
 
 pub mod feed_loop;
+pub mod finalizers;
+// Cache warming (issue 6): InferenceEndpoint, ModelCache, ImageCache reconcilers.
+pub mod image_cache;
+pub mod inference_endpoint;
+pub mod model_cache;
 pub mod program;
 pub mod route_annotations;
 pub mod routing_policy;
@@ -93,3 +99,6 @@ impl Default for ControllerConfig {
         }
     }
 }
+
+#[cfg(test)]
+mod routing_tests;

@@ -184,7 +184,11 @@ async fn provider_of(ctx: &Context, gw: &GatewayRef) -> Result<std::result::Resu
         return Ok(Err(format!("Gateway {}/{} not found", gw.namespace, gw.name)));
     };
     let class = &gateway.spec.gateway_class_name;
-    let Some(gc) = Api::<GatewayClass>::all(ctx.client.clone()).get_opt(class).await? else {
+    // A field-selected list rather than a get: same result on an API server, and the in-memory
+    // test client (kube-fake-client 0.3) registers every typed resource as namespaced, so a
+    // cluster-scoped get misses there.
+    let lp = ListParams::default().fields(&format!("metadata.name={class}"));
+    let Some(gc) = Api::<GatewayClass>::all(ctx.client.clone()).list(&lp).await?.items.into_iter().next() else {
         return Ok(Err(format!("GatewayClass {class} not found")));
     };
     Ok(Provider::from_controller_name(&gc.spec.controller_name).ok_or_else(|| {

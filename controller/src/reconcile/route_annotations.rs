@@ -12,15 +12,13 @@ use std::time::Duration;
 
 use gateway_api::apis::standard::httproutes::HttpRoute;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::api::{Api, ListParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
-use kube::runtime::finalizer::{finalizer, Event as Finalizer};
 use kube::{Resource, ResourceExt};
-use serde_json::json;
 
 use super::routing_policy::{publish, winner};
-use super::{program, Context};
+use super::{finalizers, program, Context};
 use crate::crd::routing_policy::InferenceRoutingPolicy;
 use crate::render::Owner;
 use crate::routing::{feed_key, feed_path, RoutingIntent};
@@ -51,23 +49,18 @@ async fn reconcile_inner(route: Arc<HttpRoute>, ctx: &Context) -> Result<Action>
     let ns = route.namespace().ok_or(Error::MissingField("metadata.namespace"))?;
     let api: Api<HttpRoute> = Api::namespaced(ctx.client.clone(), &ns);
     let annotated = RoutingIntent::from_annotations(route.annotations()).is_some();
-    let ours = route.finalizers().iter().any(|f| f == FINALIZER);
-    if annotated {
-        return finalizer(&api, FINALIZER, route, |event| async {
-            match event {
-                Finalizer::Apply(r) => apply(&r, ctx).await,
-                Finalizer::Cleanup(r) => cleanup(&r, ctx).await,
-            }
-        })
-        .await
-        .map_err(|e| Error::Finalizer(Box::new(e)));
+    let ours = finalizers::has(&*route, FINALIZER);
+    if annotated && route.metadata.deletion_timestamp.is_none() {
+        let route = match finalizers::add(&api, &*route, FINALIZER).await? {
+            Some(updated) => updated,
+            None => (*route).clone(),
+        };
+        return apply(&route, ctx).await;
     }
     if ours {
-        // Annotation removed: delete what it created, then release the route.
+        // Annotation removed or route deleted: delete what it created, then release the route.
         cleanup(&route, ctx).await?;
-        let remaining: Vec<String> = route.finalizers().iter().filter(|f| *f != FINALIZER).cloned().collect();
-        let patch = json!({"metadata": {"finalizers": remaining, "resourceVersion": route.resource_version()}});
-        api.patch(&route.name_any(), &PatchParams::default(), &Patch::Merge(&patch)).await?;
+        finalizers::remove(&api, &*route, FINALIZER).await?;
     }
     Ok(Action::await_change())
 }

@@ -1,6 +1,6 @@
 //! Reconciler of `InferenceRoutingPolicy`: validate, resolve each targeted HTTPRoute, render,
 //! server-side apply, sweep what is no longer wanted, register the feed, write status and events.
-//! A finalizer removes everything the policy created, including objects in Gateway namespaces
+//! A finalizer (see [`super::finalizers`]) removes everything the policy created, including objects in Gateway namespaces
 //! that owner references cannot cover.
 
 use std::collections::BTreeSet;
@@ -11,11 +11,11 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType};
-use kube::runtime::finalizer::{finalizer, Event as Finalizer};
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 
 use super::program::{self, ancestor, route_ref};
+use super::finalizers;
 use super::{Context, FeedSource};
 use crate::conditions::reason;
 use crate::crd::routing_policy::{InferenceRoutingPolicy, InferenceRoutingPolicyStatus, PolicyAncestorStatus};
@@ -32,14 +32,21 @@ pub const CONTROLLER: &str = "routing-policy";
 pub async fn reconcile(policy: Arc<InferenceRoutingPolicy>, ctx: Arc<Context>) -> Result<Action> {
     let ns = policy.namespace().ok_or(Error::MissingField("metadata.namespace"))?;
     let api: Api<InferenceRoutingPolicy> = Api::namespaced(ctx.client.clone(), &ns);
-    let res = finalizer(&api, FINALIZER, policy, |event| async {
-        match event {
-            Finalizer::Apply(p) => apply(&p, &ctx).await,
-            Finalizer::Cleanup(p) => cleanup(&p, &ctx).await,
+    let res = async {
+        if policy.metadata.deletion_timestamp.is_some() {
+            if finalizers::has(&*policy, FINALIZER) {
+                cleanup(&policy, &ctx).await?;
+                finalizers::remove(&api, &*policy, FINALIZER).await?;
+            }
+            return Ok(Action::await_change());
         }
-    })
-    .await
-    .map_err(|e| Error::Finalizer(Box::new(e)));
+        let policy = match finalizers::add(&api, &*policy, FINALIZER).await? {
+            Some(updated) => updated,
+            None => (*policy).clone(),
+        };
+        apply(&policy, &ctx).await
+    }
+    .await;
     match &res {
         Ok(_) => ctx.metrics.reconcile_ok(CONTROLLER),
         Err(e) => ctx.metrics.reconcile_error(CONTROLLER, e),

@@ -1,0 +1,250 @@
+//! Reconciler tests against the in-memory API client: creation, strategy switch, restart without
+//! duplicates, deletion removing exactly what was created, conflicts, bad input, annotations.
+
+use std::sync::Arc;
+
+use gateway_api::apis::standard::httproutes::HttpRoute;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::core::DynamicObject;
+use kube::ResourceExt;
+use serde_json::json;
+
+use super::{route_annotations, routing_policy, Context};
+use crate::conditions;
+use crate::crd::routing_policy::InferenceRoutingPolicy;
+use crate::fixtures::{self, *};
+
+const NS: &str = "llm";
+const GW_NS: &str = "gateways";
+
+fn base(controller: &str) -> Vec<serde_json::Value> {
+    vec![
+        gateway_class("eg", controller),
+        gateway(GW_NS, "inference-gw", "eg"),
+        service(NS, "vllm", 8000),
+        endpoint_slice(NS, "vllm", 8000, &["10.0.0.1", "10.0.0.2"]),
+    ]
+}
+
+async fn setup(controller: &str, route_annotations: serde_json::Value) -> (kube::Client, Context) {
+    let client = fixtures::client(base(controller)).await;
+    let _: HttpRoute = create(&client, NS, http_route(NS, "chat", GW_NS, "inference-gw", "vllm", 8000, route_annotations)).await;
+    let ctx = fixtures::context(client.clone());
+    (client, ctx)
+}
+
+async fn get_policy(client: &kube::Client, name: &str) -> Arc<InferenceRoutingPolicy> {
+    Arc::new(Api::<InferenceRoutingPolicy>::namespaced(client.clone(), NS).get(name).await.unwrap())
+}
+
+/// Runs the reconciler until it settles (the first pass only adds the finalizer).
+async fn reconcile_policy(client: &kube::Client, ctx: &Context, name: &str) {
+    for _ in 0..2 {
+        let p = get_policy(client, name).await;
+        routing_policy::reconcile(p, Arc::new(ctx.clone())).await.unwrap();
+    }
+}
+
+fn condition<'a>(p: &'a InferenceRoutingPolicy, type_: &str) -> &'a k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+    let st = p.status.as_ref().expect("status written");
+    conditions::find(&st.ancestors[0].conditions, type_).expect("condition present")
+}
+
+fn plugin_strategy(eep: &DynamicObject) -> String {
+    eep.data["spec"]["wasm"][0]["config"]["strategy"].as_str().unwrap().to_string()
+}
+
+#[tokio::test]
+async fn envoy_gateway_create_switch_restart_delete() {
+    let (client, ctx) = setup(EG_CONTROLLER, json!({})).await;
+    // An unrelated, user-owned object of a kind we also write: must survive everything below.
+    let foreign = json!({"apiVersion": "gateway.envoyproxy.io/v1alpha1", "kind": "EnvoyExtensionPolicy",
+        "metadata": {"name": "users-own", "namespace": NS}, "spec": {"targetRefs": []}});
+    let ar = crate::foreign::envoy_extension_policy();
+    Api::<DynamicObject>::namespaced_with(client.clone(), NS, &ar)
+        .create(&PostParams::default(), &serde_json::from_value(foreign).unwrap())
+        .await
+        .unwrap();
+    let _: InferenceRoutingPolicy = create(&client, NS, policy(NS, "chat-routing", "chat", json!({"strategy": "PREFIX_AWARE", "prefixLength": 4096}))).await;
+
+    reconcile_policy(&client, &ctx, "chat-routing").await;
+    let objs = owned_objects(&client).await;
+    let want = vec![
+        ("BackendTrafficPolicy".to_string(), NS.to_string(), "warmpath-chat".to_string()),
+        ("EnvoyExtensionPolicy".to_string(), NS.to_string(), "users-own".to_string()),
+        ("EnvoyExtensionPolicy".to_string(), NS.to_string(), "warmpath-chat".to_string()),
+        ("EnvoyPatchPolicy".to_string(), GW_NS.to_string(), "warmpath-feed-llm-chat-routing".to_string()),
+    ];
+    assert_eq!(objs, want);
+    let eep = get_owned(&client, "EnvoyExtensionPolicy", NS, "warmpath-chat").await.unwrap();
+    assert_eq!(plugin_strategy(&eep), "PREFIX_AWARE");
+    assert_eq!(eep.data["spec"]["wasm"][0]["config"]["prefix_length"], 4096);
+    assert_eq!(eep.data["spec"]["wasm"][0]["failOpen"], true);
+    assert_eq!(eep.data["spec"]["wasm"][0]["code"]["sha256"].as_str().unwrap().len(), 64);
+    let owner_refs = eep.metadata.owner_references.clone().unwrap();
+    assert_eq!((owner_refs[0].kind.as_str(), owner_refs[0].name.as_str()), ("InferenceRoutingPolicy", "chat-routing"));
+    let epp = get_owned(&client, "EnvoyPatchPolicy", GW_NS, "warmpath-feed-llm-chat-routing").await.unwrap();
+    assert!(epp.metadata.owner_references.is_none(), "no cross-namespace owner reference");
+    let btp = get_owned(&client, "BackendTrafficPolicy", NS, "warmpath-chat").await.unwrap();
+    assert_eq!(btp.data["spec"]["loadBalancer"]["endpointOverride"]["extractFrom"][0]["header"], "x-gateway-destination-endpoint");
+
+    let p = get_policy(&client, "chat-routing").await;
+    assert!(p.finalizers().contains(&routing_policy::FINALIZER.to_string()));
+    assert_eq!(condition(&p, conditions::ACCEPTED).status, "True");
+    assert_eq!(condition(&p, conditions::RESOLVED_REFS).status, "True");
+    assert_eq!(condition(&p, conditions::PROGRAMMED).status, "True");
+    let st = p.status.clone().unwrap();
+    assert_eq!(st.ancestors[0].ancestor_ref.name, "inference-gw");
+    assert_eq!(st.feed_path.as_deref(), Some("/v1/feed/policy/llm/chat-routing"));
+    assert!(ctx.feed_sources.lock().unwrap().contains_key("policy/llm/chat-routing"));
+    let first_transition = condition(&p, conditions::ACCEPTED).last_transition_time.clone();
+
+    // Strategy switch: same objects, new configuration, nothing else redeployed.
+    Api::<InferenceRoutingPolicy>::namespaced(client.clone(), NS)
+        .patch("chat-routing", &PatchParams::default(), &Patch::Merge(json!({"spec": {"strategy": "LEAST_OUTSTANDING_REQUESTS", "prefixLength": null}})))
+        .await
+        .unwrap();
+    reconcile_policy(&client, &ctx, "chat-routing").await;
+    assert_eq!(owned_objects(&client).await, want);
+    let eep = get_owned(&client, "EnvoyExtensionPolicy", NS, "warmpath-chat").await.unwrap();
+    assert_eq!(plugin_strategy(&eep), "LEAST_OUTSTANDING_REQUESTS");
+    let p = get_policy(&client, "chat-routing").await;
+    assert_eq!(condition(&p, conditions::ACCEPTED).last_transition_time, first_transition, "unchanged status keeps its transition time");
+
+    // Restart: a fresh controller (new context, same API state) creates no duplicates.
+    let ctx2 = fixtures::context(client.clone());
+    reconcile_policy(&client, &ctx2, "chat-routing").await;
+    assert_eq!(owned_objects(&client).await, want);
+
+    // Deletion: the finalizer removes exactly what was created (also across namespaces).
+    let p = as_deleted((*get_policy(&client, "chat-routing").await).clone());
+    routing_policy::reconcile(Arc::new(p), Arc::new(ctx2.clone())).await.unwrap();
+    assert_eq!(owned_objects(&client).await, vec![("EnvoyExtensionPolicy".to_string(), NS.to_string(), "users-own".to_string())]);
+    let p = get_policy(&client, "chat-routing").await;
+    assert!(!p.finalizers().contains(&routing_policy::FINALIZER.to_string()), "finalizer released");
+    assert!(!ctx2.feed_sources.lock().unwrap().contains_key("policy/llm/chat-routing"));
+}
+
+#[tokio::test]
+async fn istio_provider_is_detected_from_the_gateway_class() {
+    let (client, ctx) = setup(ISTIO_CONTROLLER, json!({})).await;
+    let _: InferenceRoutingPolicy = create(&client, NS, policy(NS, "chat-routing", "chat", json!({"failureMode": "FailClosed"}))).await;
+    reconcile_policy(&client, &ctx, "chat-routing").await;
+    let objs = owned_objects(&client).await;
+    assert_eq!(
+        objs,
+        vec![
+            ("EnvoyFilter".to_string(), GW_NS.to_string(), "warmpath-llm-chat".to_string()),
+            ("WasmPlugin".to_string(), GW_NS.to_string(), "warmpath-llm-chat".to_string()),
+        ]
+    );
+    let wp = get_owned(&client, "WasmPlugin", GW_NS, "warmpath-llm-chat").await.unwrap();
+    assert_eq!(wp.data["spec"]["failStrategy"], "FAIL_CLOSE");
+    assert_eq!(wp.data["spec"]["targetRefs"][0]["kind"], "Gateway");
+    assert_eq!(wp.data["spec"]["pluginConfig"]["feed"]["cluster"], "outbound|8080||warmpath-controller.warmpath-system.svc.cluster.local");
+    let ef = get_owned(&client, "EnvoyFilter", GW_NS, "warmpath-llm-chat").await.unwrap();
+    assert_eq!(ef.data["spec"]["configPatches"][0]["match"]["cluster"]["service"], "vllm.llm.svc.cluster.local");
+    let p = get_policy(&client, "chat-routing").await;
+    assert_eq!(condition(&p, conditions::PROGRAMMED).status, "True");
+}
+
+/// Bad input → a condition with a reason; no panic; nothing created.
+#[tokio::test]
+async fn bad_input_is_reported_and_touches_nothing() {
+    let cases = [
+        ("unknown-strategy", json!({"strategy": "ROUND_ROBIN"}), "chat", conditions::ACCEPTED, "Invalid", "ROUND_ROBIN"),
+        ("prefix-too-short", json!({"prefixLength": 10}), "chat", conditions::ACCEPTED, "Invalid", "1024..=65536"),
+        ("threshold-too-big", json!({"concurrencyThreshold": 5000}), "chat", conditions::ACCEPTED, "Invalid", "concurrencyThreshold"),
+        ("missing-backend", json!({"backend": {"service": {"name": "nope", "port": 8000}}}), "chat", conditions::RESOLVED_REFS, "BackendNotFound", "nope"),
+        ("missing-route", json!({}), "ghost", conditions::ACCEPTED, "TargetNotFound", "ghost"),
+    ];
+    for (name, extra, route, cond, reason, needle) in cases {
+        let (client, ctx) = setup(EG_CONTROLLER, json!({})).await;
+        // Raw JSON through the dynamic API: the in-memory server has no schema validation, so this
+        // is what an object that slipped past the CRD schema looks like to the controller.
+        let ar = kube::core::ApiResource::erase::<InferenceRoutingPolicy>(&());
+        Api::<DynamicObject>::namespaced_with(client.clone(), NS, &ar)
+            .create(&PostParams::default(), &serde_json::from_value(policy(NS, name, route, extra)).unwrap())
+            .await
+            .unwrap();
+        reconcile_policy(&client, &ctx, name).await;
+        let p = get_policy(&client, name).await;
+        let c = condition(&p, cond);
+        assert_eq!((c.status.as_str(), c.reason.as_str()), ("False", reason), "{name}: {c:?}");
+        assert!(c.message.contains(needle), "{name}: {}", c.message);
+        assert_eq!(condition(&p, conditions::PROGRAMMED).status, "False", "{name}");
+        assert!(owned_objects(&client).await.is_empty(), "{name}: nothing created");
+    }
+}
+
+#[tokio::test]
+async fn second_policy_on_the_same_route_is_conflicted() {
+    let (client, ctx) = setup(EG_CONTROLLER, json!({})).await;
+    let _: InferenceRoutingPolicy = create(&client, NS, policy(NS, "a-first", "chat", json!({}))).await;
+    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    let _: InferenceRoutingPolicy = create(&client, NS, policy(NS, "b-second", "chat", json!({"strategy": "RANDOM"}))).await;
+    reconcile_policy(&client, &ctx, "a-first").await;
+    reconcile_policy(&client, &ctx, "b-second").await;
+    let b = get_policy(&client, "b-second").await;
+    let c = condition(&b, conditions::ACCEPTED);
+    assert_eq!((c.status.as_str(), c.reason.as_str()), ("False", "Conflicted"));
+    assert!(c.message.contains("a-first"));
+    let eep = get_owned(&client, "EnvoyExtensionPolicy", NS, "warmpath-chat").await.unwrap();
+    assert_eq!(plugin_strategy(&eep), "PREFIX_AWARE", "the older policy's configuration stays");
+}
+
+async fn reconcile_route(client: &kube::Client, ctx: &Context) {
+    for _ in 0..2 {
+        let r = Arc::new(Api::<HttpRoute>::namespaced(client.clone(), NS).get("chat").await.unwrap());
+        route_annotations::reconcile(r, Arc::new(ctx.clone())).await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn annotations_program_the_route_and_removal_cleans_up() {
+    let ann = json!({"warmpath.dev/routing-strategy": "prefix-aware", "warmpath.dev/prefix-length": "2048", "warmpath.dev/concurrency-threshold": "12"});
+    let (client, ctx) = setup(EG_CONTROLLER, ann).await;
+    reconcile_route(&client, &ctx).await;
+    let objs = owned_objects(&client).await;
+    assert_eq!(objs.len(), 3, "{objs:?}");
+    let eep = get_owned(&client, "EnvoyExtensionPolicy", NS, "warmpath-chat").await.unwrap();
+    assert_eq!(eep.data["spec"]["wasm"][0]["config"]["prefix_length"], 2048);
+    assert_eq!(eep.data["spec"]["wasm"][0]["config"]["concurrency_threshold"], 12);
+    assert_eq!(eep.metadata.owner_references.as_ref().unwrap()[0].kind, "HTTPRoute");
+    let route = Api::<HttpRoute>::namespaced(client.clone(), NS).get("chat").await.unwrap();
+    assert!(route.finalizers().contains(&route_annotations::FINALIZER.to_string()));
+
+    // Precedence: a policy on the route takes over; annotation-owned objects go away.
+    let _: InferenceRoutingPolicy = create(&client, NS, policy(NS, "explicit", "chat", json!({"strategy": "RANDOM"}))).await;
+    reconcile_route(&client, &ctx).await;
+    assert!(owned_objects(&client).await.is_empty());
+    reconcile_policy(&client, &ctx, "explicit").await;
+    let eep = get_owned(&client, "EnvoyExtensionPolicy", NS, "warmpath-chat").await.unwrap();
+    assert_eq!(plugin_strategy(&eep), "RANDOM");
+    assert_eq!(eep.metadata.owner_references.as_ref().unwrap()[0].kind, "InferenceRoutingPolicy");
+
+    // Policy gone: the annotations apply again.
+    let p = as_deleted((*get_policy(&client, "explicit").await).clone());
+    routing_policy::reconcile(Arc::new(p), Arc::new(ctx.clone())).await.unwrap();
+    Api::<InferenceRoutingPolicy>::namespaced(client.clone(), NS).delete("explicit", &Default::default()).await.unwrap();
+    reconcile_route(&client, &ctx).await;
+    let eep = get_owned(&client, "EnvoyExtensionPolicy", NS, "warmpath-chat").await.unwrap();
+    assert_eq!(plugin_strategy(&eep), "PREFIX_AWARE");
+
+    // Annotation removed: exactly the annotation's objects go, and the finalizer is released.
+    Api::<HttpRoute>::namespaced(client.clone(), NS)
+        .patch("chat", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"annotations": {"warmpath.dev/routing-strategy": null}}})))
+        .await
+        .unwrap();
+    reconcile_route(&client, &ctx).await;
+    assert!(owned_objects(&client).await.is_empty());
+    let route = Api::<HttpRoute>::namespaced(client.clone(), NS).get("chat").await.unwrap();
+    assert!(!route.finalizers().contains(&route_annotations::FINALIZER.to_string()));
+}
+
+#[tokio::test]
+async fn invalid_annotation_changes_nothing() {
+    let (client, ctx) = setup(EG_CONTROLLER, json!({"warmpath.dev/routing-strategy": "fastest"})).await;
+    reconcile_route(&client, &ctx).await;
+    assert!(owned_objects(&client).await.is_empty());
+}

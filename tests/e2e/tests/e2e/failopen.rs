@@ -56,3 +56,44 @@ async fn raw_and_completion_bodies_are_routed_by_key() {
     assert_eq!(c.upstream, d.upstream);
     assert_ne!(c.reason(), "fail_open", "raw bodies are keyed by their bytes");
 }
+
+/// Default `max_body_bytes` (1 MiB) under a larger listener buffer (4 MiB in the harness): a 1.5 MiB body is
+/// served whole and unparsed — the filter stops buffering once it is over its limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn body_over_max_body_bytes_is_served_unparsed() {
+    let rig = Rig::start(3, json!({})).await;
+    let big = json!({"model": "m", "messages": [{"role": "user", "content": "y".repeat(1536 << 10)}]}).to_string();
+    for _ in 0..3 {
+        let r = rig.post("/v1/chat/completions", big.clone().into_bytes(), &[]).await;
+        assert_eq!((r.status, r.reason()), (200, "fail_open"), "{r:?}");
+    }
+    let s = rig.stats_until(|s| s.filter("fail_open.body_too_large") >= 3).await;
+    assert_eq!(s.filter("fail_open.body_too_large"), 3);
+    let sizes: Vec<usize> = rig.upstreams.iter().flat_map(|u| u.requests()).map(|r| r.body_len).collect();
+    assert_eq!(sizes, vec![big.len(); 3], "bodies arrive whole");
+}
+
+/// Envoy itself refuses bodies it cannot buffer (413, here from about 2 MiB on); the filter must not change which
+/// bodies are served: a body gets 200 with the filter exactly when it gets 200 without it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn filter_keeps_envoys_body_limit_behaviour() {
+    let upstreams = warmpath_e2e::Upstream::start_many(3).await.expect("upstreams");
+    let with = Rig::config(&upstreams, json!({}));
+    let mut without = with.clone();
+    without.wasm = None;
+    let with = warmpath_e2e::EnvoyProcess::start(with, crate::common::CONCURRENCY).await.expect("envoy");
+    let without = warmpath_e2e::EnvoyProcess::start(without, crate::common::CONCURRENCY).await.expect("envoy");
+    let client = reqwest::Client::new();
+    for size in [4 << 10, 512 << 10, 1536 << 10, 3 << 20] {
+        let body = json!({"model": "m", "messages": [{"role": "user", "content": "z".repeat(size)}]}).to_string();
+        let mut statuses = Vec::new();
+        for envoy in [&with, &without] {
+            let r = client.post(format!("{}/v1/chat/completions", envoy.url())).body(body.clone()).send().await.expect("request");
+            statuses.push(r.status().as_u16());
+        }
+        assert_eq!(statuses[0] == 200, statuses[1] == 200, "body of {size} bytes: with filter {}, without {}", statuses[0], statuses[1]);
+        if size <= 1536 << 10 {
+            assert_eq!(statuses[0], 200);
+        }
+    }
+}

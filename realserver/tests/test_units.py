@@ -111,3 +111,18 @@ def test_cannot_run_classification():
     assert _cannot_run(1, "error while loading shared libraries: libfoo.so")
     assert not _cannot_run(1, "error: failed to load model")
     assert not _cannot_run(-signal.SIGTERM, "")
+
+
+def test_common_subset_compares_identical_requests():
+    from warmpath_real.client import ChatResult
+    from warmpath_real.compare import RequestRecord, StrategyRun, common_subset
+
+    def rec(conv, turn, ttft, cache_n, error=None):
+        return RequestRecord(conv, turn, 0, ChatResult(ttft_ms=ttft, cache_n=cache_n, prompt_n=10, error=error))
+
+    a = StrategyRun("A", "RANDOM", {}, ["s1"], records=[rec(0, 0, 100.0, 0), rec(1, 0, 50.0, 5), rec(0, 1, 10.0, 9)])
+    b = StrategyRun("B", "PREFIX_AWARE", {}, ["s1"], records=[rec(0, 0, 80.0, 0), rec(1, 0, 40.0, 7, error="x")],
+                    skipped=1)
+    rows = common_subset([a, b])
+    assert [r["requests"] for r in rows] == [1, 1], "only (0, 0) completed in both"
+    assert rows[0]["ttft_p50_ms"] == 100.0 and rows[1]["ttft_p50_ms"] == 80.0

@@ -178,6 +178,38 @@ def summarize(run: StrategyRun) -> dict:
     }
 
 
+def common_subset(runs: list[StrategyRun]) -> list[dict]:
+    """TTFT and cache numbers over only the requests (conversation, turn) that every run completed, so runs cut
+    short by the time limit are still compared on identical requests."""
+    keys = None
+    for run in runs:
+        done = {(r.conv, r.turn) for r in run.records if r.result.error is None}
+        keys = done if keys is None else keys & done
+    rows = []
+    for run in runs:
+        res = [r.result for r in run.records if (r.conv, r.turn) in (keys or set()) and r.result.error is None]
+        ttft = [r.ttft_ms for r in res if r.ttft_ms is not None]
+        cache_n = [r.cache_n or 0 for r in res]
+        prompt_total = sum((r.cache_n or 0) + (r.prompt_n or 0) for r in res)
+        rows.append({"label": run.label, "requests": len(res), "ttft_p50_ms": percentile(ttft, 50),
+                     "ttft_p90_ms": percentile(ttft, 90),
+                     "cached_tokens_per_request": statistics.fmean(cache_n) if cache_n else None,
+                     "cached_share": (sum(cache_n) / prompt_total) if prompt_total else None})
+    return rows
+
+
+def markdown_common(rows: list[dict]) -> str:
+    """A Markdown table of `common_subset` rows."""
+    def f(v, nd=0):
+        return "–" if v is None else f"{v:,.{nd}f}"
+    out = ["| strategy (requests every run completed) | requests | TTFT p50 ms | TTFT p90 ms | cached tokens / request | "
+           "cached share |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        out.append(f"| {r['label']} | {r['requests']} | {f(r['ttft_p50_ms'])} | {f(r['ttft_p90_ms'])} | "
+                   f"{f(r['cached_tokens_per_request'])} | {f(r['cached_share'], 2)} |")
+    return "\n".join(out)
+
+
 def markdown(rows: list[dict]) -> str:
     """A Markdown table of `summarize` rows."""
     def f(v, nd=0):
@@ -257,6 +289,8 @@ def main(argv: list[str] | None = None) -> int:
         return 3
     rows = [summarize(r) for r in runs]
     table = markdown(rows)
+    if any(r.skipped or r.errors() for r in runs):
+        table += "\n\n" + markdown_common(common_subset(runs))
     print(table)
     settings = (f"servers {args.servers} x llama-server -np {args.parallel} -c {args.ctx} --cache-ram {args.cache_ram} "
                 f"-t {args.threads}; model {spec.model.name}; workload {asdict(workload)}; "
@@ -267,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
             fh.write(table + "\n\n" + settings + "\n")
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump({"settings": settings, "summary": rows,
+            json.dump({"settings": settings, "summary": rows, "common_subset": common_subset(runs),
                        "runs": [{"label": r.label, "plugin": r.plugin, "servers": r.servers,
                                  "filter_stats": r.filter_stats,
                                  "records": [{"conv": x.conv, "turn": x.turn, "prefix": x.prefix,

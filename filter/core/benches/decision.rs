@@ -76,6 +76,16 @@ fn benches(c: &mut Criterion) {
                 black_box(r.route_key(&k, i as u64, 0, &loads))
             })
         });
+        // Same stream through LEAST_OUTSTANDING_REQUESTS: extraction plus a trivial pick, so the difference to
+        // `decision` is the cost of hashing, the index lookups and the index update.
+        let mut lor = Router::new(Settings { strategy: warmpath_core::Strategy::LeastOutstandingRequests, ..s.clone() });
+        g.bench_function(BenchmarkId::new("decision_least_outstanding", &label), |bench| {
+            bench.iter(|| {
+                i = (i + 1) % others.len();
+                let k = extract_key(CHAT, black_box(&others[i]), None, s.prefix_length).unwrap();
+                black_box(lor.route_key(&k, i as u64, 0, &loads))
+            })
+        });
         g.finish();
     }
 }

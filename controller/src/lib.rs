@@ -11,10 +11,12 @@ pub mod crd;
 pub mod error;
 pub mod feed;
 pub mod metrics;
+pub mod offline;
 pub mod foreign;
 pub mod reconcile;
 pub mod render;
 pub mod routing;
+pub mod run;
 
 /// Test helpers: object builders and an in-memory API client (`kube-fake-client`) that knows every
 /// type the controller reads or writes. Compiled for the crate's unit tests only.

@@ -1,10 +1,16 @@
 //! `warmpath-controller` command line: `run` (the controller), `render -f FILE...` (print offline
 //! what would be created), `crdgen` (write the CRDs into the Helm chart), `feed` (a standalone
-//! endpoint/load feed server).
+//! endpoint/load feed server, for local end-to-end tests without a cluster).
 
+use std::io::Write;
+use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::{Parser, Subcommand};
+use warmpath_controller::feed::{scrape, server, store::FeedStore, FeedEndpoint, FeedSnapshot};
+use warmpath_controller::reconcile::ControllerConfig;
+use warmpath_controller::render::{ControllerEndpoint, Provider, WasmModule};
 
 #[derive(Parser)]
 #[command(name = "warmpath-controller", version, about = "warmpath Kubernetes controller")]
@@ -13,15 +19,52 @@ struct Cli {
     cmd: Cmd,
 }
 
+#[derive(clap::Args, Clone)]
+struct Common {
+    /// Data-plane provider: auto (from each GatewayClass's controllerName), envoy-gateway, istio.
+    #[arg(long, env = "WARMPATH_PROVIDER", default_value = "auto")]
+    provider: String,
+    /// Service through which gateways reach the controller (wasm module and feed).
+    #[arg(long, env = "WARMPATH_SERVICE", default_value = "warmpath-controller")]
+    service: String,
+    /// Namespace of that Service (in a pod: the downward-API POD_NAMESPACE).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "warmpath-system")]
+    namespace: String,
+    /// Service port of the controller's HTTP server.
+    #[arg(long, env = "WARMPATH_SERVICE_PORT", default_value_t = 8080)]
+    service_port: u16,
+}
+
 #[derive(Subcommand)]
 enum Cmd {
     /// Run the controller against the cluster of the current kubeconfig / service account.
-    Run,
+    Run {
+        #[command(flatten)]
+        common: Common,
+        /// The wasm filter module to serve to gateways.
+        #[arg(long, env = "WARMPATH_WASM_FILE", default_value = "/opt/warmpath/warmpath_filter.wasm")]
+        wasm_file: PathBuf,
+        /// Listen address of the HTTP server (wasm module, feed, health).
+        #[arg(long, env = "WARMPATH_HTTP_ADDR", default_value = "0.0.0.0:8080")]
+        http_addr: SocketAddr,
+        /// Listen address of the metrics server.
+        #[arg(long, env = "WARMPATH_METRICS_ADDR", default_value = "0.0.0.0:9090")]
+        metrics_addr: SocketAddr,
+    },
     /// Print every object the controller would create for the given manifests (YAML, offline).
+    /// Policy conditions go to stderr.
     Render {
-        /// Manifest files (multi-document YAML): policies, HTTPRoutes, Gateways, Services, ...
+        /// Manifest files (multi-document YAML): policies, HTTPRoutes, Gateways, GatewayClasses, Services, ...
         #[arg(short = 'f', long = "filename", required = true)]
         files: Vec<PathBuf>,
+        #[command(flatten)]
+        common: Common,
+        /// The wasm module whose sha256 is rendered (default: the release build in target/).
+        #[arg(long, conflicts_with = "wasm_sha256")]
+        wasm_file: Option<PathBuf>,
+        /// The sha256 (64 hex) to render instead of hashing a file.
+        #[arg(long)]
+        wasm_sha256: Option<String>,
     },
     /// Write the CRDs generated from the Rust types (one file per CRD) into DIR.
     Crdgen {
@@ -29,13 +72,52 @@ enum Cmd {
         #[arg(long, default_value = "charts/warmpath/crds")]
         out: String,
     },
+    /// Serve a feed without a cluster: from explicit endpoints (their metrics are scraped) or a
+    /// JSON file (re-read every interval). Prints `listening on http://ADDR/v1/feed/KEY`.
+    Feed {
+        /// Listen address (port 0: any free port).
+        #[arg(long, default_value = "127.0.0.1:0")]
+        listen: SocketAddr,
+        /// Feed key: `policy/<namespace>/<name>` or `httproute/<namespace>/<name>`.
+        #[arg(long, default_value = "policy/default/local")]
+        key: String,
+        /// Endpoints `IP:port` (comma-separated); each is scraped at `--metrics-path`.
+        #[arg(long, value_delimiter = ',', conflicts_with = "file", required_unless_present = "file")]
+        endpoints: Vec<String>,
+        /// A feed document (`{"endpoints":[{"address":...,"load":{...}}]}`), re-read every interval.
+        #[arg(long)]
+        file: Option<PathBuf>,
+        /// Metrics path on each endpoint.
+        #[arg(long, default_value = "/metrics")]
+        metrics_path: String,
+        /// Refresh period in milliseconds.
+        #[arg(long, default_value_t = 1000)]
+        interval_ms: u64,
+    },
 }
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .with_writer(std::io::stderr)
+        .init();
+    let rt = tokio::runtime::Runtime::new()?;
     match cli.cmd {
         Cmd::Crdgen { out } => crdgen(&out),
-        Cmd::Run | Cmd::Render { .. } => anyhow::bail!("not implemented yet"),
+        Cmd::Run { common, wasm_file, http_addr, metrics_addr } => rt.block_on(warmpath_controller::run::run(warmpath_controller::run::RunArgs {
+            provider: common.provider,
+            wasm_file,
+            http_addr,
+            metrics_addr,
+            service: common.service,
+            namespace: common.namespace,
+            service_port: common.service_port,
+        })),
+        Cmd::Render { files, common, wasm_file, wasm_sha256 } => rt.block_on(render(files, common, wasm_file, wasm_sha256)),
+        Cmd::Feed { listen, key, endpoints, file, metrics_path, interval_ms } => {
+            rt.block_on(feed(listen, key, endpoints, file, metrics_path, interval_ms))
+        }
     }
 }
 
@@ -49,6 +131,90 @@ fn crdgen(out: &str) -> anyhow::Result<()> {
             std::fs::create_dir_all(out)?;
             std::fs::write(PathBuf::from(out).join(format!("{name}.yaml")), yaml)?;
         }
+    }
+    Ok(())
+}
+
+async fn render(files: Vec<PathBuf>, common: Common, wasm_file: Option<PathBuf>, wasm_sha256: Option<String>) -> anyhow::Result<()> {
+    let mut manifests = vec![];
+    for f in &files {
+        let text = std::fs::read_to_string(f).map_err(|e| anyhow::anyhow!("{}: {e}", f.display()))?;
+        manifests.extend(warmpath_controller::offline::parse_manifests(&text).map_err(|e| anyhow::anyhow!("{}: {e}", f.display()))?);
+    }
+    let (sha256, path) = match (wasm_sha256, wasm_file) {
+        (Some(s), _) => {
+            anyhow::ensure!(s.len() == 64 && s.bytes().all(|b| b.is_ascii_hexdigit()), "--wasm-sha256 must be 64 hex characters");
+            let s = s.to_ascii_lowercase();
+            let path = format!("/wasm/warmpath_filter-{}.wasm", &s[..16]);
+            (s, path)
+        }
+        (None, file) => {
+            let file = file.unwrap_or_else(|| PathBuf::from("target/wasm32-wasip1/release/warmpath_filter.wasm"));
+            let bytes = std::fs::read(&file).map_err(|e| anyhow::anyhow!("{}: {e} (build the filter, or pass --wasm-file / --wasm-sha256)", file.display()))?;
+            let blob = server::WasmBlob::new(bytes);
+            (blob.sha256.clone(), blob.path())
+        }
+    };
+    let controller = ControllerEndpoint { service: common.service, namespace: common.namespace, port: common.service_port };
+    let config = ControllerConfig {
+        provider: Provider::parse(&common.provider),
+        wasm: WasmModule { url: format!("http://{}:{}{}", controller.host(), controller.port, path), sha256 },
+        controller,
+    };
+    let out = warmpath_controller::offline::render(manifests, config).await.map_err(anyhow::Error::msg)?;
+    for line in &out.status {
+        eprintln!("{line}");
+    }
+    print!("{}", warmpath_controller::render::to_yaml_stream(&out.objects)?);
+    Ok(())
+}
+
+async fn feed(listen: SocketAddr, key: String, endpoints: Vec<String>, file: Option<PathBuf>, metrics_path: String, interval_ms: u64) -> anyhow::Result<()> {
+    let store = FeedStore::default();
+    let listener = tokio::net::TcpListener::bind(listen).await?;
+    let addr = listener.local_addr()?;
+    let targets: Vec<scrape::Target> = endpoints
+        .iter()
+        .map(|e| {
+            let a = warmpath_core::config::normalize_address(e).ok_or_else(|| anyhow::anyhow!("endpoint {e:?} is not IP:port"))?;
+            Ok(scrape::Target { address: a.clone(), metrics_address: a })
+        })
+        .collect::<anyhow::Result<_>>()?;
+    let http = reqwest::Client::new();
+    let refresh = |store: FeedStore| {
+        let (http, targets, file, metrics_path, key) = (http.clone(), targets.clone(), file.clone(), metrics_path.clone(), key.clone());
+        async move {
+            let eps: Result<Vec<FeedEndpoint>, String> = match &file {
+                Some(f) => std::fs::read(f)
+                    .map_err(|e| e.to_string())
+                    .and_then(|b| FeedSnapshot::from_json(&b).map_err(|e| e.to_string()))
+                    .map(|s| s.endpoints),
+                None => Ok(scrape::scrape_all(&http, &targets, &metrics_path).await.endpoints),
+            };
+            match eps {
+                Ok(eps) => {
+                    store.update(&key, eps);
+                }
+                Err(e) => tracing::warn!(error = %e, "feed source unreadable; keeping the last snapshot"),
+            }
+        }
+    };
+    refresh(store.clone()).await;
+    println!("listening on http://{addr}/v1/feed/{key}");
+    std::io::stdout().flush()?;
+    let app = server::router(store.clone(), None);
+    let srv = axum::serve(listener, app);
+    let mut tick = tokio::time::interval(Duration::from_millis(interval_ms.max(50)));
+    let poll = async {
+        loop {
+            tick.tick().await;
+            refresh(store.clone()).await;
+        }
+    };
+    tokio::select! {
+        r = srv => r?,
+        _ = poll => {}
+        _ = tokio::signal::ctrl_c() => {}
     }
     Ok(())
 }

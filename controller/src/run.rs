@@ -1,0 +1,105 @@
+//! `warmpath-controller run`: wires the reconcilers to watches, starts the HTTP servers (wasm +
+//! feed, metrics) and the feed loop. Add further controllers to [`run`]'s `join!`.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use futures::StreamExt;
+use gateway_api::apis::standard::gateways::Gateway;
+use gateway_api::apis::standard::httproutes::HttpRoute;
+use k8s_openapi::api::core::v1::Service;
+use kube::api::{Api, ListParams};
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::{watcher, Controller};
+use kube::{Client, ResourceExt};
+
+use crate::crd::routing_policy::InferenceRoutingPolicy;
+use crate::feed::server::{self, WasmBlob};
+use crate::reconcile::{feed_loop, route_annotations, routing_policy, Context, ControllerConfig};
+use crate::render::{ControllerEndpoint, Provider, WasmModule};
+
+/// Settings of `run` (command-line flags; the Helm chart fills them from values).
+#[derive(Clone, Debug)]
+pub struct RunArgs {
+    /// `auto`, `envoy-gateway` or `istio`.
+    pub provider: String,
+    /// The wasm filter module served to gateways.
+    pub wasm_file: PathBuf,
+    /// Address of the wasm/feed HTTP server.
+    pub http_addr: SocketAddr,
+    /// Address of the metrics server.
+    pub metrics_addr: SocketAddr,
+    /// Service name gateways use to reach the controller.
+    pub service: String,
+    /// Namespace of that Service.
+    pub namespace: String,
+    /// Port of that Service for the HTTP server.
+    pub service_port: u16,
+}
+
+/// Runs the controller until SIGTERM/SIGINT.
+///
+/// Errors: no cluster access, CRD missing (with an install hint), unreadable wasm module, or a
+/// listener that cannot bind.
+pub async fn run(args: RunArgs) -> anyhow::Result<()> {
+    let client = Client::try_default().await?;
+    if let Err(e) = Api::<InferenceRoutingPolicy>::all(client.clone()).list(&ListParams::default().limit(1)).await {
+        anyhow::bail!("cannot list InferenceRoutingPolicies ({e}); are the CRDs installed? `kubectl apply -f charts/warmpath/crds/` or install the Helm chart");
+    }
+    let bytes = std::fs::read(&args.wasm_file).map_err(|e| anyhow::anyhow!("reading wasm module {}: {e}", args.wasm_file.display()))?;
+    let blob = WasmBlob::new(bytes);
+    let controller = ControllerEndpoint { service: args.service.clone(), namespace: args.namespace.clone(), port: args.service_port };
+    let config = ControllerConfig {
+        provider: Provider::parse(&args.provider),
+        wasm: WasmModule { url: format!("http://{}:{}{}", controller.host(), controller.port, blob.path()), sha256: blob.sha256.clone() },
+        controller,
+    };
+    tracing::info!(wasm = %config.wasm.url, sha256 = %config.wasm.sha256, provider = ?config.provider, "starting");
+    let ctx = Context::new(client.clone(), config);
+
+    let http = tokio::net::TcpListener::bind(args.http_addr).await?;
+    let metrics = tokio::net::TcpListener::bind(args.metrics_addr).await?;
+    let http_srv = axum::serve(http, server::router(ctx.feeds.clone(), Some(blob)));
+    let metrics_srv = axum::serve(metrics, server::metrics_router(ctx.metrics.clone()));
+
+    let wc = watcher::Config::default();
+    let policy_ctl = Controller::new(Api::<InferenceRoutingPolicy>::all(client.clone()), wc.clone());
+    let store = policy_ctl.store();
+    let (s1, s2, s3) = (store.clone(), store.clone(), store);
+    let policies = policy_ctl
+        .watches(Api::<HttpRoute>::all(client.clone()), wc.clone(), move |route: HttpRoute| {
+            let (ns, name) = (route.namespace(), route.name_any());
+            s1.state()
+                .into_iter()
+                .filter(|p| p.namespace() == ns && p.spec.target_refs.iter().any(|t| t.name == name))
+                .map(|p| ObjectRef::from_obj(&*p))
+                .collect::<Vec<_>>()
+        })
+        .watches(Api::<Service>::all(client.clone()), wc.clone(), move |svc: Service| {
+            let ns = svc.namespace();
+            s2.state().into_iter().filter(|p| p.namespace() == ns).map(|p| ObjectRef::from_obj(&*p)).collect::<Vec<_>>()
+        })
+        .watches(Api::<Gateway>::all(client.clone()), wc.clone(), move |_gw: Gateway| {
+            s3.state().into_iter().map(|p| ObjectRef::from_obj(&*p)).collect::<Vec<_>>()
+        })
+        .shutdown_on_signal()
+        .run(routing_policy::reconcile, routing_policy::error_policy, Arc::new(ctx.clone()))
+        .for_each(|_| futures::future::ready(()));
+    let routes = Controller::new(Api::<HttpRoute>::all(client.clone()), wc.clone())
+        .watches(Api::<InferenceRoutingPolicy>::all(client.clone()), wc, |p: InferenceRoutingPolicy| {
+            let ns = p.namespace().unwrap_or_default();
+            p.spec.target_refs.iter().map(|t| ObjectRef::<HttpRoute>::new(&t.name).within(&ns)).collect::<Vec<_>>()
+        })
+        .shutdown_on_signal()
+        .run(route_annotations::reconcile, route_annotations::error_policy, Arc::new(ctx.clone()))
+        .for_each(|_| futures::future::ready(()));
+
+    tokio::select! {
+        _ = async { tokio::join!(policies, routes) } => {}
+        r = http_srv => r?,
+        r = metrics_srv => r?,
+        _ = feed_loop::run(ctx.clone()) => {}
+    }
+    Ok(())
+}

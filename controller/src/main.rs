@@ -65,6 +65,9 @@ enum Cmd {
         /// The sha256 (64 hex) to render instead of hashing a file.
         #[arg(long)]
         wasm_sha256: Option<String>,
+        /// Output format: yaml (a `---` stream) or json (one array).
+        #[arg(short = 'o', long, default_value = "yaml", value_parser = ["yaml", "json"])]
+        output: String,
     },
     /// Write the CRDs generated from the Rust types (one file per CRD) into DIR.
     Crdgen {
@@ -114,7 +117,7 @@ fn main() -> anyhow::Result<()> {
             namespace: common.namespace,
             service_port: common.service_port,
         })),
-        Cmd::Render { files, common, wasm_file, wasm_sha256 } => rt.block_on(render(files, common, wasm_file, wasm_sha256)),
+        Cmd::Render { files, common, wasm_file, wasm_sha256, output } => rt.block_on(render(files, common, wasm_file, wasm_sha256, &output)),
         Cmd::Feed { listen, key, endpoints, file, metrics_path, interval_ms } => {
             rt.block_on(feed(listen, key, endpoints, file, metrics_path, interval_ms))
         }
@@ -135,7 +138,7 @@ fn crdgen(out: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn render(files: Vec<PathBuf>, common: Common, wasm_file: Option<PathBuf>, wasm_sha256: Option<String>) -> anyhow::Result<()> {
+async fn render(files: Vec<PathBuf>, common: Common, wasm_file: Option<PathBuf>, wasm_sha256: Option<String>, output: &str) -> anyhow::Result<()> {
     let mut manifests = vec![];
     for f in &files {
         let text = std::fs::read_to_string(f).map_err(|e| anyhow::anyhow!("{}: {e}", f.display()))?;
@@ -165,7 +168,11 @@ async fn render(files: Vec<PathBuf>, common: Common, wasm_file: Option<PathBuf>,
     for line in &out.status {
         eprintln!("{line}");
     }
-    print!("{}", warmpath_controller::render::to_yaml_stream(&out.objects)?);
+    if output == "json" {
+        println!("{}", serde_json::to_string_pretty(&out.objects)?);
+    } else {
+        print!("{}", warmpath_controller::render::to_yaml_stream(&out.objects)?);
+    }
     Ok(())
 }
 

@@ -1,0 +1,102 @@
+//! Golden tests of `render -f`: every `testdata/render/<case>.yaml` is rendered through the real
+//! reconcilers (offline, in-memory API) and compared with `<case>.expected.yaml` (objects, then
+//! the policies' conditions as comments). Regenerate with `WARMPATH_BLESS=1 cargo test -p
+//! warmpath-controller --test render_golden` and review the diff.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use warmpath_controller::reconcile::ControllerConfig;
+use warmpath_controller::render::{ControllerEndpoint, WasmModule};
+
+/// sha256 of the bytes `warmpath` — a fixed stand-in so the goldens do not depend on a wasm build.
+const SHA: &str = "045fe3661531d607341bb5878db489d5cd8a55f65289da111fb3d42075e74101";
+
+fn cases() -> Vec<PathBuf> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/render");
+    let mut v: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml") && !p.to_string_lossy().ends_with(".expected.yaml"))
+        .collect();
+    v.sort();
+    assert!(v.len() >= 2, "test cases missing in {}", dir.display());
+    v
+}
+
+fn config() -> ControllerConfig {
+    let controller = ControllerEndpoint { service: "warmpath-controller".into(), namespace: "warmpath-system".into(), port: 8080 };
+    ControllerConfig {
+        provider: None,
+        wasm: WasmModule {
+            url: format!("http://{}:8080/wasm/warmpath_filter-{}.wasm", controller.host(), &SHA[..16]),
+            sha256: SHA.into(),
+        },
+        controller,
+    }
+}
+
+fn golden_text(objects: &str, status: &[String]) -> String {
+    let mut s = String::from(objects);
+    for l in status {
+        s.push_str(&format!("# {l}\n"));
+    }
+    s
+}
+
+#[tokio::test]
+async fn rendered_objects_match_the_goldens() {
+    for case in cases() {
+        let text = std::fs::read_to_string(&case).unwrap();
+        let manifests = warmpath_controller::offline::parse_manifests(&text).unwrap();
+        let out = warmpath_controller::offline::render(manifests, config()).await.unwrap();
+        assert!(!out.objects.is_empty(), "{}: nothing rendered", case.display());
+        let got = golden_text(&warmpath_controller::render::to_yaml_stream(&out.objects).unwrap(), &out.status);
+        let expected_path = case.with_extension("expected.yaml");
+        if std::env::var_os("WARMPATH_BLESS").is_some() {
+            std::fs::write(&expected_path, &got).unwrap();
+            continue;
+        }
+        let want = std::fs::read_to_string(&expected_path)
+            .unwrap_or_else(|_| panic!("{} missing: run with WARMPATH_BLESS=1", expected_path.display()));
+        assert_eq!(got, want, "{} differs from its golden", case.display());
+        // Every plugin configuration we render is one the filter accepts.
+        for o in &out.objects {
+            let cfg = o.data["spec"]["wasm"][0]["config"].clone();
+            let cfg = if cfg.is_null() { o.data["spec"]["pluginConfig"].clone() } else { cfg };
+            if !cfg.is_null() {
+                warmpath_core::Settings::from_json(cfg.to_string().as_bytes()).unwrap();
+            }
+        }
+    }
+}
+
+#[test]
+fn the_binary_prints_the_same_objects() {
+    let case = &cases()[0];
+    let out = Command::new(env!("CARGO_BIN_EXE_warmpath-controller"))
+        .args(["render", "-f"])
+        .arg(case)
+        .args(["--wasm-sha256", SHA])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    let status: Vec<String> = stderr.lines().filter(|l| l.starts_with("InferenceRoutingPolicy ")).map(String::from).collect();
+    let want = std::fs::read_to_string(case.with_extension("expected.yaml")).unwrap();
+    assert_eq!(golden_text(&stdout, &status), want);
+}
+
+#[test]
+fn render_refuses_bad_yaml_and_bad_sha() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.yaml");
+    std::fs::write(&bad, "kind: [unclosed").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_warmpath-controller")).args(["render", "-f"]).arg(&bad).args(["--wasm-sha256", SHA]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("YAML"), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = Command::new(env!("CARGO_BIN_EXE_warmpath-controller")).args(["render", "-f"]).arg(&cases()[0]).args(["--wasm-sha256", "xyz"]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("64 hex"));
+}

@@ -313,6 +313,9 @@ fn validate_feed(raw: RawFeed) -> Result<FeedSettings, ConfigError> {
 
 #[cfg(test)]
 mod tests {
+    // Under wasm32 the same tests run through wasm-bindgen-test (scripts/test.d/15-core-wasm.sh).
+    #[cfg(target_arch = "wasm32")]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
     use super::*;
 
     fn err(json: &str) -> String {

@@ -627,6 +627,9 @@ impl<'de> Visitor<'de> for PromptSeed<'_> {
 
 #[cfg(test)]
 mod tests {
+    // Under wasm32 the same tests run through wasm-bindgen-test (scripts/test.d/15-core-wasm.sh).
+    #[cfg(target_arch = "wasm32")]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
     use super::*;
 
     const CHAT: &str = "/v1/chat/completions";

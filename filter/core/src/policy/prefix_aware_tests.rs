@@ -1,6 +1,8 @@
 //! Behaviour of PREFIX_AWARE through the public Router: affinity, spread, stability, tenant isolation,
 //! longest match for growing conversations, shared system prompts, overload guard.
 
+#[cfg(target_arch = "wasm32")]
+use wasm_bindgen_test::wasm_bindgen_test as test;
 use xxhash_rust::xxh3::xxh3_64;
 
 use crate::config::{Settings, Strategy};

@@ -15,7 +15,7 @@ fn body(size: usize, seed: u64) -> Vec<u8> {
     let mut msgs = vec![json!({"role": "system", "content": "You are a helpful assistant. Answer briefly and cite sources. ".repeat(8)})];
     let mut i = 0u64;
     while serde_json::to_vec(&json!({"model": "m", "messages": msgs})).unwrap().len() < size {
-        let role = if i % 2 == 0 { "user" } else { "assistant" };
+        let role = if i & 1 == 0 { "user" } else { "assistant" };
         let text: String = (0..60).map(|w| format!("w{}x{} ", (seed + i) * 7 + w, w % 13)).collect();
         msgs.push(json!({"role": role, "content": text}));
         i += 1;

@@ -64,6 +64,25 @@ impl CacheDir {
         self.base.join("staging").join(version)
     }
 
+    /// Takes the cache's exclusive advisory lock (`flock` on `<key>/.warmpath.lock`, via `fs4`), waiting
+    /// for another holder: the node agent and a pod's cold-node fallback fetch may work on the same
+    /// cache at once, and the second then finds the first's result (or resumes its progress). Released
+    /// when the returned file is dropped.
+    pub async fn lock(&self) -> Result<std::fs::File> {
+        std::fs::create_dir_all(&self.base).map_err(AgentError::io("create", &self.base))?;
+        let path = self.base.join(".warmpath.lock");
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(AgentError::io("open", &path))?;
+        tokio::task::spawn_blocking(move || fs4::fs_std::FileExt::lock_exclusive(&file).map(|_| file))
+            .await
+            .expect("lock task not cancelled")
+            .map_err(AgentError::io("lock", path))
+    }
+
     /// The version `current` points at, if it has a ready marker.
     pub fn current(&self) -> Option<ReadyMarker> {
         let target = std::fs::read_link(self.current_link()).ok()?;

@@ -5,12 +5,14 @@
 //! - [`sync`]: one cache made current: disk check, fetch, verify (size, ETag, sha256), atomic switch.
 //! - [`cache_dir`]: the on-disk layout (`current` symlink over verified version directories).
 //! - [`disk`]: the free-space check.
+//! - [`node`]: the DaemonSet's node loop (which caches this node holds; reports on its Node).
 #![forbid(unsafe_code)]
 
 pub mod cache_dir;
 pub mod disk;
 pub mod error;
 pub mod fetch;
+pub mod node;
 pub mod source;
 pub mod sync;
 

@@ -1,5 +1,5 @@
-//! `warmpath-agent` binary: `fetch` (one cache, one shot: used by the pod's cold-node fallback init
-//! container and by benchmarks), `remove`, and `run` (the DaemonSet's node loop).
+//! `warmpath-agent` binary: `run` (the DaemonSet's node loop), `fetch` (one cache, one shot: used by
+//! the pod's cold-node fallback init container and by benchmarks) and `remove`.
 
 use std::{collections::BTreeMap, path::PathBuf, process::ExitCode, sync::Arc};
 
@@ -25,6 +25,20 @@ struct Cli {
 enum Cmd {
     /// Download one source into <root>/<key>/current (resumable; prints a JSON report).
     Fetch(FetchArgs),
+    /// The DaemonSet's node loop: sync the ModelCaches targeting NODE_NAME, report on the Node.
+    Run {
+        /// Node this agent runs on (downward API `spec.nodeName`).
+        #[arg(long, env = "NODE_NAME")]
+        node: String,
+        /// The node directory mounted at `--root` (ModelCaches with another hostPath are reported as not mounted).
+        #[arg(long, default_value = "/opt/warmpath/models")]
+        host_path: String,
+        /// Seconds between scans of ModelCaches.
+        #[arg(long, default_value_t = 15)]
+        poll_seconds: u64,
+        #[command(flatten)]
+        engine: EngineArgs,
+    },
     /// Remove one cache from this node.
     Remove {
         /// Cache root.
@@ -137,6 +151,26 @@ async fn main() -> ExitCode {
                 }
                 Err(e) => fail(e.reason(), &e.to_string()),
             }
+        }
+        Cmd::Run { node, host_path, poll_seconds, engine } => {
+            let opts = match engine.options() {
+                Ok(o) => o,
+                Err(e) => return fail("InvalidConfig", &e),
+            };
+            let client = match kube::Client::try_default().await {
+                Ok(c) => c,
+                Err(e) => return fail("KubernetesError", &e.to_string()),
+            };
+            let agent = warmpath_agent::node::NodeAgent::new(client, node, host_path, opts);
+            let stop = CancellationToken::new();
+            let s = stop.clone();
+            tokio::spawn(async move {
+                let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
+                tokio::select! { _ = term.recv() => {}, _ = tokio::signal::ctrl_c() => {} }
+                s.cancel();
+            });
+            agent.run(std::time::Duration::from_secs(poll_seconds.max(1)), stop).await;
+            ExitCode::SUCCESS
         }
         Cmd::Remove { root, key } => match remove_cache(&root, &key) {
             Ok(()) => ExitCode::SUCCESS,

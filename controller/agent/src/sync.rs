@@ -121,6 +121,7 @@ pub async fn sync_cache(
 ) -> Result<SyncReport> {
     let dir = CacheDir::new(&opts.root, &req.key)?;
     let resolved = resolve(&req.source, &opts.auth).await?;
+    let _lock = dir.lock().await?;
     for name in req.sha256.keys() {
         if !resolved.files.iter().any(|f| &f.rel == name) {
             return Err(AgentError::InvalidSource(format!("checksum given for {name:?}, which the source does not have")));
@@ -154,15 +155,20 @@ pub async fn sync_cache(
             }
         })
         .sum();
-    std::fs::create_dir_all(&opts.root).map_err(AgentError::io("create", &opts.root))?;
-    ensure_free(opts.free_space.as_ref(), &opts.root, bytes_total - done_bytes, opts.reserve_bytes)?;
+    // Checked on the cache's own directory: in a pod's fallback container only that directory is the node's disk.
+    ensure_free(opts.free_space.as_ref(), dir.base(), bytes_total - done_bytes, opts.reserve_bytes)?;
     std::fs::create_dir_all(&staging).map_err(AgentError::io("create", &staging))?;
 
     let store = resolved.store.clone();
-    let totals: Vec<FetchStats> = stream::iter(resolved.files.iter())
+    // Owned items and boxed futures keep the stream `Send` for any caller (spawned node tasks).
+    let totals: Vec<FetchStats> = stream::iter(resolved.files.clone())
         .map(|f| {
             let (store, staging, on_chunk) = (store.clone(), staging.clone(), on_chunk.clone());
-            async move { fetch_verified(store.as_ref(), f, &staging, req.sha256.get(&f.rel), opts, cancel, on_chunk).await }
+            let want = req.sha256.get(&f.rel).cloned();
+            let fut: futures::future::BoxFuture<'_, Result<FetchStats>> = Box::pin(async move {
+                fetch_verified(store.as_ref(), &f, &staging, want.as_ref(), opts, cancel, on_chunk).await
+            });
+            fut
         })
         .buffer_unordered(opts.parallel_files.max(1))
         .try_collect()

@@ -1,0 +1,134 @@
+//! The node loop against the in-memory API client (`kube-fake-client`) for Nodes and ModelCaches and a
+//! real S3-compatible server (moto) for the bytes: the agent syncs the caches that target its node,
+//! labels and reports on its own Node exactly as the controller reads it, reports failures with their
+//! reason, and removes a cache (files, label, report) once it is deleted or no longer targets the node.
+
+mod common;
+
+use std::{collections::BTreeMap, sync::Arc};
+
+use common::{payload, sha256_hex, Moto};
+use k8s_openapi::api::core::v1::Node;
+use kube::{
+    api::{Api, DeleteParams, PostParams},
+    Client, ResourceExt,
+};
+use kube_fake_client::ClientBuilder;
+use tokio::sync::Semaphore;
+use warmpath_agent::{disk::FixedFreeSpace, node::NodeAgent, SyncOptions};
+use warmpath_controller::crd::model_cache::{
+    cache_ready_label, parse_reports, phase, report_key, ModelCache, ModelCacheSpec, ModelSource, S3Source, NODE_CACHE_STATES,
+};
+
+const NS: &str = "ml";
+const HOST_PATH: &str = "/opt/warmpath/models";
+
+async fn client() -> Client {
+    let node: Node = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "gpu-a", "labels": {"pool": "gpu"}},
+        "status": {"conditions": [{"type": "Ready", "status": "True"}]}
+    }))
+    .unwrap();
+    ClientBuilder::new()
+        .with_resource::<ModelCache>()
+        .with_status_subresource::<ModelCache>()
+        .with_object(node)
+        .build()
+        .await
+        .unwrap()
+}
+
+fn cache(name: &str, moto: &Moto, prefix: &str, selector: &str, sha: BTreeMap<String, String>) -> ModelCache {
+    let mut mc = ModelCache::new(
+        name,
+        ModelCacheSpec {
+            source: ModelSource {
+                s3: Some(S3Source { bucket: "models".into(), prefix: prefix.into(), region: None, endpoint: Some(moto.endpoint.clone()) }),
+                ..Default::default()
+            },
+            node_selector: BTreeMap::from([("pool".to_string(), selector.to_string())]),
+            sha256: sha,
+            ..Default::default()
+        },
+    );
+    mc.metadata.namespace = Some(NS.into());
+    mc
+}
+
+fn agent(client: &Client, root: &std::path::Path, free: Option<u64>) -> NodeAgent {
+    let mut o = SyncOptions::new(root);
+    o.fetch.chunk_size = 64 * 1024;
+    o.fetch.permits = Arc::new(Semaphore::new(4));
+    o.reserve_bytes = 0;
+    if let Some(f) = free {
+        o.free_space = Arc::new(FixedFreeSpace(f));
+    }
+    NodeAgent::new(client.clone(), "gpu-a", HOST_PATH, o)
+}
+
+async fn node(client: &Client) -> Node {
+    Api::<Node>::all(client.clone()).get("gpu-a").await.unwrap()
+}
+
+#[tokio::test]
+async fn syncs_targeted_caches_reports_and_removes_them() {
+    let moto = Moto::start();
+    moto.create_bucket("models").await;
+    let w = payload(300 * 1024, 11);
+    moto.put("models", "llama/w.bin", w.clone()).await;
+    let c = client().await;
+    let caches: Api<ModelCache> = Api::namespaced(c.clone(), NS);
+    caches.create(&PostParams::default(), &cache("llama", &moto, "llama/", "gpu", BTreeMap::from([("w.bin".into(), sha256_hex(&w))]))).await.unwrap();
+    caches.create(&PostParams::default(), &cache("elsewhere", &moto, "llama/", "cpu", BTreeMap::new())).await.unwrap();
+
+    let root = tempfile::tempdir().unwrap();
+    let a = agent(&c, root.path(), None);
+    a.reconcile_once().await.unwrap();
+    a.wait_idle().await;
+
+    let n = node(&c).await;
+    assert_eq!(n.labels().get(&cache_ready_label(NS, "llama")).map(String::as_str), Some("true"));
+    assert!(!n.labels().contains_key(&cache_ready_label(NS, "elsewhere")), "not a target of the cpu cache");
+    let reports = parse_reports(n.annotations().get(NODE_CACHE_STATES));
+    let r = &reports[&report_key(NS, "llama")];
+    assert_eq!((r.state.as_str(), r.bytes_total), (phase::READY, w.len() as u64));
+    assert_eq!(std::fs::read(root.path().join("ml.llama/current/w.bin")).unwrap(), w);
+    assert!(!root.path().join("ml.elsewhere").exists());
+
+    // Another pass with nothing changed does not refetch (same generation already synced).
+    a.reconcile_once().await.unwrap();
+    a.wait_idle().await;
+
+    // Deleted: the agent removes files, then label and report (what the controller's finalizer waits for).
+    caches.delete("llama", &DeleteParams::default()).await.unwrap();
+    a.reconcile_once().await.unwrap();
+    let n = node(&c).await;
+    assert!(!n.labels().contains_key(&cache_ready_label(NS, "llama")));
+    assert!(!parse_reports(n.annotations().get(NODE_CACHE_STATES)).contains_key(&report_key(NS, "llama")));
+    assert!(!root.path().join("ml.llama").exists(), "files removed from the node");
+}
+
+#[tokio::test]
+async fn failures_are_reported_with_their_reason() {
+    let moto = Moto::start();
+    moto.create_bucket("models").await;
+    moto.put("models", "bad/w.bin", payload(200 * 1024, 12)).await;
+    moto.put("models", "big/w.bin", payload(400 * 1024, 13)).await;
+    let c = client().await;
+    let caches: Api<ModelCache> = Api::namespaced(c.clone(), NS);
+    caches.create(&PostParams::default(), &cache("bad", &moto, "bad/", "gpu", BTreeMap::from([("w.bin".into(), "00".repeat(32))]))).await.unwrap();
+    caches.create(&PostParams::default(), &cache("big", &moto, "big/", "gpu", BTreeMap::new())).await.unwrap();
+    let root = tempfile::tempdir().unwrap();
+    // 300 KiB "free": the 200 KiB cache fits, the 400 KiB one is refused before downloading.
+    let a = agent(&c, root.path(), Some(300 * 1024));
+    a.reconcile_once().await.unwrap();
+    a.wait_idle().await;
+    let n = node(&c).await;
+    let reports = parse_reports(n.annotations().get(NODE_CACHE_STATES));
+    let bad = &reports[&report_key(NS, "bad")];
+    assert_eq!((bad.state.as_str(), bad.reason.as_deref()), (phase::FAILED, Some("ChecksumMismatch")));
+    let big = &reports[&report_key(NS, "big")];
+    assert_eq!((big.state.as_str(), big.reason.as_deref()), (phase::FAILED, Some("InsufficientDisk")));
+    assert!(big.message.as_deref().unwrap().contains("need 409600 bytes"), "{:?}", big.message);
+    assert!(!n.labels().keys().any(|l| l.starts_with("warmpath.dev/cache-ready-")), "no ready label on failure");
+}

@@ -16,7 +16,8 @@ use proxy_wasm::hostcalls;
 use warmpath_core::feed::FeedSnapshot;
 use warmpath_core::{FeedSettings, Router, ServerLoad};
 
-use crate::{metrics, shared};
+use crate::metrics::Metrics;
+use crate::shared;
 
 /// Shared-data key of the latest good snapshot (its JSON bytes, as served).
 const SNAPSHOT_KEY: &str = "warmpath.feed.snapshot";
@@ -52,8 +53,8 @@ impl FeedPoller {
     }
 
     /// Applies a newer published snapshot, then polls if this VM holds (or takes) the lease.
-    pub fn on_tick(&mut self, now_ms: u64, router: &Rc<RefCell<Router>>) {
-        self.apply_published(router);
+    pub fn on_tick(&mut self, now_ms: u64, router: &Rc<RefCell<Router>>, metrics: &Metrics) {
+        self.apply_published(router, metrics);
         let ttl = self.settings.interval_ms.saturating_mul(LEASE_INTERVALS);
         if self.pending.is_some() || !shared::take_lease(LEASE_KEY, self.owner, now_ms, ttl) {
             return;
@@ -62,15 +63,15 @@ impl FeedPoller {
         let timeout = Duration::from_millis(self.settings.interval_ms.max(100));
         match hostcalls::dispatch_http_call(&self.settings.cluster, headers, None, vec![], timeout) {
             Ok(token) => {
-                metrics::count("warmpath.feed.polls", 1);
+                metrics.count("warmpath.feed.polls", 1);
                 self.pending = Some(token);
             }
-            Err(_) => metrics::count("warmpath.feed.failures.dispatch", 1),
+            Err(_) => metrics.count("warmpath.feed.failures.dispatch", 1),
         }
     }
 
     /// Handles the feed's answer: publish and apply a valid, newer snapshot; count anything else.
-    pub fn on_response(&mut self, token: u32, body_size: usize, router: &Rc<RefCell<Router>>) {
+    pub fn on_response(&mut self, token: u32, body_size: usize, router: &Rc<RefCell<Router>>, metrics: &Metrics) {
         if self.pending != Some(token) {
             return;
         }
@@ -81,8 +82,8 @@ impl FeedPoller {
             .flatten();
         match status.as_deref() {
             Some("200") => {}
-            None => return metrics::count("warmpath.feed.failures.unreachable", 1),
-            Some(_) => return metrics::count("warmpath.feed.failures.status", 1),
+            None => return metrics.count("warmpath.feed.failures.unreachable", 1),
+            Some(_) => return metrics.count("warmpath.feed.failures.status", 1),
         }
         let body = hostcalls::get_buffer(proxy_wasm::types::BufferType::HttpCallResponseBody, 0, body_size)
             .ok()
@@ -92,7 +93,7 @@ impl FeedPoller {
             Ok(s) => s,
             Err(e) => {
                 warn!("feed snapshot rejected: {e}");
-                return metrics::count("warmpath.feed.failures.invalid", 1);
+                return metrics.count("warmpath.feed.failures.invalid", 1);
             }
         };
         if self.applied_version == Some(snapshot.version) {
@@ -100,11 +101,11 @@ impl FeedPoller {
         }
         // Any other version is news (a restarted controller starts counting again, so "lower" is not "older").
         let _ = hostcalls::set_shared_data(SNAPSHOT_KEY, Some(&body), None);
-        self.apply_published(router);
+        self.apply_published(router, metrics);
     }
 
     /// Applies the published snapshot if it changed since this VM last applied it.
-    fn apply_published(&mut self, router: &Rc<RefCell<Router>>) {
+    fn apply_published(&mut self, router: &Rc<RefCell<Router>>, metrics: &Metrics) {
         let Ok((Some(bytes), cas)) = hostcalls::get_shared_data(SNAPSHOT_KEY) else { return };
         if cas.is_some() && cas == self.applied_cas {
             return;
@@ -118,7 +119,7 @@ impl FeedPoller {
         let addresses: Vec<String> = snapshot.endpoints.iter().map(|e| e.address.clone()).collect();
         if let Err(e) = router.set_endpoints(addresses) {
             warn!("feed snapshot version {} not applied: {e}", snapshot.version);
-            return metrics::count("warmpath.feed.failures.invalid", 1);
+            return metrics.count("warmpath.feed.failures.invalid", 1);
         }
         SERVER_LOADS.with(|m| {
             let mut m = m.borrow_mut();
@@ -131,7 +132,7 @@ impl FeedPoller {
         });
         info!("feed snapshot version {} applied: {} endpoints", snapshot.version, snapshot.endpoints.len());
         self.applied_version = Some(snapshot.version);
-        metrics::count("warmpath.feed.applied", 1);
-        metrics::gauge("warmpath.feed.version", snapshot.version);
+        metrics.count("warmpath.feed.applied", 1);
+        metrics.gauge("warmpath.feed.version", snapshot.version);
     }
 }

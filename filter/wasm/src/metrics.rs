@@ -1,6 +1,10 @@
 //! The filter's proxy-wasm metrics. Envoy exports each one in `/stats` (and Prometheus) as
-//! `wasmcustom.<name>`; every name below starts with `warmpath.`. Metrics are defined lazily by name and cached per
-//! VM; a name defined by several VMs refers to one Envoy stat, so counts add up across workers.
+//! `wasmcustom.<name>`; every name below starts with `warmpath.`. A name defined by several VMs refers to one Envoy
+//! stat, so counts add up across workers.
+//!
+//! Metric ids belong to the Envoy-side plugin instance, not to the wasm memory: after a reconfiguration, the old
+//! and the new root context can share one VM while each has its own id table. So every root context owns its
+//! [`Metrics`] (id cache and pending counts), hands it to its HTTP contexts, and flushes it on its own tick.
 //!
 //! | name | type | meaning |
 //! |---|---|---|
@@ -28,102 +32,105 @@ use proxy_wasm::hostcalls;
 use proxy_wasm::types::MetricType;
 use warmpath_core::{Reason, Strategy};
 
-thread_local! {
-    // One VM = one thread; the cache is per VM.
-    static IDS: RefCell<HashMap<String, u32>> = RefCell::new(HashMap::new());
-    // Counter increments not yet handed to Envoy, by metric id (flushed on the tick).
-    static PENDING: RefCell<HashMap<u32, u64>> = RefCell::new(HashMap::new());
+/// Every strategy (decision counters are defined for all: the router in force decides which one applies).
+const STRATEGIES: [Strategy; 3] = [Strategy::Random, Strategy::LeastOutstandingRequests, Strategy::PrefixAware];
+
+/// Upper bounds (inclusive, characters) and names of the matched-prefix buckets; longer matches are `gt_16k`.
+const MATCH_BUCKETS: [(usize, &str); 4] = [(0, "none"), (1024, "le_1k"), (4096, "le_4k"), (16384, "le_16k")];
+
+/// The metrics of one root context (one plugin configuration in one VM).
+pub struct Metrics {
+    ids: RefCell<HashMap<String, u32>>,
+    /// Counter increments not yet handed to Envoy, by metric id (flushed on the tick).
+    pending: RefCell<HashMap<u32, u64>>,
+    /// `warmpath.decisions.<strategy>.<reason>` by `STRATEGIES` then `Reason::ALL` position.
+    by_reason: [[Option<u32>; Reason::ALL.len()]; STRATEGIES.len()],
+    /// `warmpath.matched_prefix.<bucket>` for `MATCH_BUCKETS` plus the last bucket.
+    matched: [Option<u32>; MATCH_BUCKETS.len() + 1],
+    matched_total: Option<u32>,
 }
 
-fn add_later(id: u32, n: u64) {
-    PENDING.with(|p| *p.borrow_mut().entry(id).or_insert(0) += n);
-}
+impl Metrics {
+    /// Defines the per-request metrics up front, so a request costs no string formatting.
+    pub fn new() -> Self {
+        let mut m = Metrics {
+            ids: RefCell::new(HashMap::new()),
+            pending: RefCell::new(HashMap::new()),
+            by_reason: [[None; Reason::ALL.len()]; STRATEGIES.len()],
+            matched: [None; MATCH_BUCKETS.len() + 1],
+            matched_total: None,
+        };
+        for (i, strategy) in STRATEGIES.iter().enumerate() {
+            let s = strategy.as_str().to_ascii_lowercase();
+            m.by_reason[i] =
+                Reason::ALL.map(|r| m.id(MetricType::Counter, &format!("warmpath.decisions.{s}.{}", r.as_str())));
+        }
+        for (i, (_, name)) in MATCH_BUCKETS.iter().enumerate() {
+            m.matched[i] = m.id(MetricType::Counter, &format!("warmpath.matched_prefix.{name}"));
+        }
+        m.matched[MATCH_BUCKETS.len()] = m.id(MetricType::Counter, "warmpath.matched_prefix.gt_16k");
+        m.matched_total = m.id(MetricType::Counter, "warmpath.matched_prefix_chars_total");
+        m
+    }
 
-/// Hands the batched per-request counts to Envoy (called on every tick).
-pub fn flush() {
-    PENDING.with(|p| {
-        for (id, n) in p.borrow_mut().iter_mut() {
+    fn id(&self, kind: MetricType, name: &str) -> Option<u32> {
+        if let Some(id) = self.ids.borrow().get(name) {
+            return Some(*id);
+        }
+        let id = hostcalls::define_metric(kind, name).ok()?;
+        self.ids.borrow_mut().insert(name.to_string(), id);
+        Some(id)
+    }
+
+    fn add_later(&self, id: Option<u32>, n: u64) {
+        if let Some(id) = id {
+            *self.pending.borrow_mut().entry(id).or_insert(0) += n;
+        }
+    }
+
+    /// Adds `n` to counter `name` now (rare events; host errors are ignored: metrics never fail a request).
+    pub fn count(&self, name: &str, n: u64) {
+        if let Some(id) = self.id(MetricType::Counter, name) {
+            let _ = hostcalls::increment_metric(id, n as i64);
+        }
+    }
+
+    /// Sets gauge `name` to `value`.
+    pub fn gauge(&self, name: &str, value: u64) {
+        if let Some(id) = self.id(MetricType::Gauge, name) {
+            let _ = hostcalls::record_metric(id, value);
+        }
+    }
+
+    /// `warmpath.fail_open.<cause>`.
+    pub fn fail_open(&self, cause: &str) {
+        self.count(&format!("warmpath.fail_open.{cause}"), 1);
+    }
+
+    /// Counts one decision of `strategy` with `reason`; for prefix-aware decisions also its matched prefix length
+    /// (`matched_len`: characters, bytes for raw bodies). Batched until the next [`Metrics::flush`].
+    pub fn decision(&self, strategy: Strategy, reason: Reason, matched_len: Option<usize>) {
+        let s = STRATEGIES.iter().position(|x| *x == strategy).unwrap_or(0);
+        let i = Reason::ALL.iter().position(|r| *r == reason).unwrap_or(0);
+        self.add_later(self.by_reason[s][i], 1);
+        if let Some(len) = matched_len {
+            let b = MATCH_BUCKETS.iter().position(|(max, _)| len <= *max).unwrap_or(MATCH_BUCKETS.len());
+            self.add_later(self.matched[b], 1);
+            if len > 0 {
+                self.add_later(self.matched_total, len as u64);
+            }
+        }
+    }
+
+    /// Hands the batched per-request counts to Envoy (called on every tick of the owning root context).
+    pub fn flush(&self) {
+        for (id, n) in self.pending.borrow_mut().iter_mut() {
             if *n > 0 {
                 let _ = hostcalls::increment_metric(*id, *n as i64);
                 *n = 0;
             }
         }
-    });
-}
-
-fn id(kind: MetricType, name: &str) -> Option<u32> {
-    IDS.with(|ids| {
-        let mut ids = ids.borrow_mut();
-        if let Some(id) = ids.get(name) {
-            return Some(*id);
-        }
-        let id = hostcalls::define_metric(kind, name).ok()?;
-        ids.insert(name.to_string(), id);
-        Some(id)
-    })
-}
-
-/// Adds `n` to counter `name` (host errors are ignored: metrics never fail a request).
-pub fn count(name: &str, n: u64) {
-    if let Some(id) = id(MetricType::Counter, name) {
-        let _ = hostcalls::increment_metric(id, n as i64);
     }
-}
-
-/// Sets gauge `name` to `value`.
-pub fn gauge(name: &str, value: u64) {
-    if let Some(id) = id(MetricType::Gauge, name) {
-        let _ = hostcalls::record_metric(id, value);
-    }
-}
-
-/// The per-request metrics of one strategy, defined once at configure time so a request costs one host call per
-/// metric and no string formatting.
-pub struct DecisionMetrics {
-    by_reason: [Option<u32>; Reason::ALL.len()],
-    /// `warmpath.matched_prefix.<bucket>` for [`MATCH_BUCKETS`] plus the last bucket.
-    matched: [Option<u32>; MATCH_BUCKETS.len() + 1],
-    matched_total: Option<u32>,
-}
-
-/// Upper bounds (inclusive, characters) and names of the matched-prefix buckets; longer matches are `gt_16k`.
-const MATCH_BUCKETS: [(usize, &str); 4] = [(0, "none"), (1024, "le_1k"), (4096, "le_4k"), (16384, "le_16k")];
-
-impl DecisionMetrics {
-    /// Defines `warmpath.decisions.<strategy>.<reason>` for every reason, and the matched-length histogram.
-    pub fn new(strategy: Strategy) -> Self {
-        let s = strategy.as_str().to_ascii_lowercase();
-        let by_reason = Reason::ALL.map(|r| id(MetricType::Counter, &format!("warmpath.decisions.{s}.{}", r.as_str())));
-        let mut matched = [None; MATCH_BUCKETS.len() + 1];
-        for (i, (_, name)) in MATCH_BUCKETS.iter().enumerate() {
-            matched[i] = id(MetricType::Counter, &format!("warmpath.matched_prefix.{name}"));
-        }
-        matched[MATCH_BUCKETS.len()] = id(MetricType::Counter, "warmpath.matched_prefix.gt_16k");
-        DecisionMetrics { by_reason, matched, matched_total: id(MetricType::Counter, "warmpath.matched_prefix_chars_total") }
-    }
-
-    /// Counts one decision with `reason`; for prefix-aware strategies also its matched prefix length
-    /// (`matched_len`: characters, bytes for raw bodies). Batched until the next [`flush`].
-    pub fn record(&self, reason: Reason, matched_len: Option<usize>) {
-        let i = Reason::ALL.iter().position(|r| *r == reason).unwrap_or(0);
-        if let Some(id) = self.by_reason[i] {
-            add_later(id, 1);
-        }
-        if let Some(len) = matched_len {
-            let b = MATCH_BUCKETS.iter().position(|(max, _)| len <= *max).unwrap_or(MATCH_BUCKETS.len());
-            if let Some(id) = self.matched[b] {
-                add_later(id, 1);
-            }
-            if let (Some(id), true) = (self.matched_total, len > 0) {
-                add_later(id, len as u64);
-            }
-        }
-    }
-}
-
-/// `warmpath.fail_open.<cause>`.
-pub fn fail_open(cause: &str) {
-    count(&format!("warmpath.fail_open.{cause}"), 1);
 }
 
 /// The gauge name of an endpoint's in-flight counter: dots and colons become `_` so Envoy's stat name stays one

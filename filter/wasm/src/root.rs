@@ -1,10 +1,13 @@
 //! The root context: plugin configuration, the router shared by the VM's HTTP contexts, and the tick.
 //!
 //! One root context exists per VM (Envoy runs one VM on the main thread and one per worker) and per plugin
-//! configuration. The router — and with it the prefix index — is VM-wide: a new plugin configuration of the same VM
-//! (an LDS update) reconfigures it in place, keeping the index when the core says the settings are compatible.
+//! configuration. The router — and with it the prefix index and the settings requests are handled with — is shared
+//! by every root context of the same plugin (Envoy's `plugin_name`) in the VM: a new configuration (an LDS update)
+//! reconfigures it in place, keeping the index when the core says the settings are compatible, and takes effect
+//! at once for every connection, including ones still draining on the previous listener.
 
 use std::cell::RefCell;
+use std::collections::HashMap;
 use std::rc::Rc;
 use std::time::{Duration, UNIX_EPOCH};
 
@@ -12,7 +15,7 @@ use log::{info, warn};
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Bytes, ContextType};
-use warmpath_core::{BodyKind, RequestKey, Router, Settings, Strategy};
+use warmpath_core::{BodyKind, RequestKey, Router, Settings};
 
 use crate::feed::FeedPoller;
 use crate::http::FilterHttp;
@@ -22,8 +25,8 @@ use crate::{metrics, shared};
 const DEFAULT_TICK: Duration = Duration::from_millis(500);
 
 thread_local! {
-    // One VM = one thread. `None` until the first valid configuration.
-    static ROUTER: RefCell<Option<Rc<RefCell<Router>>>> = const { RefCell::new(None) };
+    // One VM = one thread. The router of each plugin (by Envoy plugin name), created by its first valid configuration.
+    static ROUTERS: RefCell<HashMap<String, Rc<RefCell<Router>>>> = RefCell::new(HashMap::new());
     static RNG: RefCell<u64> = const { RefCell::new(0) };
 }
 
@@ -57,17 +60,15 @@ pub fn random_u64(salt: u64) -> u64 {
     })
 }
 
-/// Settings plus the VM's router, handed to every HTTP context.
+/// What a root context hands to each of its HTTP contexts.
 pub struct Shared {
-    /// Validated plugin settings of this root context.
-    pub settings: Rc<Settings>,
-    /// The VM-wide router.
+    /// The plugin's router in this VM; its `settings()` are the ones in force.
     pub router: Rc<RefCell<Router>>,
-    /// Decision counters of this strategy.
-    pub metrics: metrics::DecisionMetrics,
-    /// A key for strategies that do not look at the request (RANDOM, LEAST_OUTSTANDING_REQUESTS): the router
-    /// routes keyless requests as fail-open, so those strategies get this empty key and decide at header time.
-    pub keyless: Option<RequestKey>,
+    /// This root context's metrics (ids are per plugin instance, see `metrics`).
+    pub metrics: Rc<metrics::Metrics>,
+    /// The key given to strategies that do not look at the request (RANDOM, LEAST_OUTSTANDING_REQUESTS), which
+    /// decide at header time: the router treats a request without a key as fail-open.
+    pub keyless: RequestKey,
 }
 
 /// The root context of one VM and plugin configuration.
@@ -87,10 +88,10 @@ impl FilterRoot {
         let Some(shared) = &self.shared else { return };
         let Ok(router) = shared.router.try_borrow() else { return };
         let endpoints = router.endpoints();
-        metrics::gauge("warmpath.endpoints", endpoints.len() as u64);
+        shared.metrics.gauge("warmpath.endpoints", endpoints.len() as u64);
         let table = shared::Table::read();
         for e in endpoints {
-            metrics::gauge(&metrics::in_flight_gauge_name(&e.address), u64::from(table.get(&e.address)));
+            shared.metrics.gauge(&metrics::in_flight_gauge_name(&e.address), u64::from(table.get(&e.address)));
         }
     }
 }
@@ -98,7 +99,7 @@ impl FilterRoot {
 impl Context for FilterRoot {
     fn on_http_call_response(&mut self, token_id: u32, _num_headers: usize, body_size: usize, _num_trailers: usize) {
         if let (Some(feed), Some(shared)) = (self.feed.as_mut(), self.shared.as_ref()) {
-            feed.on_response(token_id, body_size, &shared.router);
+            feed.on_response(token_id, body_size, &shared.router, &shared.metrics);
         }
     }
 }
@@ -116,21 +117,21 @@ impl RootContext for FilterRoot {
                 return false;
             }
         };
-        let router = ROUTER.with(|cell| {
-            let mut cell = cell.borrow_mut();
-            match cell.as_ref() {
-                Some(r) => {
-                    if let Ok(mut router) = r.try_borrow_mut() {
-                        router.reconfigure(settings.clone());
-                    }
-                    r.clone()
+        let plugin = self
+            .get_property(vec!["plugin_name"])
+            .and_then(|b| String::from_utf8(b).ok())
+            .unwrap_or_default();
+        let router = ROUTERS.with(|routers| {
+            let mut routers = routers.borrow_mut();
+            if let Some(r) = routers.get(&plugin) {
+                if let Ok(mut router) = r.try_borrow_mut() {
+                    router.reconfigure(settings.clone());
                 }
-                None => {
-                    let r = Rc::new(RefCell::new(Router::new(settings.clone())));
-                    *cell = Some(r.clone());
-                    r
-                }
+                return r.clone();
             }
+            let r = Rc::new(RefCell::new(Router::new(settings.clone())));
+            routers.insert(plugin.clone(), r.clone());
+            r
         });
         shared::init();
         let tick = settings.feed.as_ref().map(|f| Duration::from_millis(f.interval_ms)).unwrap_or(DEFAULT_TICK);
@@ -147,17 +148,19 @@ impl RootContext for FilterRoot {
             settings.max_body_bytes,
             settings.feed.as_ref().map(|f| f.cluster.as_str()).unwrap_or("none"),
         );
-        let keyless = (settings.strategy != Strategy::PrefixAware).then(|| RequestKey::new(BodyKind::Raw, None, None, Vec::new()));
-        let metrics = metrics::DecisionMetrics::new(settings.strategy);
-        self.shared = Some(Rc::new(Shared { settings: Rc::new(settings), router, metrics, keyless }));
+        let keyless = RequestKey::new(BodyKind::Raw, None, None, Vec::new());
+        let metrics = Rc::new(metrics::Metrics::new());
+        self.shared = Some(Rc::new(Shared { router, metrics, keyless }));
         true
     }
 
     fn on_tick(&mut self) {
         if let (Some(feed), Some(shared)) = (self.feed.as_mut(), self.shared.as_ref()) {
-            feed.on_tick(now_ms(), &shared.router);
+            feed.on_tick(now_ms(), &shared.router, &shared.metrics);
         }
-        metrics::flush();
+        if let Some(shared) = &self.shared {
+            shared.metrics.flush();
+        }
         self.refresh_gauges();
     }
 

@@ -59,5 +59,5 @@ async fn strategy_switch_keeps_serving() {
     assert!(ok.load(Ordering::SeqCst) > 10, "background traffic barely ran");
     assert_eq!(failed.load(Ordering::SeqCst), 0, "requests failed during reconfiguration");
     let s = rig.stats_until(|s| s.filter("decisions.random.random") >= 11).await;
-    assert!(s.filter("decisions.random.random") >= 11);
+    assert!(s.filter("decisions.random.random") >= 11, "{:?}\n{}", s.with_prefix("wasmcustom").collect::<Vec<_>>(), rig.envoy.log());
 }

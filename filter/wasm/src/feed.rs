@@ -19,10 +19,11 @@ use warmpath_core::{FeedSettings, Router, ServerLoad};
 use crate::metrics::Metrics;
 use crate::shared;
 
-/// Shared-data key of the latest good snapshot (its JSON bytes, as served).
-const SNAPSHOT_KEY: &str = "warmpath.feed.snapshot";
-/// Shared-data key of the poller lease (see `shared::take_lease`).
-const LEASE_KEY: &str = "warmpath.feed.lease";
+/// Shared-data key prefix of the latest good snapshot (its JSON bytes, as served); the feed's cluster and path
+/// complete the key, so plugins polling different feeds in one Envoy keep apart.
+const SNAPSHOT_KEY: &str = "warmpath.feed.snapshot.";
+/// Shared-data key prefix of the poller lease (see `shared::take_lease`), completed like `SNAPSHOT_KEY`.
+const LEASE_KEY: &str = "warmpath.feed.lease.";
 /// A lease lasts this many poll intervals, so a vanished owner (VM torn down) is replaced after a few ticks.
 const LEASE_INTERVALS: u64 = 3;
 
@@ -39,6 +40,8 @@ pub fn server_load(address: &str) -> Option<ServerLoad> {
 /// Poller state of one root context.
 pub struct FeedPoller {
     settings: FeedSettings,
+    snapshot_key: String,
+    lease_key: String,
     owner: u64,
     pending: Option<u32>,
     applied_cas: Option<u32>,
@@ -49,14 +52,23 @@ impl FeedPoller {
     /// A poller for `settings`; `context_id` salts its lease owner id.
     pub fn new(settings: FeedSettings, context_id: u32) -> Self {
         let owner = crate::root::random_u64(u64::from(context_id)) | 1;
-        FeedPoller { settings, owner, pending: None, applied_cas: None, applied_version: None }
+        let feed = format!("{}{}", settings.cluster, settings.path);
+        FeedPoller {
+            snapshot_key: format!("{SNAPSHOT_KEY}{feed}"),
+            lease_key: format!("{LEASE_KEY}{feed}"),
+            settings,
+            owner,
+            pending: None,
+            applied_cas: None,
+            applied_version: None,
+        }
     }
 
     /// Applies a newer published snapshot, then polls if this VM holds (or takes) the lease.
     pub fn on_tick(&mut self, now_ms: u64, router: &Rc<RefCell<Router>>, metrics: &Metrics) {
         self.apply_published(router, metrics);
         let ttl = self.settings.interval_ms.saturating_mul(LEASE_INTERVALS);
-        if self.pending.is_some() || !shared::take_lease(LEASE_KEY, self.owner, now_ms, ttl) {
+        if self.pending.is_some() || !shared::take_lease(&self.lease_key, self.owner, now_ms, ttl) {
             return;
         }
         let headers = vec![(":method", "GET"), (":path", self.settings.path.as_str()), (":authority", "warmpath-feed")];
@@ -100,13 +112,13 @@ impl FeedPoller {
             return; // Nothing new.
         }
         // Any other version is news (a restarted controller starts counting again, so "lower" is not "older").
-        let _ = hostcalls::set_shared_data(SNAPSHOT_KEY, Some(&body), None);
+        let _ = hostcalls::set_shared_data(&self.snapshot_key, Some(&body), None);
         self.apply_published(router, metrics);
     }
 
     /// Applies the published snapshot if it changed since this VM last applied it.
     fn apply_published(&mut self, router: &Rc<RefCell<Router>>, metrics: &Metrics) {
-        let Ok((Some(bytes), cas)) = hostcalls::get_shared_data(SNAPSHOT_KEY) else { return };
+        let Ok((Some(bytes), cas)) = hostcalls::get_shared_data(&self.snapshot_key) else { return };
         if cas.is_some() && cas == self.applied_cas {
             return;
         }

@@ -121,6 +121,11 @@ impl PrefixIndex {
         if let Some(&s) = self.map.get(&hash) {
             let slot = &mut self.slots[s as usize];
             slot.referenced = true;
+            if slot.holders[0] == id {
+                // Already the most recent holder (the steady state of a sticky prefix); stale holders behind
+                // it are pruned when another endpoint is recorded.
+                return false;
+            }
             let mut kept = [0u32; MAX_HOLDERS];
             kept[0] = id;
             let mut n = 1;

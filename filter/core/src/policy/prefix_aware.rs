@@ -83,8 +83,6 @@ struct Plan {
     last_full: Option<u64>,
     /// Leading common full blocks.
     common_blocks: usize,
-    /// Rendezvous key.
-    key: u64,
 }
 
 impl PrefixAwarePolicy {
@@ -206,24 +204,28 @@ impl PrefixAwarePolicy {
             Some((_, h)) if self.is_common(h) && m > common => (last_full, start),
             _ => (deepest, matched_len),
         };
-        // Key: first non-common node after the common blocks.
+        Plan { matched_blocks: m, matched_len, deepest, useful, last_full, common_blocks: common }
+    }
+
+    /// Rendezvous key: the first non-common node after the `common` leading blocks (see the module docs).
+    fn consistent_key(&self, text: &[u8], ph: &PrefixHashes, common: usize) -> u64 {
+        let bs = self.block_size;
+        let nb = ph.blocks.len();
         let s = common;
-        let key = if s == nb && ph.tail_len() == 0 {
-            last_full.unwrap_or(ph.namespace)
-        } else {
-            let begin = s * bs;
-            let first_new = self
-                .checkpoints(text, s)
-                .into_iter()
-                .map(|c| checkpoint_hash(ph.parent(s), &text[begin..begin + c]))
-                .find(|&h| !self.is_common(h));
-            match first_new {
-                Some(h) => h,
-                None if s < nb => blocks[s],
-                None => checkpoint_hash(ph.parent(s), &text[begin..]),
-            }
-        };
-        Plan { matched_blocks: m, matched_len, deepest, useful, last_full, common_blocks: common, key }
+        if s == nb && ph.tail_len() == 0 {
+            return ph.blocks.last().copied().unwrap_or(ph.namespace);
+        }
+        let begin = s * bs;
+        let first_new = self
+            .checkpoints(text, s)
+            .into_iter()
+            .map(|c| checkpoint_hash(ph.parent(s), &text[begin..begin + c]))
+            .find(|&h| !self.is_common(h));
+        match first_new {
+            Some(h) => h,
+            None if s < nb => ph.blocks[s],
+            None => checkpoint_hash(ph.parent(s), &text[begin..]),
+        }
     }
 
     /// The chain recorded for a request: common blocks, checkpoints of the next block, the remaining blocks,
@@ -288,7 +290,8 @@ impl Policy for PrefixAwarePolicy {
                 .map(|i| i.holders.iter().filter_map(|&id| self.pos(id)).collect())
                 .unwrap_or_default();
             if !plan.useful {
-                holders.sort_by_key(|&i| std::cmp::Reverse(hrw::score(plan.key, &endpoints[i])));
+                let key_hash = self.consistent_key(&key.text, &ph, plan.common_blocks);
+                holders.sort_by_key(|&i| std::cmp::Reverse(hrw::score(key_hash, &endpoints[i])));
             }
             if let Some(&i) = holders.iter().find(|&&i| guard.admits(loads, i)) {
                 return Some(Decision::new(endpoints, i, Reason::PrefixMatch).with_match(blocks, plan.matched_len));
@@ -304,14 +307,15 @@ impl Policy for PrefixAwarePolicy {
                 d
             }
         };
-        let top = hrw::top(plan.key, endpoints)?;
+        let key_hash = self.consistent_key(&key.text, &ph, plan.common_blocks);
+        let top = hrw::top(key_hash, endpoints)?;
         if !plan.useful && guard.admits(loads, top) {
             return Some(report(self, top, Reason::ConsistentPick));
         }
-        let next = hrw::order(plan.key, endpoints).into_iter().find(|&i| guard.admits(loads, i));
+        let next = hrw::order(key_hash, endpoints).into_iter().find(|&i| guard.admits(loads, i));
         let i = match next {
             Some(i) => i,
-            None => least_loaded(plan.key, endpoints, loads)?,
+            None => least_loaded(key_hash, endpoints, loads)?,
         };
         Some(report(self, i, Reason::Overflow))
     }

@@ -14,7 +14,6 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, Time};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::finalizer::{finalizer, Event};
 use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
 use serde_json::json;
@@ -24,7 +23,7 @@ use crate::crd::image_cache::{
     image_ready_label, phase, ImageCache, ImageCacheStatus, NodeImageStatus, DEFAULT_PAUSE_IMAGE, FINALIZER,
     MANAGED_BY_ENDPOINTS, MANAGED_LABEL, PREPULL_POD_LABEL,
 };
-use crate::reconcile::Context;
+use crate::reconcile::{finalizers, Context};
 use crate::{Error, Result, FIELD_MANAGER};
 
 /// Name used in metrics and logs.
@@ -158,15 +157,25 @@ pub fn compute_status(ic: &ImageCache, ds: Option<&DaemonSet>, pods: &[Pod], now
 pub async fn reconcile(ic: Arc<ImageCache>, ctx: Arc<Context>) -> Result<Action> {
     let ns = ic.namespace().ok_or(Error::MissingField("metadata.namespace"))?;
     let api: Api<ImageCache> = Api::namespaced(ctx.client.clone(), &ns);
-    finalizer(&api, FINALIZER, ic, |event| async {
-        match event {
-            Event::Apply(ic) => apply(&api, &ic, &ctx).await,
-            Event::Cleanup(ic) => cleanup(&ic, &ctx).await,
+    // Finalizer handling via merge patches (see `finalizers`): cleanup must succeed before the
+    // finalizer goes; the finalizer is in place before anything is created.
+    let mut obj = (*ic).clone();
+    let result = if obj.meta().deletion_timestamp.is_some() {
+        if finalizers::has(&obj, FINALIZER) {
+            match cleanup(&obj, &ctx).await {
+                Ok(_) => finalizers::remove(&api, &obj, FINALIZER).await.map(|_| Action::await_change()),
+                Err(e) => Err(e),
+            }
+        } else {
+            Ok(Action::await_change())
         }
-    })
-    .await
-    .map_err(|e| Error::Finalizer(Box::new(e)))
-    .inspect(|_| ctx.metrics.reconcile_ok(CONTROLLER))
+    } else {
+        if let Some(updated) = finalizers::add(&api, &obj, FINALIZER).await? {
+            obj = updated;
+        }
+        apply(&api, &obj, &ctx).await
+    };
+    result.inspect(|_| ctx.metrics.reconcile_ok(CONTROLLER))
 }
 
 async fn apply(api: &Api<ImageCache>, ic: &ImageCache, ctx: &Context) -> Result<Action> {

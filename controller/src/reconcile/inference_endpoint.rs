@@ -22,7 +22,6 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, 
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::finalizer::{finalizer, Event};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
@@ -39,7 +38,7 @@ use crate::crd::routing_policy::{
     BackendRef, FailureMode, InferenceRoutingPolicy, InferenceRoutingPolicySpec, PolicyTargetRef, ServiceBackend,
     GATEWAY_API_GROUP,
 };
-use crate::reconcile::Context;
+use crate::reconcile::{finalizers, Context};
 use crate::{Error, Result, FIELD_MANAGER};
 
 /// Name used in metrics and logs.
@@ -297,15 +296,25 @@ fn ssa() -> PatchParams {
 pub async fn reconcile(ie: Arc<InferenceEndpoint>, ctx: Arc<Context>) -> Result<Action> {
     let ns = ie.namespace().ok_or(Error::MissingField("metadata.namespace"))?;
     let api: Api<InferenceEndpoint> = Api::namespaced(ctx.client.clone(), &ns);
-    finalizer(&api, FINALIZER, ie, |event| async {
-        match event {
-            Event::Apply(ie) => apply(&api, &ie, &ctx).await,
-            Event::Cleanup(ie) => cleanup(&ie, &ctx).await,
+    // Finalizer handling via merge patches (see `finalizers`): cleanup must succeed before the
+    // finalizer goes; the finalizer is in place before anything is created.
+    let mut obj = (*ie).clone();
+    let result = if obj.meta().deletion_timestamp.is_some() {
+        if finalizers::has(&obj, FINALIZER) {
+            match cleanup(&obj, &ctx).await {
+                Ok(_) => finalizers::remove(&api, &obj, FINALIZER).await.map(|_| Action::await_change()),
+                Err(e) => Err(e),
+            }
+        } else {
+            Ok(Action::await_change())
         }
-    })
-    .await
-    .map_err(|e| Error::Finalizer(Box::new(e)))
-    .inspect(|_| ctx.metrics.reconcile_ok(CONTROLLER))
+    } else {
+        if let Some(updated) = finalizers::add(&api, &obj, FINALIZER).await? {
+            obj = updated;
+        }
+        apply(&api, &obj, &ctx).await
+    };
+    result.inspect(|_| ctx.metrics.reconcile_ok(CONTROLLER))
 }
 
 async fn apply(api: &Api<InferenceEndpoint>, ie: &InferenceEndpoint, ctx: &Context) -> Result<Action> {
@@ -342,10 +351,10 @@ async fn apply(api: &Api<InferenceEndpoint>, ie: &InferenceEndpoint, ctx: &Conte
     let serving = existing.as_ref().and_then(|d| d.annotations().get(MODEL_CACHE_ANNOTATION).cloned());
     let want_name = want_cache.as_ref().map(|(n, _)| n.clone());
     let current = match (&existing, weights_ready) {
-        (_, true) => Some(apply_deployment(&deployments, ie, want_name.as_deref(), image_cache.as_deref()).await?),
+        (_, true) => Some(apply_deployment(&deployments, existing.as_ref(), ie, want_name.as_deref(), image_cache.as_deref()).await?),
         // New cache not ready yet: keep serving from the old one (image/replica changes still apply).
         (Some(_), false) if serving.is_some() => {
-            Some(apply_deployment(&deployments, ie, serving.as_deref(), image_cache.as_deref()).await?)
+            Some(apply_deployment(&deployments, existing.as_ref(), ie, serving.as_deref(), image_cache.as_deref()).await?)
         }
         (Some(d), false) => Some(d.clone()),
         (None, false) => None,
@@ -400,8 +409,23 @@ async fn apply(api: &Api<InferenceEndpoint>, ie: &InferenceEndpoint, ctx: &Conte
     Ok(Action::requeue(Duration::from_secs(if ph == phase::READY { 300 } else { 10 })))
 }
 
-async fn apply_deployment(api: &Api<Deployment>, ie: &InferenceEndpoint, cache: Option<&str>, image_cache: Option<&str>) -> Result<Deployment> {
-    let d = deployment(ie, cache, image_cache)?;
+/// Annotation holding the sha256 of the applied Deployment: an unchanged desired state is not re-applied
+/// (no write, no generation bump, so "rolled out" stays observable).
+pub const SPEC_HASH_ANNOTATION: &str = "warmpath.dev/spec-hash";
+
+async fn apply_deployment(
+    api: &Api<Deployment>,
+    existing: Option<&Deployment>,
+    ie: &InferenceEndpoint,
+    cache: Option<&str>,
+    image_cache: Option<&str>,
+) -> Result<Deployment> {
+    let mut d = deployment(ie, cache, image_cache)?;
+    let hash = hex::encode(Sha256::digest(serde_json::to_vec(&d)?));
+    if let Some(e) = existing.filter(|e| e.annotations().get(SPEC_HASH_ANNOTATION) == Some(&hash)) {
+        return Ok(e.clone());
+    }
+    d.metadata.annotations.get_or_insert_with(BTreeMap::new).insert(SPEC_HASH_ANNOTATION.into(), hash);
     Ok(api.patch(&ie.name_any(), &ssa(), &Patch::Apply(&d)).await?)
 }
 

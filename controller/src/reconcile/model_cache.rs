@@ -13,7 +13,6 @@ use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::finalizer::{finalizer, Event};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
@@ -24,7 +23,7 @@ use crate::crd::model_cache::{
     cache_ready_label, parse_reports, phase, report_key, ModelCache, ModelCacheSpec, ModelCacheStatus, NodeCacheStatus,
     FINALIZER, NODE_CACHE_STATES,
 };
-use crate::reconcile::Context;
+use crate::reconcile::{finalizers, Context};
 use crate::{Error, Result, FIELD_MANAGER};
 
 /// Name used in metrics and logs.
@@ -132,15 +131,25 @@ async fn patch_status(api: &Api<ModelCache>, name: &str, status: &ModelCacheStat
 pub async fn reconcile(mc: Arc<ModelCache>, ctx: Arc<Context>) -> Result<Action> {
     let ns = mc.namespace().ok_or(Error::MissingField("metadata.namespace"))?;
     let api: Api<ModelCache> = Api::namespaced(ctx.client.clone(), &ns);
-    finalizer(&api, FINALIZER, mc, |event| async {
-        match event {
-            Event::Apply(mc) => apply(&api, &mc, &ctx).await,
-            Event::Cleanup(mc) => cleanup(&api, &mc, &ctx).await,
+    // Finalizer handling via merge patches (see `finalizers`): cleanup must succeed before the
+    // finalizer goes; the finalizer is in place before anything is created.
+    let mut obj = (*mc).clone();
+    let result = if obj.meta().deletion_timestamp.is_some() {
+        if finalizers::has(&obj, FINALIZER) {
+            match cleanup(&api, &obj, &ctx).await {
+                Ok(_) => finalizers::remove(&api, &obj, FINALIZER).await.map(|_| Action::await_change()),
+                Err(e) => Err(e),
+            }
+        } else {
+            Ok(Action::await_change())
         }
-    })
-    .await
-    .map_err(|e| Error::Finalizer(Box::new(e)))
-    .inspect(|_| ctx.metrics.reconcile_ok(CONTROLLER))
+    } else {
+        if let Some(updated) = finalizers::add(&api, &obj, FINALIZER).await? {
+            obj = updated;
+        }
+        apply(&api, &obj, &ctx).await
+    };
+    result.inspect(|_| ctx.metrics.reconcile_ok(CONTROLLER))
 }
 
 async fn apply(api: &Api<ModelCache>, mc: &ModelCache, ctx: &Context) -> Result<Action> {
@@ -183,7 +192,7 @@ async fn cleanup(api: &Api<ModelCache>, mc: &ModelCache, ctx: &Context) -> Resul
 pub fn error_policy(_mc: Arc<ModelCache>, err: &Error, ctx: Arc<Context>) -> Action {
     tracing::warn!(controller = CONTROLLER, error = %err, "reconcile failed");
     ctx.metrics.reconcile_error(CONTROLLER, err);
-    Action::requeue(Duration::from_secs(if matches!(err, Error::Finalizer(_)) { 5 } else { 30 }))
+    Action::requeue(Duration::from_secs(if matches!(err, Error::CleanupPending(_)) { 5 } else { 30 }))
 }
 
 /// Runs the ModelCache controller until the stream ends. Every Node event re-reconciles every

@@ -89,11 +89,11 @@ impl FeedPoller {
         }
         self.pending = None;
         // A failed call (connection refused, timeout) arrives here with no headers at all.
-        let status = hostcalls::get_map_value(proxy_wasm::types::MapType::HttpCallResponseHeaders, ":status")
+        let status = hostcalls::get_map_value_bytes(proxy_wasm::types::MapType::HttpCallResponseHeaders, ":status")
             .ok()
             .flatten();
         match status.as_deref() {
-            Some("200") => {}
+            Some(b"200") => {}
             None => return metrics.count("warmpath.feed.failures.unreachable", 1),
             Some(_) => return metrics.count("warmpath.feed.failures.status", 1),
         }

@@ -9,8 +9,9 @@
 
 use std::rc::Rc;
 
+use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext};
-use proxy_wasm::types::Action;
+use proxy_wasm::types::{Action, BufferType, MapType};
 use warmpath_core::{extract_key, EndpointLoad, PickInput, Reason, RequestKey, Strategy};
 
 use crate::root::{now_ms, random_u64, Shared};
@@ -24,6 +25,17 @@ mod cause {
     pub const BODY_TOO_LARGE: &str = "body_too_large";
     /// The host did not hand out the buffered body.
     pub const BODY_UNAVAILABLE: &str = "body_unavailable";
+}
+
+/// Sets (or with `None` removes every value of) a request header. Host errors are ignored: the SDK's trait method
+/// would panic on them, and a request must never fail here.
+fn set_request_header(name: &str, value: Option<&str>) {
+    let _ = hostcalls::set_map_value(MapType::HttpRequestHeaders, name, value);
+}
+
+/// The first `max` bytes of the buffered request body (`None` on a host error).
+fn request_body(max: usize) -> Option<Vec<u8>> {
+    hostcalls::get_buffer(BufferType::HttpRequestBody, 0, max).ok().flatten()
 }
 
 /// The settings one request is handled with, copied from the router when its headers arrive.
@@ -79,20 +91,25 @@ impl FilterHttp {
             debug_header: s.debug_header,
         });
         let mut spoofed = false;
-        for (name, value) in self.get_http_request_headers() {
+        // Values as bytes: HTTP allows non-UTF-8 (obs-text) header values, and the SDK's String variant panics on
+        // them. Names are tokens (ASCII), validated by Envoy's codecs.
+        for (name, value) in hostcalls::get_map_bytes(MapType::HttpRequestHeaders).unwrap_or_default() {
             // Envoy hands header names lower-cased.
             match name.as_str() {
                 DESTINATION_HEADER | ORIGINAL_DST_HEADER => spoofed = true,
-                ":path" => self.path = value,
-                n if Some(n) == tenant_header && self.tenant.is_none() => self.tenant = Some(value),
+                ":path" => self.path = String::from_utf8_lossy(&value).into_owned(),
+                // A non-UTF-8 tenant id becomes U+FFFD characters, which the core rejects as an invalid tenant.
+                n if Some(n) == tenant_header && self.tenant.is_none() => {
+                    self.tenant = Some(String::from_utf8_lossy(&value).into_owned())
+                }
                 _ => {}
             }
         }
         drop(router);
         if spoofed {
             // Setting to None removes every value of the header.
-            self.set_http_request_header(DESTINATION_HEADER, None);
-            self.set_http_request_header(ORIGINAL_DST_HEADER, None);
+            set_request_header(DESTINATION_HEADER, None);
+            set_request_header(ORIGINAL_DST_HEADER, None);
             if let Some(shared) = &shared {
                 shared.metrics.count("warmpath.spoofed_header_removed", 1);
             }
@@ -141,7 +158,7 @@ impl FilterHttp {
             Some(_) => self.in_flight = Some(decision.address.clone()),
             None => shared.metrics.count("warmpath.cas_failures", 1),
         }
-        self.set_http_request_header(DESTINATION_HEADER, Some(&decision.address));
+        set_request_header(DESTINATION_HEADER, Some(&decision.address));
         if params.debug_header {
             self.debug = Some(format!("{};{};matched={}", decision.address, decision.reason.as_str(), decision.matched_len));
         }
@@ -186,7 +203,7 @@ impl HttpContext for FilterHttp {
             self.route(&shared, params, None, Some(cause::NO_BODY));
             return Action::Continue;
         }
-        let body = self.get_http_request_body(0, body_size);
+        let body = request_body(body_size);
         self.route_body(&shared, params, body.as_deref());
         Action::Continue
     }
@@ -195,7 +212,7 @@ impl HttpContext for FilterHttp {
         // A body followed by trailers never reports end_of_stream in the body callback.
         if self.waiting_for_body {
             if let (Some(shared), Some(params)) = (self.shared.clone(), self.params) {
-                match self.get_http_request_body(0, params.max_body_bytes) {
+                match request_body(params.max_body_bytes) {
                     Some(b) if !b.is_empty() => self.route_body(&shared, params, Some(&b)),
                     _ => self.route(&shared, params, None, Some(cause::NO_BODY)),
                 }
@@ -206,7 +223,7 @@ impl HttpContext for FilterHttp {
 
     fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
         if let Some(d) = self.debug.take() {
-            self.set_http_response_header(DEBUG_HEADER, Some(&d));
+            let _ = hostcalls::set_map_value(MapType::HttpResponseHeaders, DEBUG_HEADER, Some(&d));
         }
         Action::Continue
     }

@@ -14,7 +14,7 @@ use std::time::{Duration, UNIX_EPOCH};
 use log::{info, warn};
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
-use proxy_wasm::types::{Bytes, ContextType};
+use proxy_wasm::types::{BufferType, Bytes, ContextType};
 use warmpath_core::{BodyKind, RequestKey, Router, Settings};
 
 use crate::feed::FeedPoller;
@@ -106,7 +106,8 @@ impl Context for FilterRoot {
 
 impl RootContext for FilterRoot {
     fn on_configure(&mut self, _plugin_configuration_size: usize) -> bool {
-        let bytes: Bytes = self.get_plugin_configuration().unwrap_or_default();
+        let bytes: Bytes =
+            hostcalls::get_buffer(BufferType::PluginConfiguration, 0, usize::MAX).ok().flatten().unwrap_or_default();
         let settings = match Settings::from_json(&bytes) {
             Ok(s) => s,
             Err(e) => {
@@ -117,9 +118,10 @@ impl RootContext for FilterRoot {
                 return false;
             }
         };
-        let plugin = self
-            .get_property(vec!["plugin_name"])
-            .and_then(|b| String::from_utf8(b).ok())
+        let plugin = hostcalls::get_property(vec!["plugin_name"])
+            .ok()
+            .flatten()
+            .map(|b| String::from_utf8_lossy(&b).into_owned())
             .unwrap_or_default();
         let router = ROUTERS.with(|routers| {
             let mut routers = routers.borrow_mut();

@@ -97,3 +97,31 @@ async fn filter_keeps_envoys_body_limit_behaviour() {
         }
     }
 }
+
+/// HTTP allows non-UTF-8 (obs-text) header values; they must neither crash the VM nor pass as a tenant id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn non_utf8_header_values_are_harmless() {
+    let rig = Rig::start(3, json!({"strategy": "PREFIX_AWARE"})).await;
+    let body = json!({"model": "m", "messages": [{"role": "user", "content": "q".repeat(2000)}]}).to_string();
+    let latin1 = reqwest::header::HeaderValue::from_bytes(b"caf\xe9").expect("obs-text header value");
+    for _ in 0..3 {
+        let r = rig
+            .client
+            .post(format!("{}/v1/chat/completions", rig.envoy.url()))
+            .header("x-something", latin1.clone())
+            .header("x-warmpath-prefix-id", latin1.clone())
+            .body(body.clone())
+            .send()
+            .await
+            .expect("request");
+        assert_eq!(r.status(), 200);
+        let decision = r.headers().get(warmpath_e2e::DEBUG_HEADER).and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
+        assert!(decision.ends_with("fail_open;matched=0"), "{decision:?}");
+    }
+    // The VM is alive and still decides normal requests.
+    let r = rig.chat(&"ok ".repeat(700)).await;
+    assert_eq!(r.status, 200);
+    assert!(matches!(r.reason(), "prefix_match" | "consistent_pick"), "{r:?}");
+    let s = rig.stats_until(|s| s.filter("fail_open.invalid_tenant") >= 3).await;
+    assert_eq!(s.filter("fail_open.invalid_tenant"), 3);
+}

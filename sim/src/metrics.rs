@@ -53,7 +53,7 @@ impl Metrics {
             request_success: Counter::default(),
             request_errors: Counter::default(),
             ttft_seconds: Histogram::new(
-                [0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0].into_iter(),
+                [0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0],
             ),
             registry: Registry::default(),
         };

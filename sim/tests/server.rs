@@ -28,7 +28,7 @@ async fn non_streaming_chat_reports_cached_tokens_on_repeat() {
     let v2: Value = c.post(&url).json(&body).send().await.unwrap().json().await.unwrap();
     let prompt_tokens = v2["usage"]["prompt_tokens"].as_u64().unwrap();
     let cached = v2["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap();
-    assert!(cached > 0 && cached < prompt_tokens && cached % 16 == 0, "cached {cached} of {prompt_tokens}");
+    assert!(cached > 0 && cached < prompt_tokens && cached.is_multiple_of(16), "cached {cached} of {prompt_tokens}");
     assert!(prompt_tokens - cached < 16, "all full blocks hit");
     s.stop().await;
 }

@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# warmpath-controller: unit and integration tests — reconcilers against the in-memory API
+# (kube-fake-client), golden `render -f` outputs, CRD sync + CEL rules, rendered Envoy fragments
+# through a real `envoy --mode validate`, and the standalone feed server on 127.0.0.1.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+cargo test -p warmpath-controller 2>&1 | tee /dev/stderr | grep -E '^test result:' | awk '{p+=$4; f+=$6} END {printf "[50-controller] %d passed, %d failed\n", p, f; exit f > 0}'

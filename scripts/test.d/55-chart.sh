@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Helm chart charts/warmpath: helm lint; helm template for every provider; every rendered object
+# (chart objects and CRDs) validated offline and strictly against the Kubernetes 1.35 and 1.37
+# OpenAPI schemas (kubernetes-validate); least-privilege checks on the RBAC; and the Istio objects
+# the controller renders validated with Istio's CRD schemas (@kubernetes-models/istio).
+# Tools come from scripts/install-k8s-tools.sh (run by scripts/setup.sh).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+TOOLS="${WARMPATH_TOOLS:-$HOME/.cache/warmpath/tools}"
+HELM="$TOOLS/bin/helm"
+VALIDATE=.venv/bin/kubernetes-validate
+CHART=charts/warmpath
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+pass=0
+ok() { pass=$((pass + 1)); echo "[55-chart] ok: $*"; }
+fail() { echo "[55-chart] FAIL: $*" >&2; exit 1; }
+
+[ -x "$HELM" ] || fail "helm missing: run scripts/setup.sh"
+"$HELM" lint --strict "$CHART" >"$tmp/lint.txt" 2>&1 || { cat "$tmp/lint.txt"; fail "helm lint"; }
+ok "helm lint --strict"
+
+for provider in auto envoy-gateway istio; do
+  "$HELM" template wp "$CHART" --namespace warmpath-system --include-crds --set provider=$provider >"$tmp/$provider.yaml" \
+    || fail "helm template provider=$provider"
+  for k in 1.35.0 1.37.0; do
+    "$VALIDATE" --strict --quiet -k "$k" "$tmp/$provider.yaml" || fail "kubernetes-validate --strict provider=$provider k8s=$k"
+  done
+  grep -q 'kind: Deployment' "$tmp/$provider.yaml" || fail "no Deployment for provider=$provider"
+  [ "$(grep -c 'kind: CustomResourceDefinition' "$tmp/$provider.yaml")" -ge 1 ] || fail "no CRDs for provider=$provider"
+  ok "helm template + strict schema validation, provider=$provider"
+done
+# Provider narrows RBAC to the kinds it renders.
+! grep -q 'extensions.istio.io' "$tmp/envoy-gateway.yaml" || fail "envoy-gateway RBAC grants Istio kinds"
+! grep -q 'gateway.envoyproxy.io' "$tmp/istio.yaml" || fail "istio RBAC grants Envoy Gateway kinds"
+# No wildcards, no secrets, no cluster-wide writes to core objects.
+! grep -nE '"\*"|- \*$' "$tmp/auto.yaml" || fail "wildcard in RBAC"
+awk 'BEGIN{RS="\n---"} /kind: ClusterRole\n/ && /name: wp-warmpath-controller-routing/' "$tmp/auto.yaml" >"$tmp/routing-role.yaml"
+grep -q 'httproutes' "$tmp/routing-role.yaml" || fail "routing ClusterRole not found"
+! grep -n 'secrets' "$tmp/routing-role.yaml" || fail "routing controller RBAC mentions secrets"
+ok "RBAC least privilege (no wildcards, provider-scoped kinds)"
+# A wrong provider value is refused at template time.
+if "$HELM" template wp "$CHART" --set provider=nginx >/dev/null 2>&1; then fail "provider=nginx accepted"; fi
+ok "invalid provider refused"
+# Strict validation has teeth: a misspelled field is refused.
+sed 's/containerPort:/containerPortt:/' "$tmp/auto.yaml" >"$tmp/typo.yaml"
+if "$VALIDATE" --strict --quiet "$tmp/typo.yaml" >/dev/null 2>&1; then fail "strict validation accepted a typo"; fi
+ok "strict validation refuses a misspelled field"
+
+# Istio objects rendered by the controller, checked with Istio's CRD schemas.
+MODULES="$TOOLS/node/node_modules"
+if [ -d "$MODULES/@kubernetes-models/istio" ] && command -v node >/dev/null; then
+  cargo build -q -p warmpath-controller
+  BIN="${CARGO_TARGET_DIR:-target}/debug/warmpath-controller"
+  SHA=045fe3661531d607341bb5878db489d5cd8a55f65289da111fb3d42075e74101
+  "$BIN" render -f controller/testdata/render/istio-annotated.yaml --wasm-sha256 "$SHA" -o json >"$tmp/istio.json" 2>/dev/null
+  node controller/schema-check/validate-istio.mjs "$tmp/istio.json" "$MODULES" || fail "Istio schema validation"
+  ok "rendered WasmPlugin/EnvoyFilter valid against Istio CRD schemas"
+else
+  echo "[55-chart] SKIP: Istio schema check (npm package or node missing)"
+fi
+echo "[55-chart] $pass passed, 0 failed"

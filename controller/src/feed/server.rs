@@ -95,3 +95,37 @@ async fn wasm_module(State(st): State<AppState>, Path(file): Path<String>) -> Re
         _ => (StatusCode::NOT_FOUND, "no such module\n").into_response(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::feed::{FeedEndpoint, FeedSnapshot};
+
+    async fn serve(app: Router) -> (String, tokio::task::JoinHandle<()>) {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", l.local_addr().unwrap());
+        (base, tokio::spawn(async move {
+            let _ = axum::serve(l, app).await;
+        }))
+    }
+
+    #[tokio::test]
+    async fn serves_the_module_under_its_content_address_and_the_feed() {
+        let blob = WasmBlob::new(b"\0asm\x01\0\0\0".to_vec());
+        assert_eq!(blob.sha256, hex::encode(Sha256::digest(b"\0asm\x01\0\0\0")));
+        assert!(blob.file_name.starts_with("warmpath_filter-") && blob.file_name.contains(&blob.sha256[..16]));
+        let store = FeedStore::default();
+        store.update("policy/ns/p", vec![FeedEndpoint { address: "10.0.0.1:8000".into(), load: None }]);
+        let (base, task) = serve(router(store, Some(blob.clone()))).await;
+        let got = reqwest::get(format!("{base}{}", blob.path())).await.unwrap();
+        assert_eq!(got.headers()[header::CONTENT_TYPE], "application/wasm");
+        let bytes = got.bytes().await.unwrap();
+        assert_eq!(hex::encode(Sha256::digest(&bytes)), blob.sha256, "served bytes match the rendered sha256");
+        assert_eq!(reqwest::get(format!("{base}/wasm/warmpath_filter-0000000000000000.wasm")).await.unwrap().status(), 404);
+        let snap: FeedSnapshot = reqwest::get(format!("{base}/v1/feed/policy/ns/p")).await.unwrap().json().await.unwrap();
+        assert_eq!((snap.version, snap.endpoints.len()), (1, 1));
+        assert_eq!(reqwest::get(format!("{base}/v1/feed/policy/ns/q")).await.unwrap().status(), 404);
+        assert_eq!(reqwest::get(format!("{base}/healthz")).await.unwrap().text().await.unwrap(), "ok");
+        task.abort();
+    }
+}

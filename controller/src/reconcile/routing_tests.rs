@@ -98,6 +98,9 @@ async fn envoy_gateway_create_switch_restart_delete() {
     assert_eq!(st.feed_path.as_deref(), Some("/v1/feed/policy/llm/chat-routing"));
     assert!(ctx.feed_sources.lock().unwrap().contains_key("policy/llm/chat-routing"));
     let first_transition = condition(&p, conditions::ACCEPTED).last_transition_time.clone();
+    let events = Api::<k8s_openapi::api::events::v1::Event>::all(client.clone()).list(&Default::default()).await.unwrap();
+    assert!(events.items.iter().any(|e| e.reason.as_deref() == Some("Programmed") && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("chat-routing")),
+        "a Programmed event on the policy: {:?}", events.items.iter().map(|e| &e.reason).collect::<Vec<_>>());
 
     // Strategy switch: same objects, new configuration, nothing else redeployed.
     Api::<InferenceRoutingPolicy>::namespaced(client.clone(), NS)

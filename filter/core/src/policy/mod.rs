@@ -27,6 +27,7 @@ pub struct PickInput<'a> {
     /// Caller-supplied randomness (the core has no random source), uniform over u64.
     pub random: u64,
     /// Caller-supplied time in milliseconds (any epoch; only differences matter). The core never reads a clock.
+    /// The built-in policies do not use it yet (the prefix index ages by CLOCK eviction, not by time).
     pub now_ms: u64,
 }
 

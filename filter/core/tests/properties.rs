@@ -134,4 +134,29 @@ proptest! {
             prop_assert_eq!(&new_top.address, &eps[top].address);
         }
     }
+
+    #[test]
+    fn growing_conversation_stays_on_its_first_endpoint(
+        system in prop::option::of("[a-z ]{0,300}"),
+        first in "[a-z ]{0,100}",
+        turns in prop::collection::vec(("[a-z ]{0,200}", "[a-z ]{0,100}"), 1..6),
+        block in prop::sample::select(vec![16usize, 32, 128]),
+    ) {
+        let mut s = settings(5, 1000, 0.0);
+        s.prefix_length = 8192;
+        s.block_size = block;
+        let mut r = Router::new(s);
+        let mut msgs: Vec<(String, String)> = system.into_iter().map(|t| ("system".to_string(), t)).collect();
+        msgs.push(("user".into(), first));
+        let k = extract_key("/v1/chat/completions", &chat_body("m", &msgs), None, 8192).unwrap();
+        let home = r.route_key(&k, 0, 0, &[]).unwrap().endpoint;
+        for (t, (reply, next)) in turns.into_iter().enumerate() {
+            msgs.push(("assistant".into(), reply));
+            msgs.push(("user".into(), next));
+            let k = extract_key("/v1/chat/completions", &chat_body("m", &msgs), None, 8192).unwrap();
+            let d = r.route_key(&k, t as u64 + 1, 0, &[]).unwrap();
+            prop_assert_eq!(d.endpoint, home, "turn {} left its endpoint: {:?}", t + 2, d);
+            prop_assert_eq!(d.reason, Reason::PrefixMatch);
+        }
+    }
 }

@@ -71,7 +71,7 @@ pub struct InferenceRoutingPolicySpec {
 
     /// Bounded-load factor c: an endpoint is overloaded above c × mean load
     /// (Mirrokni, Thorup, Zadimoghaddam, SODA 2018); 1.0–10.0, or 0 to turn the bound off.
-    /// Unset: the filter's default (1.25).
+    /// Unset: the filter's default (0, off; see BENCHMARKS.md for why).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0.0, max = 10.0))]
     #[x_kube(validation = Rule::new("self == 0.0 || self >= 1.0").message("loadFactor must be 0 (off) or between 1.0 and 10.0"))]

@@ -17,6 +17,8 @@ pub mod reconcile;
 pub mod render;
 pub mod routing;
 pub mod run;
+/// Scale-out timeline calculator for cache warming (issue 6).
+pub mod timeline;
 
 /// Test helpers: object builders and an in-memory API client (`kube-fake-client`) that knows every
 /// type the controller reads or writes. Compiled for the crate's unit tests only.

@@ -3,6 +3,7 @@
 //! - the Istio `EnvoyFilter` MERGE value, merged into a cluster shaped like Istio's outbound
 //!   cluster (which already sets `lb_policy: LEAST_REQUEST`);
 //! - the cluster the Envoy Gateway `EnvoyPatchPolicy` adds for the feed.
+//!
 //! Skips with a message when Envoy is not installed.
 
 use std::path::PathBuf;

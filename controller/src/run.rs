@@ -96,7 +96,8 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         .for_each(|_| futures::future::ready(()));
 
     tokio::select! {
-        _ = async { tokio::join!(policies, routes) } => {}
+        // Cache warming (issue 6): InferenceEndpoint, ModelCache and ImageCache controllers.
+        _ = async { tokio::join!(policies, routes, crate::reconcile::inference_endpoint::run_cache_controllers(Arc::new(ctx.clone()))) } => {}
         r = http_srv => r?,
         r = metrics_srv => r?,
         _ = feed_loop::run(ctx.clone()) => {}

@@ -198,10 +198,22 @@ pub fn feed_cluster(name: &str, controller: &ControllerEndpoint) -> Value {
     })
 }
 
-/// Feed cluster name for an owner on a provider.
+impl Owner {
+    /// Short kind used in feed keys and object names: `policy` or `httproute`.
+    pub fn short_kind(&self) -> &'static str {
+        if self.kind == "HTTPRoute" {
+            "httproute"
+        } else {
+            "policy"
+        }
+    }
+}
+
+/// Feed cluster name for an owner on a provider (Envoy Gateway: one cluster per owner, named
+/// after its feed key; Istio: the controller Service's outbound cluster).
 pub fn feed_cluster_name(provider: Provider, owner: &Owner, controller: &ControllerEndpoint) -> String {
     match provider {
-        Provider::EnvoyGateway => format!("warmpath-feed/{}/{}", owner.namespace, owner.name),
+        Provider::EnvoyGateway => format!("warmpath-feed/{}/{}/{}", owner.short_kind(), owner.namespace, owner.name),
         Provider::Istio => format!("outbound|{}||{}", controller.port, controller.host()),
     }
 }
@@ -260,7 +272,7 @@ fn render_envoy_gateway(input: &RenderInput<'_>, config: &Value, feed: &FeedTarg
         })),
     ];
     for gw in input.gateways {
-        let epp = format!("warmpath-feed-{}-{}", input.owner.namespace, input.owner.name);
+        let epp = format!("warmpath-feed-{}-{}-{}", input.owner.short_kind(), input.owner.namespace, input.owner.name);
         out.push(object(&foreign::envoy_patch_policy(), &gw.namespace, &truncate(&epp), input.owner, json!({
             "type": "JSONPatch",
             "targetRef": gateway_target(gw),

@@ -73,7 +73,7 @@ async fn envoy_gateway_create_switch_restart_delete() {
         ("BackendTrafficPolicy".to_string(), NS.to_string(), "warmpath-chat".to_string()),
         ("EnvoyExtensionPolicy".to_string(), NS.to_string(), "users-own".to_string()),
         ("EnvoyExtensionPolicy".to_string(), NS.to_string(), "warmpath-chat".to_string()),
-        ("EnvoyPatchPolicy".to_string(), GW_NS.to_string(), "warmpath-feed-llm-chat-routing".to_string()),
+        ("EnvoyPatchPolicy".to_string(), GW_NS.to_string(), "warmpath-feed-policy-llm-chat-routing".to_string()),
     ];
     assert_eq!(objs, want);
     let eep = get_owned(&client, "EnvoyExtensionPolicy", NS, "warmpath-chat").await.unwrap();
@@ -83,7 +83,7 @@ async fn envoy_gateway_create_switch_restart_delete() {
     assert_eq!(eep.data["spec"]["wasm"][0]["code"]["sha256"].as_str().unwrap().len(), 64);
     let owner_refs = eep.metadata.owner_references.clone().unwrap();
     assert_eq!((owner_refs[0].kind.as_str(), owner_refs[0].name.as_str()), ("InferenceRoutingPolicy", "chat-routing"));
-    let epp = get_owned(&client, "EnvoyPatchPolicy", GW_NS, "warmpath-feed-llm-chat-routing").await.unwrap();
+    let epp = get_owned(&client, "EnvoyPatchPolicy", GW_NS, "warmpath-feed-policy-llm-chat-routing").await.unwrap();
     assert!(epp.metadata.owner_references.is_none(), "no cross-namespace owner reference");
     let btp = get_owned(&client, "BackendTrafficPolicy", NS, "warmpath-chat").await.unwrap();
     assert_eq!(btp.data["spec"]["loadBalancer"]["endpointOverride"]["extractFrom"][0]["header"], "x-gateway-destination-endpoint");

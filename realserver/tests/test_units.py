@@ -126,3 +126,31 @@ def test_common_subset_compares_identical_requests():
     rows = common_subset([a, b])
     assert [r["requests"] for r in rows] == [1, 1], "only (0, 0) completed in both"
     assert rows[0]["ttft_p50_ms"] == 100.0 and rows[1]["ttft_p50_ms"] == 80.0
+
+
+def _fake_binary(tmp_path, body):
+    exe = tmp_path / "fake-llama-server"
+    exe.write_text("#!/bin/sh\n" + body + "\n")
+    exe.chmod(0o755)
+    return exe
+
+
+def test_sigill_at_start_is_cannot_run(tmp_path):
+    import pytest
+    from warmpath_real.servers import LlamaServer, ServerCannotRun
+
+    spec = ServerSpec(model=tmp_path / "m.gguf", binary=_fake_binary(tmp_path, "echo loading; kill -ILL $$"))
+    with LlamaServer(spec, log_dir=tmp_path) as server:
+        with pytest.raises(ServerCannotRun, match="SIGILL"):
+            server.wait_ready(10)
+
+
+def test_ordinary_start_failure_is_not_a_skip(tmp_path):
+    import pytest
+    from warmpath_real.servers import LlamaServer, ServerCannotRun
+
+    spec = ServerSpec(model=tmp_path / "m.gguf", binary=_fake_binary(tmp_path, "echo 'error: failed to load model'; exit 1"))
+    with LlamaServer(spec, log_dir=tmp_path) as server:
+        with pytest.raises(RuntimeError, match="failed to load model") as e:
+            server.wait_ready(10)
+        assert not isinstance(e.value, ServerCannotRun)

@@ -58,6 +58,7 @@ pub mod phase {
     printcolumn = r#"{"name":"Ready","type":"integer","jsonPath":".status.ready"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
+#[kube(cel)]
 #[serde(rename_all = "camelCase")]
 pub struct ModelCacheSpec {
     /// Where the weights come from.
@@ -329,6 +330,36 @@ mod tests {
         assert!(name.len() <= 63, "{name}");
         assert!(name.chars().last().unwrap().is_ascii_alphanumeric());
         assert_ne!(long, cache_ready_label("a-very-long-namespace-name-x", "an-even-longer-model-cache-name-for-llama-3-70c"));
+    }
+
+    fn cel(source: serde_json::Value) -> Result<(), String> {
+        let mc: ModelCache = serde_json::from_value(serde_json::json!({
+            "apiVersion": "warmpath.dev/v1alpha1", "kind": "ModelCache",
+            "metadata": {"name": "m", "namespace": "ns"}, "spec": {"source": source},
+        }))
+        .unwrap();
+        mc.validate_cel().map_err(|e| format!("{e:?}"))
+    }
+
+    #[test]
+    fn source_needs_exactly_one_kind() {
+        assert_eq!(cel(serde_json::json!({"http": {"url": "https://h/m.gguf"}})), Ok(()));
+        let none = cel(serde_json::json!({})).unwrap_err();
+        assert!(none.contains("exactly one of s3, http, huggingFace, volume"), "{none}");
+        let two = cel(serde_json::json!({"http": {"url": "https://h/m"}, "s3": {"bucket": "bkt"}})).unwrap_err();
+        assert!(two.contains("exactly one"), "{two}");
+    }
+
+    #[test]
+    fn crd_has_the_printer_columns_and_status() {
+        let crd = <ModelCache as kube::CustomResourceExt>::crd();
+        let v = &crd.spec.versions[0];
+        let cols: Vec<&str> = v.additional_printer_columns.iter().flatten().map(|c| c.name.as_str()).collect();
+        assert_eq!(cols, ["State", "Target", "Ready", "Age"]);
+        assert!(v.subresources.as_ref().and_then(|s| s.status.as_ref()).is_some());
+        let ic = <super::super::image_cache::ImageCache as kube::CustomResourceExt>::crd();
+        let cols: Vec<String> = ic.spec.versions[0].additional_printer_columns.iter().flatten().map(|c| c.name.clone()).collect();
+        assert_eq!(cols, ["Phase", "Cached", "Target", "Refs", "Age"]);
     }
 
     #[test]

@@ -137,8 +137,10 @@ pub async fn render(manifests: Vec<Value>, config: ControllerConfig) -> Result<R
         }
     }
     out.objects.sort_by_key(crate::reconcile::program::key_of);
-    let policies = Api::<InferenceRoutingPolicy>::all(client.clone()).list(&ListParams::default()).await.map_err(|e| e.to_string())?;
-    for p in policies.items {
+    let mut policies = Api::<InferenceRoutingPolicy>::all(client.clone()).list(&ListParams::default()).await.map_err(|e| e.to_string())?.items;
+    // The in-memory server lists in hash order; sort for stable output.
+    policies.sort_by_key(|p| (p.metadata.namespace.clone(), p.metadata.name.clone()));
+    for p in policies {
         for a in p.status.iter().flat_map(|s| s.ancestors.iter()) {
             for c in &a.conditions {
                 out.status.push(format!(

@@ -56,6 +56,11 @@ if [ -d "$MODULES/@kubernetes-models/istio" ] && command -v node >/dev/null; the
   "$BIN" render -f controller/testdata/render/istio-annotated.yaml --wasm-sha256 "$SHA" -o json >"$tmp/istio.json" 2>/dev/null
   node controller/schema-check/validate-istio.mjs "$tmp/istio.json" "$MODULES" || fail "Istio schema validation"
   ok "rendered WasmPlugin/EnvoyFilter valid against Istio CRD schemas"
+  sed 's/"failStrategy"/"failStratgy"/' "$tmp/istio.json" >"$tmp/istio-typo.json"
+  if node controller/schema-check/validate-istio.mjs "$tmp/istio-typo.json" "$MODULES" >/dev/null; then fail "Istio check accepted a misspelled field"; fi
+  sed 's/"FAIL_OPEN"/"FAIL_SOMETIMES"/' "$tmp/istio.json" >"$tmp/istio-enum.json"
+  if node controller/schema-check/validate-istio.mjs "$tmp/istio-enum.json" "$MODULES" >/dev/null; then fail "Istio check accepted a bad enum"; fi
+  ok "Istio check refuses a misspelled field and a bad enum value"
 else
   echo "[55-chart] SKIP: Istio schema check (npm package or node missing)"
 fi

@@ -35,6 +35,18 @@ pub fn owned_kinds() -> Vec<ApiResource> {
     vec![envoy_extension_policy(), backend_traffic_policy(), envoy_patch_policy(), wasm_plugin(), envoy_filter()]
 }
 
+/// The kinds the routing reconciler may create for a fixed provider (`None`: auto, all kinds).
+/// With a fixed provider the chart grants RBAC on that provider's kinds only, so sweeps must not
+/// list the others.
+pub fn owned_kinds_for(provider: Option<crate::render::Provider>) -> Vec<ApiResource> {
+    use crate::render::Provider;
+    match provider {
+        None => owned_kinds(),
+        Some(Provider::EnvoyGateway) => vec![envoy_extension_policy(), backend_traffic_policy(), envoy_patch_policy()],
+        Some(Provider::Istio) => vec![wasm_plugin(), envoy_filter()],
+    }
+}
+
 fn ar(group: &str, version: &str, kind: &str, plural: &str) -> ApiResource {
     ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), plural)
 }

@@ -253,11 +253,12 @@ pub async fn apply_all(ctx: &Context, objects: &[DynamicObject]) -> Result<()> {
 }
 
 /// Deletes every object labelled with `owner_uid` that is not in `keep`. Returns how many were
-/// deleted. Kinds whose CRD is not installed (the other provider) are skipped.
+/// deleted. Only the configured provider's kinds are listed (its RBAC covers no others), and kinds
+/// whose CRD is not installed (auto mode, one provider present) are skipped.
 pub async fn sweep(ctx: &Context, owner_uid: &str, keep: &BTreeSet<ObjectKey>) -> Result<usize> {
     let lp = ListParams::default().labels(&format!("{LABEL_OWNER_UID}={owner_uid}"));
     let mut deleted = 0;
-    for ar in foreign::owned_kinds() {
+    for ar in foreign::owned_kinds_for(ctx.config.provider) {
         let api = Api::<DynamicObject>::all_with(ctx.client.clone(), &ar);
         let list = match api.list(&lp).await {
             Ok(l) => l,

@@ -47,6 +47,37 @@ sed 's/containerPort:/containerPortt:/' "$tmp/auto.yaml" >"$tmp/typo.yaml"
 if "$VALIDATE" --strict --quiet "$tmp/typo.yaml" >/dev/null 2>&1; then fail "strict validation accepted a typo"; fi
 ok "strict validation refuses a misspelled field"
 
+# The InferenceRoutingPolicies of the render testdata against the committed CRD's openAPIV3Schema
+# (strict: unknown fields refused), and out-of-range / unknown values refused by the schema alone.
+if .venv/bin/python - charts/warmpath/crds/inferenceroutingpolicies.warmpath.dev.yaml controller/testdata/render/*.yaml <<'PY'
+import sys, copy, yaml, jsonschema
+crd = yaml.safe_load(open(sys.argv[1]))
+schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+def strict(s):
+    if isinstance(s, dict):
+        if s.get("type") == "object" and "properties" in s and "additionalProperties" not in s:
+            s["additionalProperties"] = False
+        for v in s.values(): strict(v)
+    elif isinstance(s, list):
+        for v in s: strict(v)
+strict(schema)
+schema["properties"].update(metadata={"type": "object"}, apiVersion={"type": "string"}, kind={"type": "string"})
+policies = [d for f in sys.argv[2:] if not f.endswith(".expected.yaml") for d in yaml.safe_load_all(open(f)) if d and d.get("kind") == "InferenceRoutingPolicy"]
+assert len(policies) >= 3, policies
+for p in policies:
+    jsonschema.validate(p, schema)
+    print("[55-chart] schema ok: InferenceRoutingPolicy", p["metadata"]["name"])
+bad = [("prefixLength", 10), ("strategy", "ROUND_ROBIN"), ("concurrencyThreshold", 5000), ("failureMode", "Sometimes"), ("prefixLenght", 4096)]
+for field, value in bad:
+    p = copy.deepcopy(policies[0]); p["spec"][field] = value
+    try:
+        jsonschema.validate(p, schema)
+        raise SystemExit(f"schema accepted {field}={value!r}")
+    except jsonschema.ValidationError:
+        pass
+PY
+then ok "testdata policies valid against the CRD schema; bad values and typos refused"; else fail "policy schema validation"; fi
+
 # Istio objects rendered by the controller, checked with Istio's CRD schemas.
 MODULES="$TOOLS/node/node_modules"
 if [ -d "$MODULES/@kubernetes-models/istio" ] && command -v node >/dev/null; then

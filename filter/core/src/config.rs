@@ -42,6 +42,8 @@ pub struct RawConfig {
     pub block_size: Option<u64>,
     pub concurrency_threshold: Option<u64>,
     pub load_factor: Option<f64>,
+    pub miss_choices: Option<u64>,
+    pub miss_load_margin: Option<u64>,
     pub tenant_header: Option<String>,
     pub max_body_bytes: Option<u64>,
     pub endpoints: Option<Vec<String>>,
@@ -79,6 +81,10 @@ pub const BLOCK_SIZE_RANGE: (u64, u64) = (16, 8192);
 pub const CONCURRENCY_THRESHOLD_RANGE: (u64, u64) = (1, 1024);
 /// Allowed range of a non-zero `load_factor` (bounded-load factor c; 0 turns the bound off).
 pub const LOAD_FACTOR_RANGE: (f64, f64) = (1.0, 10.0);
+/// Allowed range of `miss_choices` (rendezvous candidates compared by load when a request has no useful match).
+pub const MISS_CHOICES_RANGE: (u64, u64) = (1, 16);
+/// Allowed range of `miss_load_margin` (in-flight requests).
+pub const MISS_LOAD_MARGIN_RANGE: (u64, u64) = (1, 1024);
 /// Allowed range of `max_body_bytes`.
 pub const MAX_BODY_BYTES_RANGE: (u64, u64) = (1024, 64 * 1024 * 1024);
 /// Allowed range of `index_capacity` in blocks.
@@ -110,6 +116,22 @@ pub struct Settings {
     /// with small integer loads a relative cap keeps pushing requests off the endpoint that holds their prefix.
     /// `concurrency_threshold` stays the guard.
     pub load_factor: f64,
+    /// PREFIX_AWARE, requests without a useful index match: how many of the key's top rendezvous candidates are
+    /// compared by load (effective in-flight requests); the least-loaded one the overload guard admits wins,
+    /// ties going to rendezvous order. 1 = the pure consistent pick (top candidate only); d ≥ 2 is
+    /// "power of d choices" (Mitzenmacher, "The Power of Two Choices in Randomized Load Balancing", IEEE TPDS
+    /// 2001), restricted to the key's rendezvous ranking so that every replica with the same loads makes the same
+    /// choice and equal loads give exactly the consistent pick. Values above N compare all endpoints.
+    /// 1..=16, default 1: the replayer measured d = 2 (with `miss_load_margin` 4) −11 % TTFT p50 / −13 % p90 on a
+    /// near-saturated low-reuse Mooncake setting, a tie with 8 endpoints and a small loss on multi-turn chat
+    /// (docs/bench/replay.md §3c), so it stays opt-in.
+    pub miss_choices: usize,
+    /// With `miss_choices` ≥ 2: a request without a useful match leaves its rendezvous top only for a candidate
+    /// with at least this many fewer requests in flight (effective load), so small load differences do not
+    /// scatter a key over its candidates (a later turn handled by a replica or Envoy worker without the index
+    /// entry falls back to the same key). 1..=1024 in-flight requests, default 1 (any lower load wins); with
+    /// d = 2, margin 1 cost 7–26 % of the hit ratio on the replayer and 4 kept it within 5 % (docs/bench/replay.md §3c).
+    pub miss_load_margin: u32,
     /// Request header carrying the tenant id (lower-cased here; HTTP/2 header names are lower case). Default
     /// `x-warmpath-prefix-id`.
     pub tenant_header: String,
@@ -135,6 +157,8 @@ impl Default for Settings {
             block_size: 128,
             concurrency_threshold: 10,
             load_factor: 0.0,
+            miss_choices: 1,
+            miss_load_margin: 1,
             tenant_header: "x-warmpath-prefix-id".to_string(),
             max_body_bytes: 1 << 20,
             endpoints: Vec::new(),
@@ -221,6 +245,14 @@ impl Settings {
             }
             None => d.load_factor,
         };
+        let miss_choices = match raw.miss_choices {
+            Some(v) => in_range("miss_choices", v, MISS_CHOICES_RANGE, "1..=16 rendezvous candidates")? as usize,
+            None => d.miss_choices,
+        };
+        let miss_load_margin = match raw.miss_load_margin {
+            Some(v) => in_range("miss_load_margin", v, MISS_LOAD_MARGIN_RANGE, "1..=1024 in-flight requests")? as u32,
+            None => d.miss_load_margin,
+        };
         let tenant_header = match raw.tenant_header {
             Some(h) if is_header_name(&h) => h.to_ascii_lowercase(),
             Some(h) => {
@@ -273,6 +305,8 @@ impl Settings {
             block_size,
             concurrency_threshold,
             load_factor,
+            miss_choices,
+            miss_load_margin,
             tenant_header,
             max_body_bytes,
             endpoints,
@@ -332,6 +366,7 @@ mod tests {
         assert_eq!(s.strategy, Strategy::PrefixAware);
         assert_eq!(s.prefix_length, 8192);
         assert_eq!(s.load_factor, 0.0);
+        assert_eq!(s.miss_choices, 1);
         assert_eq!(s.tenant_header, "x-warmpath-prefix-id");
         assert_eq!(s.endpoints, vec!["127.0.0.1:8001".to_string()]);
     }
@@ -340,7 +375,7 @@ mod tests {
     fn full_config_parses() {
         let s = Settings::from_json(
             br#"{"strategy":"LEAST_OUTSTANDING_REQUESTS","prefix_length":2048,"block_size":64,
-                "concurrency_threshold":4,"load_factor":0,"tenant_header":"X-Tenant","max_body_bytes":4096,
+                "concurrency_threshold":4,"load_factor":0,"miss_choices":2,"tenant_header":"X-Tenant","max_body_bytes":4096,
                 "endpoints":["127.0.0.1:1"," [::1]:2 ","127.0.0.1:1"],"index_capacity":100,"debug_header":true,
                 "feed":{"cluster":"warmpath-controller","interval_ms":500}}"#,
         )
@@ -348,6 +383,7 @@ mod tests {
         assert_eq!(s.strategy, Strategy::LeastOutstandingRequests);
         assert_eq!(s.block_size, 64);
         assert_eq!(s.load_factor, 0.0);
+        assert_eq!(s.miss_choices, 2);
         assert_eq!(s.tenant_header, "x-tenant");
         assert_eq!(s.endpoints, vec!["127.0.0.1:1".to_string(), "[::1]:2".to_string()]);
         let f = s.feed.unwrap();
@@ -362,6 +398,12 @@ mod tests {
         assert!(e.contains("concurrency_threshold") && e.contains("1..=1024"), "{e}");
         let e = err(r#"{"load_factor":0.5,"endpoints":["127.0.0.1:1"]}"#);
         assert!(e.contains("load_factor") && e.contains("0.5"), "{e}");
+        for bad in ["0", "17", "-1", "1.5"] {
+            let e = err(&format!(r#"{{"miss_choices":{bad},"endpoints":["127.0.0.1:1"]}}"#));
+            assert!(e.contains("miss_choices") || e.contains(bad), "{e}");
+        }
+        let e = err(r#"{"miss_choices":17,"endpoints":["127.0.0.1:1"]}"#);
+        assert!(e.contains("`miss_choices` = 17") && e.contains("1..=16"), "{e}");
         let e = err(r#"{"endpoints":["localhost:80"]}"#);
         assert!(e.contains("endpoints[0]") && e.contains("localhost:80") && e.contains("IP:port"), "{e}");
         let e = err(r#"{"endpoints":[]}"#);

@@ -27,6 +27,12 @@
 //!    block that is not common (else that whole block, else the whole tail). The endpoint is the rendezvous
 //!    top for that key ([`Reason::ConsistentPick`]); every replica computes the same key once it has seen the
 //!    shared prefix, and turn k+1 gets turn k's key as long as turn 1 reached that checkpoint.
+//!    With `miss_choices` d ≥ 2 the top yields to the least-loaded of the key's next d − 1 rendezvous
+//!    candidates when that one has at least `miss_load_margin` fewer requests in flight (ties to the
+//!    higher-ranked one): still a function of (key, endpoint set, loads), so replicas that see the same loads
+//!    agree, equal loads give the top candidate, and a key never leaves its d candidates while its top is
+//!    admitted. The margin keeps small load differences from scattering a key: a later turn handled by a
+//!    replica or Envoy worker whose index lacks the first turn falls back to the same key.
 //! 4. Overload guard ([`LoadGuard`]): an endpoint at `concurrency_threshold` in-flight or above the bounded-load
 //!    cap is skipped; the request goes to the next endpoint in rendezvous order, else the least-loaded one
 //!    ([`Reason::Overflow`]).
@@ -41,7 +47,7 @@ use crate::decision::{Decision, Reason};
 use crate::endpoint::{Endpoint, EndpointLoad};
 use crate::hrw;
 use crate::index::{BlockInfo, PrefixIndex, MAX_HOLDERS};
-use crate::load::{least_loaded, LoadGuard};
+use crate::load::{least_loaded, load_at, LoadGuard};
 use crate::prefix::{checkpoint_hash, checkpoint_step, PrefixHashes};
 
 /// A node is common when the traffic diverged below it at least `BRANCH_FACTOR × N` times (N endpoints).
@@ -58,6 +64,10 @@ pub struct PrefixAwarePolicy {
     block_size: usize,
     threshold: u32,
     load_factor: f64,
+    /// Rendezvous candidates compared by load for a request without a useful match (`miss_choices`, ≥ 1).
+    miss_choices: usize,
+    /// In-flight difference needed to leave the rendezvous top on a miss (`miss_load_margin`, ≥ 1).
+    miss_margin: u32,
     index: PrefixIndex,
     /// Endpoint ids of the last endpoint list seen, in order.
     ids: Vec<u32>,
@@ -92,6 +102,8 @@ impl PrefixAwarePolicy {
             block_size: settings.block_size,
             threshold: settings.concurrency_threshold,
             load_factor: settings.load_factor,
+            miss_choices: settings.miss_choices.max(1),
+            miss_margin: settings.miss_load_margin.max(1),
             index: PrefixIndex::new(settings.index_capacity),
             ids: Vec::new(),
             pos_by_id: Vec::new(),
@@ -254,6 +266,36 @@ impl PrefixAwarePolicy {
     }
 }
 
+/// The endpoint for a request without a useful match, or `None` when the key's rendezvous top is not admitted
+/// by the guard (the caller overflows along the rendezvous order, as with one choice). Otherwise the top,
+/// unless one of the next `d` − 1 endpoints in rendezvous order is admitted and has at least `margin` fewer
+/// requests in flight (effective load): then the least-loaded of those, ties to the better rendezvous rank.
+/// With `d` = 1, or equal loads, this is the rendezvous top.
+fn miss_choice(
+    key: u64,
+    d: usize,
+    margin: u32,
+    endpoints: &[Endpoint],
+    loads: &[EndpointLoad],
+    guard: &LoadGuard,
+) -> Option<usize> {
+    let load = |i| load_at(loads, i).effective();
+    if d <= 1 {
+        return hrw::top(key, endpoints).filter(|&i| guard.admits(loads, i));
+    }
+    let order = hrw::order(key, endpoints);
+    let top = *order.first()?;
+    if !guard.admits(loads, top) {
+        return None;
+    }
+    // `min_by_key` keeps the first of equal minima, i.e. the better rendezvous rank.
+    let best = order.into_iter().take(d).skip(1).filter(|&i| guard.admits(loads, i)).min_by_key(|&i| load(i));
+    match best {
+        Some(b) if load(b).saturating_add(margin) <= load(top) => Some(b),
+        _ => Some(top),
+    }
+}
+
 fn fingerprint(ph: &PrefixHashes) -> (u64, usize, u64) {
     (ph.namespace, ph.blocks.len(), ph.blocks.last().copied().unwrap_or(0))
 }
@@ -308,9 +350,10 @@ impl Policy for PrefixAwarePolicy {
             }
         };
         let key_hash = self.consistent_key(&key.text, &ph, plan.common_blocks);
-        let top = hrw::top(key_hash, endpoints)?;
-        if !plan.useful && guard.admits(loads, top) {
-            return Some(report(self, top, Reason::ConsistentPick));
+        if !plan.useful {
+            if let Some(i) = miss_choice(key_hash, self.miss_choices, self.miss_margin, endpoints, loads, &guard) {
+                return Some(report(self, i, Reason::ConsistentPick));
+            }
         }
         let next = hrw::order(key_hash, endpoints).into_iter().find(|&i| guard.admits(loads, i));
         let i = match next {
@@ -365,6 +408,8 @@ impl Policy for PrefixAwarePolicy {
         }
         self.threshold = settings.concurrency_threshold;
         self.load_factor = settings.load_factor;
+        self.miss_choices = settings.miss_choices.max(1);
+        self.miss_margin = settings.miss_load_margin.max(1);
         if settings.index_capacity != self.index.capacity() {
             self.index.set_capacity(settings.index_capacity);
         }

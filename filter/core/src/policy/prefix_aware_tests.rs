@@ -410,3 +410,136 @@ fn index_stays_bounded() {
         assert!(p.index().len() <= 64);
     }
 }
+
+/// For a fresh key on an empty index: its rendezvous top `p` (idle loads) and second `q` (where `p`'s overflow
+/// goes with `concurrency_threshold` 1), taken from `miss_choices` = 1 routers.
+fn top_two(n: usize, k: &RequestKey) -> (usize, usize) {
+    let mut s = settings(n);
+    let p = Router::new(s.clone()).route_key(k, 0, 0, &[]).unwrap().endpoint;
+    s.concurrency_threshold = 1;
+    let mut loads = vec![EndpointLoad::in_flight(0); n];
+    loads[p] = EndpointLoad::in_flight(1);
+    let d = Router::new(s).route_key(k, 0, 0, &loads).unwrap();
+    assert_eq!(d.reason, Reason::Overflow);
+    (p, d.endpoint)
+}
+
+fn with_choices(n: usize, d: usize) -> Settings {
+    Settings { miss_choices: d, ..settings(n) }
+}
+
+#[test]
+fn miss_choices_with_equal_loads_is_the_consistent_pick() {
+    for seed in 0..40u64 {
+        let k = key(&[("user", &words(100 + seed, 300))]);
+        let (p, _) = top_two(5, &k);
+        for load in [0, 3] {
+            let loads = vec![EndpointLoad::in_flight(load); 5];
+            for d in [1, 2, 3, 16] {
+                let got = Router::new(with_choices(5, d)).route_key(&k, 0, 0, &loads).unwrap();
+                assert_eq!((got.endpoint, got.reason), (p, Reason::ConsistentPick), "seed {seed} d {d} load {load}");
+            }
+        }
+    }
+}
+
+#[test]
+fn miss_choices_two_takes_the_second_candidate_when_the_top_is_busier() {
+    let k = key(&[("user", &words(11, 300))]);
+    let (p, q) = top_two(5, &k);
+    let mut loads = vec![EndpointLoad::in_flight(0); 5];
+    loads[p] = EndpointLoad::in_flight(1);
+    let d = Router::new(with_choices(5, 2)).route_key(&k, 0, 0, &loads).unwrap();
+    assert_eq!((d.endpoint, d.reason), (q, Reason::ConsistentPick));
+    // One choice ignores load below the threshold.
+    let d = Router::new(with_choices(5, 1)).route_key(&k, 0, 0, &loads).unwrap();
+    assert_eq!((d.endpoint, d.reason), (p, Reason::ConsistentPick));
+    // Never outside the top two: idle endpoints elsewhere do not attract the request.
+    loads = vec![EndpointLoad::in_flight(0); 5];
+    loads[p] = EndpointLoad::in_flight(4);
+    loads[q] = EndpointLoad::in_flight(3);
+    let d = Router::new(with_choices(5, 2)).route_key(&k, 0, 0, &loads).unwrap();
+    assert_eq!((d.endpoint, d.reason), (q, Reason::ConsistentPick));
+    // Server-reported queues count as load too.
+    loads = vec![EndpointLoad::in_flight(0); 5];
+    loads[p] = EndpointLoad { in_flight: 0, server: Some(ServerLoad { waiting: 2, running: 1, kv_cache_usage: 0.1 }) };
+    assert_eq!(Router::new(with_choices(5, 2)).route_key(&k, 0, 0, &loads).unwrap().endpoint, q);
+    // The top at the threshold: the overflow rule, as with one choice (next admitted in rendezvous order).
+    let mut s = with_choices(5, 2);
+    s.concurrency_threshold = 2;
+    loads = vec![EndpointLoad::in_flight(0); 5];
+    loads[p] = EndpointLoad::in_flight(2);
+    let d = Router::new(s).route_key(&k, 0, 0, &loads).unwrap();
+    assert_eq!((d.endpoint, d.reason), (q, Reason::Overflow));
+    // Both candidates at the threshold: overflow further down the rendezvous order, as with one choice.
+    let mut s = with_choices(5, 2);
+    s.concurrency_threshold = 2;
+    loads = vec![EndpointLoad::in_flight(0); 5];
+    loads[p] = EndpointLoad::in_flight(2);
+    loads[q] = EndpointLoad::in_flight(2);
+    let d = Router::new(s).route_key(&k, 0, 0, &loads).unwrap();
+    assert_eq!(d.reason, Reason::Overflow);
+    assert!(d.endpoint != p && d.endpoint != q);
+}
+
+#[test]
+fn miss_choices_is_deterministic_and_stays_in_the_top_d() {
+    let n = 6;
+    for seed in 0..60u64 {
+        let k = key(&[("user", &words(200 + seed, 300))]);
+        let (p, q) = top_two(n, &k);
+        // Loads derived from the seed, below the threshold.
+        let loads: Vec<EndpointLoad> =
+            (0..n).map(|i| EndpointLoad::in_flight((xxh3_64(&[seed as u8, i as u8]) % 9) as u32)).collect();
+        let a = Router::new(with_choices(n, 2)).route_key(&k, 0, 0, &loads).unwrap();
+        let mut reversed = with_choices(n, 2);
+        reversed.endpoints.reverse();
+        let rev_loads: Vec<EndpointLoad> = loads.iter().rev().copied().collect();
+        let b = Router::new(reversed).route_key(&k, 0, 0, &rev_loads).unwrap();
+        assert_eq!(a.address, b.address, "same choice on a replica listing endpoints in another order");
+        assert!(a.endpoint == p || a.endpoint == q, "seed {seed}: {} outside top two {p},{q}", a.endpoint);
+        let (lp, lq) = (loads[p].effective(), loads[q].effective());
+        assert_eq!(a.endpoint, if lq < lp { q } else { p }, "seed {seed}: loads {lp} / {lq}");
+        // With d = N the choice is the least-loaded endpoint overall.
+        let all = Router::new(with_choices(n, 16)).route_key(&k, 0, 0, &loads).unwrap();
+        let min = loads.iter().map(|l| l.effective()).min().unwrap();
+        assert_eq!(loads[all.endpoint].effective(), min);
+    }
+}
+
+#[test]
+fn miss_choices_next_turn_follows_the_first_turn() {
+    // Turn 1 finds its top candidate busy and goes to the second; turn 2 has a useful match and follows it even
+    // when the loads have flipped, so the conversation's cache is reused.
+    let t = conversation(21, None, 2, 200);
+    let (p, q) = top_two(4, &t[0]);
+    let mut r = Router::new(with_choices(4, 2));
+    let mut loads = vec![EndpointLoad::in_flight(0); 4];
+    loads[p] = EndpointLoad::in_flight(2);
+    let first = r.route_key(&t[0], 0, 0, &loads).unwrap();
+    assert_eq!((first.endpoint, first.reason), (q, Reason::ConsistentPick));
+    loads[p] = EndpointLoad::in_flight(0);
+    loads[q] = EndpointLoad::in_flight(3);
+    let second = r.route_key(&t[1], 0, 0, &loads).unwrap();
+    assert_eq!((second.endpoint, second.reason), (q, Reason::PrefixMatch));
+}
+
+#[test]
+fn miss_load_margin_keeps_the_top_for_small_differences() {
+    let k = key(&[("user", &words(12, 300))]);
+    let (p, q) = top_two(5, &k);
+    let s = Settings { miss_load_margin: 3, ..with_choices(5, 2) };
+    let case = |lp: u32, lq: u32| {
+        let mut loads = vec![EndpointLoad::in_flight(0); 5];
+        loads[p] = EndpointLoad::in_flight(lp);
+        loads[q] = EndpointLoad::in_flight(lq);
+        let d = Router::new(s.clone()).route_key(&k, 0, 0, &loads).unwrap();
+        assert_eq!(d.reason, Reason::ConsistentPick);
+        d.endpoint
+    };
+    assert_eq!(case(2, 0), p, "difference 2 < margin 3");
+    assert_eq!(case(5, 3), p, "difference 2 < margin 3");
+    assert_eq!(case(3, 0), q, "difference 3 = margin");
+    assert_eq!(case(9, 1), q);
+    assert_eq!(case(0, 0), p);
+}

@@ -84,14 +84,14 @@ pub struct Row {
 /// Errors for inputs that make no sense.
 pub fn validate(i: &TimelineInputs) -> Result<(), String> {
     for (name, v) in [("registry_gbps", i.registry_gbps), ("object_store_gbps", i.object_store_gbps), ("nvme_gbps", i.nvme_gbps)] {
-        if !(v > 0.0) {
+        if v.is_nan() || v <= 0.0 {
             return Err(format!("{name} must be > 0 (got {v})"));
         }
     }
     if i.image_gb < 0.0 || i.weights_gb < 0.0 {
         return Err("sizes must be >= 0".into());
     }
-    if i.object_store_aggregate_gbps.is_some_and(|a| !(a > 0.0)) {
+    if i.object_store_aggregate_gbps.is_some_and(|a| a.is_nan() || a <= 0.0) {
         return Err("object_store_aggregate_gbps must be > 0".into());
     }
     if i.warm_nodes > i.nodes || i.nodes == 0 {

@@ -115,7 +115,7 @@ async fn reconcile_mc(ctx: &Arc<Context>, name: &str) -> ModelCache {
 async fn reconcile_ic(ctx: &Arc<Context>, name: &str) -> Option<ImageCache> {
     let api: Api<ImageCache> = Api::namespaced(ctx.client.clone(), NS);
     for _ in 0..2 {
-        let Some(ic) = api.get_opt(name).await.unwrap() else { return None };
+        let ic = api.get_opt(name).await.unwrap()?;
         image_cache::reconcile(Arc::new(ic), ctx.clone()).await.unwrap();
     }
     api.get_opt(name).await.unwrap()

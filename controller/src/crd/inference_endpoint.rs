@@ -131,7 +131,7 @@ pub struct ModelCacheConfig {
 }
 
 /// `modelCacheConfig.weightsCache`.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct WeightsCacheConfig {
     /// Default false: pods download from the source at start.
@@ -141,12 +141,6 @@ pub struct WeightsCacheConfig {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(regex(pattern = r"^/"))]
     pub host_path: Option<String>,
-}
-
-impl Default for WeightsCacheConfig {
-    fn default() -> Self {
-        Self { enabled: false, host_path: None }
-    }
 }
 
 /// `modelCacheConfig.imageCache`.

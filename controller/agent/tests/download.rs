@@ -260,3 +260,69 @@ async fn missing_object_is_a_clear_failure() {
     let err = sync_cache(&req, &opts(root.path(), 1024, 1), &CancellationToken::new(), None).await.unwrap_err();
     assert_eq!(err.reason(), "SourceNotFound", "{err}");
 }
+
+/// A real crash: the `warmpath-agent fetch` process is SIGKILLed mid-download (the server answers each
+/// range after 40 ms so the kill lands inside the transfer), then run again: it resumes from the
+/// chunks its progress record holds and ends with the exact bytes.
+#[tokio::test]
+async fn killed_agent_process_resumes_where_it_stopped() {
+    use axum::{extract::Request, middleware::Next};
+    let served = tempfile::tempdir().unwrap();
+    let body = payload(2 * 1024 * KIB, 31);
+    std::fs::write(served.path().join("w.bin"), &body).unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let app = axum::Router::new()
+        .fallback_service(tower_http::services::ServeDir::new(served.path()))
+        .layer(axum::middleware::from_fn(|req: Request, next: Next| async move {
+            tokio::time::sleep(std::time::Duration::from_millis(40)).await;
+            next.run(req).await
+        }));
+    let server = tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let root = tempfile::tempdir().unwrap();
+    let args = |extra: &[&str]| {
+        let mut c = tokio::process::Command::new(env!("CARGO_BIN_EXE_warmpath-agent"));
+        c.args(["fetch", "--key", "ns.w", "--reserve-bytes", "0", "--chunk-size", "65536", "--concurrency", "1"])
+            .arg("--source")
+            .arg(format!("{base}/w.bin"))
+            .arg("--root")
+            .arg(root.path())
+            .args(extra)
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true);
+        c
+    };
+    let sum = format!("w.bin={}", sha256_hex(&body));
+    let mut child = args(&["--sha256", &sum]).spawn().unwrap();
+    // Wait (bounded) until at least 5 chunks are recorded, then kill -9.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let done_chunks = || -> usize {
+        let Ok(staging) = std::fs::read_dir(root.path().join("ns.w/staging")) else { return 0 };
+        staging
+            .flatten()
+            .filter_map(|d| std::fs::read(progress_path(&d.path().join("w.bin.part"))).ok())
+            .filter_map(|b| serde_json::from_slice::<warmpath_agent::fetch::ProgressRecord>(&b).ok())
+            .map(|r| r.done.len())
+            .max()
+            .unwrap_or(0)
+    };
+    while done_chunks() < 5 {
+        assert!(std::time::Instant::now() < deadline, "no progress within 20 s");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    child.start_kill().unwrap();
+    let status = child.wait().await.unwrap();
+    assert!(!status.success(), "killed, not finished");
+    let kept = done_chunks();
+    assert!(kept >= 5 && kept < 32, "{kept} of 32 chunks recorded at the kill");
+    assert!(!root.path().join("ns.w/current").exists(), "nothing current after the crash");
+
+    let out = args(&["--sha256", &sum]).output().await.unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let resumed = v["report"]["bytesResumed"].as_u64().unwrap();
+    assert!(resumed >= kept as u64 * 65536, "resumed {resumed} bytes, {kept} chunks were recorded");
+    assert_eq!(resumed + v["report"]["bytesFetched"].as_u64().unwrap(), body.len() as u64);
+    assert_eq!(read_current(root.path(), "ns.w", "w.bin"), body);
+    server.abort();
+}

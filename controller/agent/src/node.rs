@@ -191,18 +191,24 @@ impl NodeAgent {
         let req = CacheRequest { key: cache_dir_name(&ns, &name), source, sha256: mc.spec.sha256.clone() };
         let start = NodeCacheReport { state: phase::DOWNLOADING.into(), generation, ..Default::default() };
         let _ = self.report(&key, &ns, &name, start, None).await;
-        // Progress reports at most every 5 s (each is a Node patch).
+        // Progress reports at most every 5 s (each is a Node patch), with the bytes on disk so far.
         let last = Arc::new(Mutex::new(Instant::now()));
+        let per_file: Arc<Mutex<HashMap<String, u64>>> = Arc::default();
         let progress = {
             let (agent, key, ns, name, last) = (self.clone(), key.clone(), ns.clone(), name.clone(), last.clone());
             let handle = tokio::runtime::Handle::current();
-            Arc::new(move |_file: &str, _done: u64| {
+            Arc::new(move |file: &str, done: u64| {
+                let bytes_done: u64 = {
+                    let mut m = per_file.lock().expect("lock");
+                    m.insert(file.to_string(), done);
+                    m.values().sum()
+                };
                 let mut l = last.lock().expect("lock");
                 if l.elapsed() >= Duration::from_secs(5) {
                     *l = Instant::now();
                     let (agent, key, ns, name) = (agent.clone(), key.clone(), ns.clone(), name.clone());
                     handle.spawn(async move {
-                        let r = NodeCacheReport { state: phase::DOWNLOADING.into(), generation, ..Default::default() };
+                        let r = NodeCacheReport { state: phase::DOWNLOADING.into(), generation, bytes_done, ..Default::default() };
                         let _ = agent.report(&key, &ns, &name, r, None).await;
                     });
                 }

@@ -314,7 +314,7 @@ async fn killed_agent_process_resumes_where_it_stopped() {
     let status = child.wait().await.unwrap();
     assert!(!status.success(), "killed, not finished");
     let kept = done_chunks();
-    assert!(kept >= 5 && kept < 32, "{kept} of 32 chunks recorded at the kill");
+    assert!((5..32).contains(&kept), "{kept} of 32 chunks recorded at the kill");
     assert!(!root.path().join("ns.w/current").exists(), "nothing current after the crash");
 
     let out = args(&["--sha256", &sum]).output().await.unwrap();

@@ -99,6 +99,20 @@ async fn syncs_targeted_caches_reports_and_removes_them() {
     a.reconcile_once().await.unwrap();
     a.wait_idle().await;
 
+    // Retargeted away from this node (its label changes): removed; back again: synced again.
+    let nodes: Api<Node> = Api::all(c.clone());
+    let relabel = |pool: &'static str| serde_json::json!({"metadata": {"labels": {"pool": pool}}});
+    nodes.patch("gpu-a", &kube::api::PatchParams::default(), &kube::api::Patch::Merge(relabel("cpu"))).await.unwrap();
+    a.reconcile_once().await.unwrap();
+    a.wait_idle().await;
+    assert!(!node(&c).await.labels().contains_key(&cache_ready_label(NS, "llama")));
+    assert!(!root.path().join("ml.llama").exists());
+    assert!(root.path().join("ml.elsewhere/current/w.bin").exists(), "now a target of the cpu cache");
+    nodes.patch("gpu-a", &kube::api::PatchParams::default(), &kube::api::Patch::Merge(relabel("gpu"))).await.unwrap();
+    a.reconcile_once().await.unwrap();
+    a.wait_idle().await;
+    assert_eq!(std::fs::read(root.path().join("ml.llama/current/w.bin")).unwrap(), w);
+
     // Deleted: the agent removes files, then label and report (what the controller's finalizer waits for).
     caches.delete("llama", &DeleteParams::default()).await.unwrap();
     a.reconcile_once().await.unwrap();

@@ -98,6 +98,18 @@ PY
   if "$HELM" template wp charts/warmpath --set agent.enabled=false --show-only templates/agent-daemonset.yaml >/dev/null 2>&1; then
     bad "agent.enabled=false still renders the DaemonSet"
   else ok "agent.enabled=false renders no DaemonSet"; fi
+  # An overridden agent image reaches both the DaemonSet and the controller (cold-node fallback init container).
+  "$HELM" template wp charts/warmpath --set agent.image.tag=t1 \
+     --show-only templates/agent-daemonset.yaml --show-only templates/controller-deployment.yaml >"$tmp/img.yaml"
+  .venv/bin/python - "$tmp/img.yaml" <<'PY' && ok "agent image override reaches DaemonSet and WARMPATH_AGENT_IMAGE" || bad "agent image override"
+import sys, yaml
+docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d]
+ds = [d for d in docs if d["kind"] == "DaemonSet"][0]
+dep = [d for d in docs if d["kind"] == "Deployment"][0]
+assert ds["spec"]["template"]["spec"]["containers"][0]["image"].endswith("warmpath-agent:t1")
+env = {e["name"]: e.get("value") for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]}
+assert env["WARMPATH_AGENT_IMAGE"].endswith("warmpath-agent:t1"), env
+PY
 else
   echo "[65-cache] SKIP: helm missing (scripts/setup.sh installs it)"
 fi

@@ -31,3 +31,7 @@ app.kubernetes.io/component: controller
 {{- define "warmpath.controller.image" -}}
 {{- printf "%s:%s" .Values.controller.image.repository (default .Chart.AppVersion .Values.controller.image.tag) -}}
 {{- end -}}
+
+{{- define "warmpath.agent.image" -}}
+{{- printf "%s:%s" .Values.agent.image.repository (default .Chart.AppVersion .Values.agent.image.tag) -}}
+{{- end -}}

@@ -4,4 +4,5 @@
 # through a real `envoy --mode validate`, and the standalone feed server on 127.0.0.1.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-cargo test -p warmpath-controller 2>&1 | tee /dev/stderr | grep -E '^test result:' | awk '{p+=$4; f+=$6} END {printf "[50-controller] %d passed, %d failed\n", p, f; exit f > 0}'
+# (tee -a: opening /dev/stderr without append truncates a log file that stdout and stderr share, e.g. CI logs)
+cargo test -p warmpath-controller 2>&1 | tee -a /dev/stderr | grep -E '^test result:' | awk '{p+=$4; f+=$6} END {printf "[50-controller] %d passed, %d failed\n", p, f; exit f > 0}'

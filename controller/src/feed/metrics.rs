@@ -7,7 +7,7 @@
 //! | waiting | `vllm:num_requests_waiting` | `sglang:num_queue_reqs` | `llamacpp:requests_deferred` |
 //! | running | `vllm:num_requests_running` | `sglang:num_running_reqs` | `llamacpp:requests_processing` |
 //! | KV cache usage (0–1) | `vllm:kv_cache_usage_perc` (V1), `vllm:gpu_cache_usage_perc` (V0) | `sglang:token_usage` | `llamacpp:kv_cache_usage_ratio` (some builds only) |
-//! | prefix-cache hits | `vllm:prefix_cache_hits_total` / `vllm:prefix_cache_queries_total` (tokens) | `sglang:cache_hit_rate` (ratio) | — |
+//! | prefix-cache hits | `vllm:prefix_cache_hits_total` / `vllm:prefix_cache_queries_total` (tokens) | `sglang:cache_hit_rate` (ratio) | `llamacpp:prompt_tokens_cached_total` / (that + `llamacpp:prompt_tokens_total`) (tokens) |
 //!
 //! Parsing uses the `prometheus-parse` crate. Its 0.2 name pattern (`\w+`) does not accept the `:`
 //! the exposition format allows in names, so `:` in a metric name is mapped to `_` before parsing
@@ -50,6 +50,8 @@ impl ServerMetrics {
         let scrape = Scrape::parse(lines).map_err(|e| format!("metrics text: {e}"))?;
         let mut m = ServerMetrics::default();
         let (mut hits, mut queries) = (None::<f64>, None::<f64>);
+        // llama.cpp counts computed prompt tokens (excluding cached) and cached ones separately.
+        let (mut llama_cached, mut llama_computed) = (None::<f64>, None::<f64>);
         for s in scrape.samples {
             let v = match s.value {
                 Value::Counter(v) | Value::Gauge(v) | Value::Untyped(v) => v,
@@ -71,6 +73,8 @@ impl ServerMetrics {
                 "vllm_prefix_cache_hits" | "vllm_gpu_prefix_cache_hits" => *hits.get_or_insert(0.0) += v,
                 "vllm_prefix_cache_queries" | "vllm_gpu_prefix_cache_queries" => *queries.get_or_insert(0.0) += v,
                 "sglang_cache_hit_rate" => m.prefix_cache_hit_ratio = Some(v),
+                "llamacpp_prompt_tokens_cached" => *llama_cached.get_or_insert(0.0) += v,
+                "llamacpp_prompt_tokens" => *llama_computed.get_or_insert(0.0) += v,
                 _ => seen = false,
             }
             if seen && m.server.is_none() {
@@ -84,6 +88,8 @@ impl ServerMetrics {
         }
         if let (Some(h), Some(q)) = (hits, queries) {
             m.prefix_cache_hit_ratio = Some(if q > 0.0 { (h / q).clamp(0.0, 1.0) } else { 0.0 });
+        } else if let (Some(c), Some(p)) = (llama_cached, llama_computed) {
+            m.prefix_cache_hit_ratio = Some(if c + p > 0.0 { (c / (c + p)).clamp(0.0, 1.0) } else { 0.0 });
         }
         if m.server.is_none() {
             return Err("no vLLM, SGLang or llama.cpp load metrics found".into());
@@ -140,6 +146,17 @@ llamacpp:requests_processing 2\n# TYPE llamacpp:requests_deferred gauge\nllamacp
         assert_eq!(m.server, Some("llamacpp"));
         assert_eq!(m.kv_cache_usage, None);
         assert_eq!(m.load(), FeedLoad { waiting: 7, running: 2, kv_cache_usage: 0.0 });
+    }
+
+    /// A real `llama-server --metrics` scrape captured by the real-server tests (issue 4).
+    #[test]
+    fn llamacpp_captured_scrape() {
+        let text = include_str!("../../../realserver/testdata/llamacpp-metrics.prom");
+        let m = ServerMetrics::parse(text).unwrap();
+        assert_eq!(m.server, Some("llamacpp"));
+        assert_eq!(m.load(), FeedLoad { waiting: 0, running: 1, kv_cache_usage: 0.0 });
+        // prompt_tokens_cached_total 391 of 391 + prompt_tokens_total 767.
+        assert!((m.prefix_cache_hit_ratio.unwrap() - 391.0 / 1158.0).abs() < 1e-9);
     }
 
     #[test]

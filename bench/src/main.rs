@@ -7,6 +7,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Parser;
 use serde_json::Value;
+use tokio::signal::unix::{signal, SignalKind};
 use warmpath_bench::harness::{run_strategy, RunSettings, Strategy};
 use warmpath_bench::report::{table, write_csv, Summary};
 use warmpath_bench::workload::{generate, GenParams, WorkloadKind};
@@ -80,14 +81,17 @@ struct Args {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let a = Args::parse();
-    tokio::select! {
-        r = run(a) => r,
-        _ = tokio::signal::ctrl_c() => {
-            // Dropping `run` drops Envoy (killed on drop) and the servers.
-            eprintln!("interrupted: stopping Envoy and the simulated servers");
-            std::process::exit(130);
-        }
-    }
+    // SIGTERM (a supervisor, `timeout`, `kill`) is handled like Ctrl-C; left to its default it would orphan Envoy.
+    let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    // `select!` drops the losing `run` future before a handler runs: that kills Envoy (killed on drop, its temp dir
+    // removed) and stops the simulated servers.
+    let code = tokio::select! {
+        r = run(a) => return r,
+        _ = tokio::signal::ctrl_c() => 130,
+        _ = term.recv() => 143,
+    };
+    eprintln!("interrupted: stopped Envoy and the simulated servers");
+    std::process::exit(code);
 }
 
 async fn run(a: Args) -> anyhow::Result<()> {

@@ -9,10 +9,11 @@
 //! `scripts/envoy.sh` wraps `run`; `envoy/*.yaml` are `render` outputs (kept in sync by a test).
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
+use tokio::signal::unix::{signal, SignalKind};
 use warmpath_e2e::{envoy_binary, EnvoyConfig, FeedCluster};
 
 #[derive(Parser)]
@@ -96,6 +97,27 @@ impl RenderArgs {
     }
 }
 
+/// Runs Envoy in the foreground until it exits or the launcher gets SIGINT/SIGTERM; on a signal Envoy is killed
+/// and waited for (so a supervisor's SIGTERM does not orphan it) and the exit code is 128 + the signal number.
+async fn run_envoy(path: &Path, concurrency: u32) -> Result<i32> {
+    let mut child = tokio::process::Command::new(envoy_binary()?)
+        .arg("-c")
+        .arg(path)
+        .args(["--concurrency", &concurrency.to_string(), "--disable-hot-restart"])
+        .kill_on_drop(true)
+        .spawn()
+        .context("spawning envoy")?;
+    let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    let code = tokio::select! {
+        status = child.wait() => return Ok(status?.code().unwrap_or(1)),
+        _ = tokio::signal::ctrl_c() => 130,
+        _ = term.recv() => 143,
+    };
+    eprintln!("warmpath-envoy: signal received, stopping Envoy");
+    child.kill().await.context("stopping envoy")?;
+    Ok(code)
+}
+
 fn main() -> Result<()> {
     match Cli::parse().cmd {
         Cmd::Render(r) => print!("{}", r.config()?.render_static_yaml()),
@@ -105,12 +127,9 @@ fn main() -> Result<()> {
             std::fs::write(&path, render.config()?.render_static_yaml())?;
             eprintln!("warmpath-envoy: {} (listener 127.0.0.1:{}, admin 127.0.0.1:{})",
                 path.display(), render.listener_port, render.admin_port);
-            let status = std::process::Command::new(envoy_binary()?)
-                .arg("-c")
-                .arg(&path)
-                .args(["--concurrency", &concurrency.to_string(), "--disable-hot-restart"])
-                .status()?;
-            std::process::exit(status.code().unwrap_or(1));
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+            let code = rt.block_on(run_envoy(&path, concurrency))?;
+            std::process::exit(code);
         }
         Cmd::Examples => {
             for (file, cfg) in warmpath_e2e::example_configs() {

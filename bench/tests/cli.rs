@@ -1,0 +1,112 @@
+//! The `warmpath-bench` command line: SIGTERM stops Envoy.
+//!
+//! The SIGTERM test needs `.venv/bin/envoy` and the release wasm module (scripts/test.d/40-bench.sh builds it).
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const BENCH: &str = env!("CARGO_BIN_EXE_warmpath-bench");
+
+/// Kills (SIGKILL) the bench and any Envoy it started when a test ends, passed or not.
+struct Cleanup {
+    bench: Child,
+    envoy: Option<u32>,
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        let _ = self.bench.kill();
+        let _ = self.bench.wait();
+        if let Some(pid) = self.envoy {
+            if alive(pid) {
+                let _ = Command::new("kill").args(["-KILL", &pid.to_string()]).status();
+            }
+        }
+    }
+}
+
+/// True while `pid` exists and is not a zombie.
+fn alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => !stat.rsplit(')').next().is_some_and(|r| r.trim_start().starts_with('Z')),
+        Err(_) => false,
+    }
+}
+
+/// The first child of `parent` whose executable name is `envoy`, with its command line.
+fn envoy_child(parent: u32) -> Option<(u32, Vec<String>)> {
+    let dir = std::fs::read_dir("/proc").ok()?;
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok()).find_map(|pid| {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        let (name, rest) = stat.split_once(" (")?.1.rsplit_once(") ")?;
+        let ppid: u32 = rest.split_whitespace().nth(1)?.parse().ok()?;
+        if ppid != parent || name != "envoy" {
+            return None;
+        }
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+        let args = cmdline.split(|b| *b == 0).map(|a| String::from_utf8_lossy(a).into_owned()).collect();
+        Some((pid, args))
+    })
+}
+
+fn bench(args: &[&str], out: &Path) -> Child {
+    Command::new(BENCH)
+        .args(args)
+        .arg("--out")
+        .arg(out)
+        .env_remove("RUST_BACKTRACE")
+        .env_remove("RUST_LIB_BACKTRACE")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawning warmpath-bench")
+}
+
+fn wait_exit(child: &mut Child, timeout: Duration) -> Option<std::process::ExitStatus> {
+    let start = Instant::now();
+    while start.elapsed() < timeout {
+        if let Some(s) = child.try_wait().unwrap() {
+            return Some(s);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    None
+}
+
+#[test]
+fn sigterm_stops_envoy_and_removes_its_directory() {
+    let out = tempfile::tempdir().unwrap();
+    // Long enough (2000 arrivals at 1 req/s, real time) that the first strategy is still running when signalled;
+    // the wall budget bounds it if the signal is lost.
+    let args =
+        ["--strategies", "PREFIX_AWARE", "--requests", "2000", "--rate", "1", "--time-scale", "1", "--max-wall-s", "60"];
+    let mut guard = Cleanup { bench: bench(&args, out.path()), envoy: None };
+    let start = Instant::now();
+    let cmdline = loop {
+        if let Some((pid, cmdline)) = envoy_child(guard.bench.id()) {
+            guard.envoy = Some(pid);
+            break cmdline;
+        }
+        assert!(guard.bench.try_wait().unwrap().is_none(), "warmpath-bench exited before starting Envoy");
+        assert!(start.elapsed() < Duration::from_secs(60), "no Envoy child after 60 s");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let envoy = guard.envoy.unwrap();
+    let bootstrap = cmdline.iter().skip_while(|a| *a != "-c").nth(1).expect("envoy -c PATH").clone();
+    let envoy_dir = Path::new(&bootstrap).parent().unwrap().to_path_buf();
+    // Let the run get going (Envoy ready, requests flowing) so the signal lands mid-run.
+    std::thread::sleep(Duration::from_secs(2));
+
+    let sent = Command::new("kill").args(["-TERM", &guard.bench.id().to_string()]).status().unwrap();
+    assert!(sent.success(), "kill -TERM failed");
+    let status = wait_exit(&mut guard.bench, Duration::from_secs(15)).expect("warmpath-bench running 15 s after SIGTERM");
+    let start = Instant::now();
+    while alive(envoy) && start.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(!alive(envoy), "Envoy (pid {envoy}) still running 10 s after warmpath-bench got SIGTERM");
+    assert!(!envoy_dir.exists(), "Envoy's directory {} left behind", envoy_dir.display());
+    assert_eq!(status.code(), Some(143), "exit status after SIGTERM: {status:?}");
+}

@@ -1,0 +1,122 @@
+//! The `warmpath-envoy run` launcher (what `scripts/envoy.sh run` execs): signals stop its Envoy.
+//!
+//! Needs `.venv/bin/envoy` and the release filter module, like the other end-to-end tests.
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use warmpath_e2e::{filter_wasm, free_port};
+
+const LAUNCHER: &str = env!("CARGO_BIN_EXE_warmpath-envoy");
+
+/// Kills (SIGKILL) the launcher and any Envoy it started when a test ends, passed or not.
+struct Cleanup {
+    launcher: Child,
+    envoy: Option<u32>,
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        let _ = self.launcher.kill();
+        let _ = self.launcher.wait();
+        if let Some(pid) = self.envoy {
+            if alive(pid) {
+                let _ = Command::new("kill").args(["-KILL", &pid.to_string()]).status();
+            }
+        }
+    }
+}
+
+/// True while `pid` exists and is not a zombie.
+fn alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => !stat.rsplit(')').next().is_some_and(|r| r.trim_start().starts_with('Z')),
+        Err(_) => false,
+    }
+}
+
+/// Pids whose command line mentions `needle` (the launcher's unique bootstrap path).
+fn pids_with_arg(needle: &str) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .map(|c| c.split(|b| *b == 0).any(|arg| arg == needle.as_bytes()))
+                .unwrap_or(false)
+        })
+        .collect()
+}
+
+fn launch(out: &Path, plugin_config: &str, admin_port: u16, upstream_port: u16) -> Child {
+    let wasm = filter_wasm().expect("filter module");
+    Command::new(LAUNCHER)
+        .arg("run")
+        .args(["--upstream", &format!("127.0.0.1:{upstream_port}")])
+        .args(["--listener-port", &free_port().unwrap().to_string()])
+        .args(["--admin-port", &admin_port.to_string()])
+        .arg("--wasm")
+        .arg(wasm)
+        .args(["--plugin-config", plugin_config])
+        .args(["--concurrency", "1"])
+        .arg("--out")
+        .arg(out)
+        // anyhow appends a backtrace to the error when these are set; the one-line check wants the bare message.
+        .env_remove("RUST_BACKTRACE")
+        .env_remove("RUST_LIB_BACKTRACE")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawning warmpath-envoy")
+}
+
+fn wait_exit(child: &mut Child, timeout: Duration) -> Option<std::process::ExitStatus> {
+    let start = Instant::now();
+    while start.elapsed() < timeout {
+        if let Some(s) = child.try_wait().unwrap() {
+            return Some(s);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    None
+}
+
+#[tokio::test]
+async fn sigterm_to_the_launcher_stops_envoy() {
+    // A bound but never-accepting socket stands in for the model server: only the admin port is exercised.
+    let upstream = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let out = tempfile::tempdir().unwrap();
+    let admin_port = free_port().unwrap();
+    let mut guard = Cleanup {
+        launcher: launch(out.path(), "{}", admin_port, upstream.local_addr().unwrap().port()),
+        envoy: None,
+    };
+    let bootstrap = out.path().join("envoy.yaml").to_string_lossy().into_owned();
+    let http = reqwest::Client::builder().timeout(Duration::from_secs(2)).build().unwrap();
+    let start = Instant::now();
+    loop {
+        if guard.envoy.is_none() {
+            guard.envoy = pids_with_arg(&bootstrap).into_iter().find(|p| *p != guard.launcher.id());
+        }
+        let ready = http.get(format!("http://127.0.0.1:{admin_port}/ready")).send().await;
+        if guard.envoy.is_some() && ready.is_ok_and(|r| r.status().is_success()) {
+            break;
+        }
+        assert!(guard.launcher.try_wait().unwrap().is_none(), "launcher exited before Envoy was ready");
+        assert!(start.elapsed() < Duration::from_secs(30), "Envoy not ready after 30 s");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let envoy = guard.envoy.unwrap();
+
+    let sent = Command::new("kill").args(["-TERM", &guard.launcher.id().to_string()]).status().unwrap();
+    assert!(sent.success(), "kill -TERM failed");
+    let status = wait_exit(&mut guard.launcher, Duration::from_secs(10)).expect("launcher still running 10 s after SIGTERM");
+    let start = Instant::now();
+    while alive(envoy) && start.elapsed() < Duration::from_secs(10) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(!alive(envoy), "Envoy (pid {envoy}) still running 10 s after the launcher got SIGTERM");
+    assert_eq!(status.code(), Some(143), "exit status after SIGTERM: {status:?}");
+}
+

@@ -4,11 +4,13 @@
 //!
 //! Every child (Envoy) is killed on drop, and servers stop on drop, so an error or Ctrl-C cleans up.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use tokio::task::JoinSet;
+use warmpath_core::Settings;
 use warmpath_e2e::{filter_wasm, EnvoyConfig, EnvoyProcess, FILTER_STAT_PREFIX};
 use warmpath_sim::{SimConfig, SimServer};
 
@@ -60,6 +62,39 @@ impl Strategy {
     pub fn via_envoy(&self) -> bool {
         matches!(self, Strategy::Filter(_))
     }
+}
+
+/// The plugin configuration (JSON text) for filter strategy `name` in front of `upstreams`: `strategy` and
+/// `endpoints` from the harness, `debug_header` on, then the fields of `extra` (a JSON object, checked by
+/// [`check_filter_extra`]).
+pub fn filter_plugin_config(name: &str, upstreams: &[SocketAddr], extra: &Value) -> String {
+    let mut fields = json!({"strategy": name});
+    if let (Some(dst), Some(src)) = (fields.as_object_mut(), extra.as_object()) {
+        for (k, v) in src {
+            dst.insert(k.clone(), v.clone());
+        }
+    }
+    EnvoyConfig::plugin_json(upstreams, fields)
+}
+
+/// Checks `--filter-config` before anything starts: it must be a JSON object, and the plugin configuration it yields for each filter strategy in `strategies` must pass
+/// [`warmpath_core::Settings::from_json`] (the filter's own validation, so Envoy is never started with a config the
+/// filter would reject and fail open on).
+///
+/// Errors with a one-line message giving the filter's complaint.
+pub fn check_filter_extra(extra: &Value, strategies: &[Strategy]) -> anyhow::Result<()> {
+    anyhow::ensure!(extra.is_object(), "--filter-config must be a JSON object");
+    // Placeholder upstreams: validation only looks at the address form, and the real ports are not known yet.
+    let upstreams: Vec<SocketAddr> = (1..=2).map(|p| SocketAddr::from(([127, 0, 0, 1], p))).collect();
+    for s in strategies {
+        if let Strategy::Filter(name) = s {
+            let plugin = filter_plugin_config(name, &upstreams, extra);
+            if let Err(e) = Settings::from_json(plugin.as_bytes()) {
+                anyhow::bail!("--filter-config rejected by the filter for {name}: {e}");
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Settings shared by every strategy of a comparison.
@@ -125,14 +160,8 @@ pub async fn run_strategy(strategy: &Strategy, reqs: &[Request], s: &RunSettings
     let mut scraper = None;
     let target = match strategy {
         Strategy::Filter(name) => {
-            let mut extra = json!({"strategy": name});
-            if let (Some(dst), Some(src)) = (extra.as_object_mut(), s.filter_extra.as_object()) {
-                for (k, v) in src {
-                    dst.insert(k.clone(), v.clone());
-                }
-            }
             let upstreams: Vec<std::net::SocketAddr> = servers.iter().map(|x| x.addr()).collect();
-            let plugin = EnvoyConfig::plugin_json(&upstreams, extra);
+            let plugin = filter_plugin_config(name, &upstreams, &s.filter_extra);
             let cfg = EnvoyConfig::new(upstreams, plugin).with_wasm(filter_wasm()?);
             let e = EnvoyProcess::start(cfg, s.envoy_concurrency).await?;
             let url = e.url();

@@ -8,7 +8,7 @@ use anyhow::Context;
 use clap::Parser;
 use serde_json::Value;
 use tokio::signal::unix::{signal, SignalKind};
-use warmpath_bench::harness::{run_strategy, RunSettings, Strategy};
+use warmpath_bench::harness::{check_filter_extra, run_strategy, RunSettings, Strategy};
 use warmpath_bench::report::{table, write_csv, Summary};
 use warmpath_bench::workload::{generate, GenParams, WorkloadKind};
 use warmpath_bench::{plot, pooled, trace};
@@ -65,6 +65,7 @@ struct Args {
     #[arg(long, default_value_t = 64)]
     max_num_seqs: usize,
     /// Extra filter plugin configuration (JSON object merged into the generated one), e.g. '{"load_factor": 1.5}'.
+    /// Checked by the filter's own validation before anything starts.
     #[arg(long, default_value = "{}")]
     filter_config: String,
     /// Characters of request text the client-side baselines key on.
@@ -101,7 +102,7 @@ async fn run(a: Args) -> anyhow::Result<()> {
     let strategies: Vec<Strategy> = a.strategies.iter().map(|s| Strategy::parse(s)).collect::<Result<_, _>>()?;
     let filter_extra: Value =
         serde_json::from_str(&a.filter_config).with_context(|| format!("--filter-config {:?}", a.filter_config))?;
-    anyhow::ensure!(filter_extra.is_object(), "--filter-config must be a JSON object");
+    check_filter_extra(&filter_extra, &strategies)?;
 
     let (reqs, source) = match &a.trace {
         Some(path) => {

@@ -1,4 +1,4 @@
-//! The `warmpath-bench` command line: SIGTERM stops Envoy.
+//! The `warmpath-bench` command line: bad arguments are refused before anything starts, and SIGTERM stops Envoy.
 //!
 //! The SIGTERM test needs `.venv/bin/envoy` and the release wasm module (scripts/test.d/40-bench.sh builds it).
 
@@ -73,6 +73,31 @@ fn wait_exit(child: &mut Child, timeout: Duration) -> Option<std::process::ExitS
         std::thread::sleep(Duration::from_millis(50));
     }
     None
+}
+
+/// Runs the bench with `args` (a tiny workload, so a run that is wrongly accepted still ends), expects it to fail
+/// within 60 s, and returns its stderr.
+fn refused(args: &[&str]) -> String {
+    let out = tempfile::tempdir().unwrap();
+    let mut all = vec!["--requests", "2", "--max-wall-s", "2", "--time-scale", "0.01"];
+    all.extend_from_slice(args);
+    let mut guard = Cleanup { bench: bench(&all, out.path()), envoy: None };
+    let status = wait_exit(&mut guard.bench, Duration::from_secs(60));
+    let mut stderr = String::new();
+    if status.is_some() {
+        std::io::Read::read_to_string(guard.bench.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+    }
+    let status = status.unwrap_or_else(|| panic!("warmpath-bench {args:?} still running after 60 s"));
+    assert!(!status.success(), "warmpath-bench {args:?} succeeded; stderr:\n{stderr}");
+    assert!(!out.path().join("table.md").exists(), "warmpath-bench {args:?} ran the comparison");
+    stderr
+}
+
+#[test]
+fn filter_config_the_filter_rejects_is_refused_with_its_message() {
+    let e = refused(&["--strategies", "PREFIX_AWARE", "--filter-config", r#"{"prefix_length": 10}"#]);
+    assert!(e.contains("`prefix_length` = 10 is out of range"), "{e}");
+    assert_eq!(e.lines().filter(|l| !l.trim().is_empty()).count(), 1, "one-line error expected:\n{e}");
 }
 
 #[test]

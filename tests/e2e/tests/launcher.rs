@@ -1,4 +1,5 @@
-//! The `warmpath-envoy run` launcher (what `scripts/envoy.sh run` execs): signals stop its Envoy.
+//! The `warmpath-envoy run` launcher (what `scripts/envoy.sh run` execs): signals stop its Envoy, and a bad plugin
+//! config is refused before Envoy starts.
 //!
 //! Needs `.venv/bin/envoy` and the release filter module, like the other end-to-end tests.
 
@@ -120,3 +121,23 @@ async fn sigterm_to_the_launcher_stops_envoy() {
     assert_eq!(status.code(), Some(143), "exit status after SIGTERM: {status:?}");
 }
 
+#[test]
+fn bad_plugin_config_is_refused_before_envoy_starts() {
+    let upstream = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let out = tempfile::tempdir().unwrap();
+    let mut guard = Cleanup {
+        launcher: launch(out.path(), r#"{"prefix_length": 10}"#, free_port().unwrap(), upstream.local_addr().unwrap().port()),
+        envoy: None,
+    };
+    let status = wait_exit(&mut guard.launcher, Duration::from_secs(20));
+    let bootstrap = out.path().join("envoy.yaml").to_string_lossy().into_owned();
+    guard.envoy = pids_with_arg(&bootstrap).into_iter().find(|p| *p != guard.launcher.id());
+    let status = status.expect("launcher still running 20 s after being given a bad prefix_length");
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(guard.launcher.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+    assert!(!status.success(), "launcher succeeded with a bad prefix_length; stderr:\n{stderr}");
+    assert!(stderr.contains("`prefix_length` = 10 is out of range"), "stderr:\n{stderr}");
+    assert_eq!(stderr.lines().filter(|l| !l.trim().is_empty()).count(), 1, "one-line error expected:\n{stderr}");
+    assert!(guard.envoy.is_none(), "Envoy was started for a config the filter rejects");
+    assert!(!out.path().join("envoy.yaml").exists(), "bootstrap written for a rejected config");
+}

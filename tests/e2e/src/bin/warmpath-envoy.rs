@@ -11,9 +11,10 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use tokio::signal::unix::{signal, SignalKind};
+use warmpath_core::Settings;
 use warmpath_e2e::{envoy_binary, EnvoyConfig, FeedCluster};
 
 #[derive(Parser)]
@@ -84,6 +85,13 @@ impl RenderArgs {
         if let Some(obj) = plugin.as_object_mut() {
             obj.entry("endpoints").or_insert_with(|| self.upstreams.iter().map(|a| a.to_string()).collect());
         }
+        if !self.no_filter {
+            // Envoy would only log the filter's rejection and then fail open on every request; refuse up front.
+            let bytes = serde_json::to_vec(&plugin)?;
+            if let Err(e) = Settings::from_json(&bytes) {
+                bail!("plugin config {}: {e}", self.plugin_config_name());
+            }
+        }
         let mut cfg = EnvoyConfig::new(self.upstreams.clone(), serde_json::to_string_pretty(&plugin)?)
             .ports(self.listener_port, self.admin_port);
         if !self.no_filter {
@@ -94,6 +102,15 @@ impl RenderArgs {
             cfg = cfg.with_feed(FeedCluster { name: name.to_string(), address: addr.parse()? });
         }
         Ok(cfg)
+    }
+
+    /// The plugin config as named in messages: the file path, or `(inline)`.
+    fn plugin_config_name(&self) -> &str {
+        if self.plugin_config.trim_start().starts_with('{') {
+            "(inline)"
+        } else {
+            &self.plugin_config
+        }
     }
 }
 

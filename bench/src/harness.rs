@@ -64,6 +64,10 @@ impl Strategy {
     }
 }
 
+/// Keys of the plugin configuration the harness sets itself: `strategy` is the strategy being measured (its report
+/// label) and `endpoints` are the simulated servers, so extra configuration may not override them.
+pub const HARNESS_OWNED_KEYS: [&str; 2] = ["strategy", "endpoints"];
+
 /// The plugin configuration (JSON text) for filter strategy `name` in front of `upstreams`: `strategy` and
 /// `endpoints` from the harness, `debug_header` on, then the fields of `extra` (a JSON object, checked by
 /// [`check_filter_extra`]).
@@ -77,13 +81,21 @@ pub fn filter_plugin_config(name: &str, upstreams: &[SocketAddr], extra: &Value)
     EnvoyConfig::plugin_json(upstreams, fields)
 }
 
-/// Checks `--filter-config` before anything starts: it must be a JSON object, and the plugin configuration it yields for each filter strategy in `strategies` must pass
+/// Checks `--filter-config` before anything starts: it must be a JSON object without the [`HARNESS_OWNED_KEYS`],
+/// and the plugin configuration it yields for each filter strategy in `strategies` must pass
 /// [`warmpath_core::Settings::from_json`] (the filter's own validation, so Envoy is never started with a config the
 /// filter would reject and fail open on).
 ///
-/// Errors with a one-line message giving the filter's complaint.
+/// Errors with a one-line message naming the offending key or the filter's complaint.
 pub fn check_filter_extra(extra: &Value, strategies: &[Strategy]) -> anyhow::Result<()> {
-    anyhow::ensure!(extra.is_object(), "--filter-config must be a JSON object");
+    let Some(obj) = extra.as_object() else { anyhow::bail!("--filter-config must be a JSON object") };
+    for key in HARNESS_OWNED_KEYS {
+        anyhow::ensure!(
+            !obj.contains_key(key),
+            "--filter-config may not set `{key}`: the harness sets it per run (choose strategies with --strategies, \
+             servers with --endpoints)"
+        );
+    }
     // Placeholder upstreams: validation only looks at the address form, and the real ports are not known yet.
     let upstreams: Vec<SocketAddr> = (1..=2).map(|p| SocketAddr::from(([127, 0, 0, 1], p))).collect();
     for s in strategies {

@@ -65,7 +65,8 @@ struct Args {
     #[arg(long, default_value_t = 64)]
     max_num_seqs: usize,
     /// Extra filter plugin configuration (JSON object merged into the generated one), e.g. '{"load_factor": 1.5}'.
-    /// Checked by the filter's own validation before anything starts.
+    /// Checked by the filter's own validation before anything starts; may not set `strategy` or `endpoints`
+    /// (use --strategies and --endpoints).
     #[arg(long, default_value = "{}")]
     filter_config: String,
     /// Characters of request text the client-side baselines key on.

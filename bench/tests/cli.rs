@@ -94,6 +94,14 @@ fn refused(args: &[&str]) -> String {
 }
 
 #[test]
+fn filter_config_may_not_set_strategy_or_endpoints() {
+    let e = refused(&["--strategies", "RANDOM", "--filter-config", r#"{"strategy": "PREFIX_AWARE"}"#]);
+    assert!(e.contains("--filter-config may not set `strategy`"), "{e}");
+    let e = refused(&["--strategies", "PREFIX_AWARE", "--filter-config", r#"{"endpoints": ["127.0.0.1:9"]}"#]);
+    assert!(e.contains("--filter-config may not set `endpoints`"), "{e}");
+}
+
+#[test]
 fn filter_config_the_filter_rejects_is_refused_with_its_message() {
     let e = refused(&["--strategies", "PREFIX_AWARE", "--filter-config", r#"{"prefix_length": 10}"#]);
     assert!(e.contains("`prefix_length` = 10 is out of range"), "{e}");

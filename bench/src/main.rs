@@ -27,14 +27,14 @@ struct Args {
     /// Number of simulated model servers.
     #[arg(long, default_value_t = 4)]
     endpoints: usize,
-    /// Prefix-cache capacity per server, in blocks.
-    #[arg(long, default_value_t = 1024)]
+    /// Prefix-cache capacity per server, in blocks (at least 1).
+    #[arg(long, default_value_t = 1024, value_parser = at_least_one)]
     cache_blocks: usize,
     /// Tokens per cache block on the servers.
     #[arg(long, default_value_t = 16)]
     block_tokens: usize,
-    /// Mean arrival rate of generated workloads, requests per simulated second.
-    #[arg(long, default_value_t = 8.0)]
+    /// Mean arrival rate of generated workloads, requests per simulated second (> 0).
+    #[arg(long, default_value_t = 8.0, value_parser = positive_rate, allow_negative_numbers = true)]
     rate: f64,
     /// Multiplies the arrival rate (divides trace timestamps): 0.5 = half the load.
     #[arg(long, default_value_t = 1.0)]
@@ -94,6 +94,24 @@ async fn main() -> anyhow::Result<()> {
     };
     eprintln!("interrupted: stopped Envoy and the simulated servers");
     std::process::exit(code);
+}
+
+/// Clap parser for counts that must be at least 1.
+fn at_least_one(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// Clap parser for rates that must be finite and > 0.
+fn positive_rate(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(r) if r.is_finite() && r > 0.0 => Ok(r),
+        Ok(r) => Err(format!("must be a number > 0 (requests per simulated second), got {r}")),
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 async fn run(a: Args) -> anyhow::Result<()> {

@@ -94,6 +94,20 @@ fn refused(args: &[&str]) -> String {
 }
 
 #[test]
+fn zero_or_negative_rate_is_refused() {
+    for rate in ["0", "-1", "-0.5"] {
+        let e = refused(&["--strategies", "SAGEMAKER_PREFIX", "--rate", rate]);
+        assert!(e.contains("--rate") && e.contains("must be a number > 0"), "--rate {rate}: {e}");
+    }
+}
+
+#[test]
+fn zero_cache_blocks_is_refused() {
+    let e = refused(&["--strategies", "SAGEMAKER_PREFIX", "--cache-blocks", "0"]);
+    assert!(e.contains("--cache-blocks") && e.contains("must be at least 1"), "{e}");
+}
+
+#[test]
 fn filter_config_may_not_set_strategy_or_endpoints() {
     let e = refused(&["--strategies", "RANDOM", "--filter-config", r#"{"strategy": "PREFIX_AWARE"}"#]);
     assert!(e.contains("--filter-config may not set `strategy`"), "{e}");

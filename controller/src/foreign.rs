@@ -5,23 +5,17 @@
 
 use kube::core::{ApiResource, GroupVersionKind};
 
-/// Envoy Gateway `EnvoyExtensionPolicy` (wasm filter attached to an HTTPRoute).
-pub fn envoy_extension_policy() -> ApiResource {
-    ar("gateway.envoyproxy.io", "v1alpha1", "EnvoyExtensionPolicy", "envoyextensionpolicies")
-}
 /// Envoy Gateway `BackendTrafficPolicy` (load balancer with `endpointOverride`).
 pub fn backend_traffic_policy() -> ApiResource {
     ar("gateway.envoyproxy.io", "v1alpha1", "BackendTrafficPolicy", "backendtrafficpolicies")
 }
-/// Envoy Gateway `EnvoyPatchPolicy` (adds the feed cluster to the Gateway's xDS).
+/// Envoy Gateway `EnvoyPatchPolicy` (adds the feed cluster and the wasm HTTP filter to the
+/// Gateway's xDS).
 pub fn envoy_patch_policy() -> ApiResource {
     ar("gateway.envoyproxy.io", "v1alpha1", "EnvoyPatchPolicy", "envoypatchpolicies")
 }
-/// Istio `WasmPlugin`.
-pub fn wasm_plugin() -> ApiResource {
-    ar("extensions.istio.io", "v1alpha1", "WasmPlugin", "wasmplugins")
-}
-/// Istio `EnvoyFilter` (cluster patch for the `override_host` load balancer).
+/// Istio `EnvoyFilter` (the wasm HTTP filter and the cluster patch for the `override_host` load
+/// balancer).
 pub fn envoy_filter() -> ApiResource {
     ar("networking.istio.io", "v1alpha3", "EnvoyFilter", "envoyfilters")
 }
@@ -30,9 +24,11 @@ pub fn inference_pool() -> ApiResource {
     ar("inference.networking.k8s.io", "v1", "InferencePool", "inferencepools")
 }
 
-/// Every kind the routing reconciler may create, for clean-up sweeps.
+/// Every kind the routing reconciler may create, for clean-up sweeps. `EnvoyExtensionPolicy` and
+/// `WasmPlugin` are not among them: they cannot set the wasm option
+/// `allow_on_headers_stop_iteration`, so the filter goes through `EnvoyPatchPolicy` / `EnvoyFilter`.
 pub fn owned_kinds() -> Vec<ApiResource> {
-    vec![envoy_extension_policy(), backend_traffic_policy(), envoy_patch_policy(), wasm_plugin(), envoy_filter()]
+    vec![backend_traffic_policy(), envoy_patch_policy(), envoy_filter()]
 }
 
 /// The kinds the routing reconciler may create for a fixed provider (`None`: auto, all kinds).
@@ -42,8 +38,8 @@ pub fn owned_kinds_for(provider: Option<crate::render::Provider>) -> Vec<ApiReso
     use crate::render::Provider;
     match provider {
         None => owned_kinds(),
-        Some(Provider::EnvoyGateway) => vec![envoy_extension_policy(), backend_traffic_policy(), envoy_patch_policy()],
-        Some(Provider::Istio) => vec![wasm_plugin(), envoy_filter()],
+        Some(Provider::EnvoyGateway) => vec![backend_traffic_policy(), envoy_patch_policy()],
+        Some(Provider::Istio) => vec![envoy_filter()],
     }
 }
 
@@ -68,10 +64,8 @@ pub mod handles {
             }
         };
     }
-    handle!(EnvoyExtensionPolicySpec, "gateway.envoyproxy.io", "v1alpha1", "EnvoyExtensionPolicy", "envoyextensionpolicies");
     handle!(BackendTrafficPolicySpec, "gateway.envoyproxy.io", "v1alpha1", "BackendTrafficPolicy", "backendtrafficpolicies");
     handle!(EnvoyPatchPolicySpec, "gateway.envoyproxy.io", "v1alpha1", "EnvoyPatchPolicy", "envoypatchpolicies");
-    handle!(WasmPluginSpec, "extensions.istio.io", "v1alpha1", "WasmPlugin", "wasmplugins");
     handle!(EnvoyFilterSpec, "networking.istio.io", "v1alpha3", "EnvoyFilter", "envoyfilters");
     handle!(InferencePoolSpec, "inference.networking.k8s.io", "v1", "InferencePool", "inferencepools");
 }

@@ -1,24 +1,30 @@
 //! Pure rendering: routing intent + resolved references → the provider objects the controller
 //! applies. No API calls here, so `warmpath-controller render -f` and the reconciler share it.
 //!
+//! The wasm HTTP filter is always rendered as a whole Envoy filter (`wasm_http_filter`) inside a
+//! patch, never through Envoy Gateway's `EnvoyExtensionPolicy` or Istio's `WasmPlugin`: those
+//! cannot set `allow_on_headers_stop_iteration: true`, and without it Envoy 1.40 ignores the
+//! filter's pause in the request-headers callback, so `PREFIX_AWARE` requests hang. One delivery
+//! path for every strategy keeps the RBAC and the sweeps to the same few kinds, and the option is
+//! harmless for strategies that pick at header time (they never pause).
+//!
 //! Envoy Gateway (API group `gateway.envoyproxy.io/v1alpha1`):
-//! - `EnvoyExtensionPolicy` targeting the HTTPRoute: `wasm[0]` with `code: {type: HTTP, http: {url},
-//!   sha256}`, `config` = the filter's plugin configuration, `failOpen`.
 //! - `BackendTrafficPolicy` targeting the HTTPRoute: `loadBalancer.endpointOverride.extractFrom:
 //!   [{header: x-gateway-destination-endpoint}]` — Envoy Gateway's typed front for Envoy's
 //!   `override_host` load-balancing policy, chosen over an EnvoyPatchPolicy cluster patch because it
 //!   is validated by Envoy Gateway and survives its cluster renames.
 //! - `EnvoyPatchPolicy` targeting each Gateway: adds the STRICT_DNS cluster the filter polls the
-//!   feed through (`dispatch_http_call` needs a cluster; no typed API adds one). Needs
+//!   feed (and fetches the module) through (`dispatch_http_call` needs a cluster; no typed API adds
+//!   one), and inserts the wasm filter at index 0 of the HCM filters of each plain-HTTP listener
+//!   the route attaches to (`<gw ns>/<gw>/<listener>`, `default_filter_chain`). Needs
 //!   `extensionApis.enableEnvoyPatchPolicy: true` in the Envoy Gateway configuration.
 //!
-//! Istio:
-//! - `WasmPlugin` (`extensions.istio.io/v1alpha1`) targeting each Gateway: `url`, `sha256`,
-//!   `pluginConfig`, `failStrategy: FAIL_OPEN|FAIL_CLOSE`, `type: HTTP`.
-//! - `EnvoyFilter` (`networking.istio.io/v1alpha3`) targeting each Gateway: a `CLUSTER` MERGE patch
-//!   of the backend Service's outbound cluster setting `load_balancing_policy` to `override_host`
-//!   with a least-request fallback (Istio's DestinationRule has no override-host option). The feed
-//!   is reached through the controller Service's own outbound cluster, which Istio already pushes.
+//! Istio (`networking.istio.io/v1alpha3`):
+//! - `EnvoyFilter` targeting each Gateway: an `HTTP_FILTER` patch inserting the wasm filter before
+//!   `envoy.filters.http.router`, and a `CLUSTER` MERGE patch of the backend Service's outbound
+//!   cluster setting `load_balancing_policy` to `override_host` with a least-request fallback
+//!   (Istio's DestinationRule has no override-host option). The feed and the module are reached
+//!   through the controller Service's own outbound cluster, which Istio already pushes.
 
 use std::collections::BTreeMap;
 
@@ -114,6 +120,10 @@ pub struct GatewayRef {
     pub namespace: String,
     /// Name of the Gateway.
     pub name: String,
+    /// Envoy Gateway only: names of the Gateway's `HTTP` listeners the route attaches to (its
+    /// `parentRefs[].sectionName`, or every `HTTP` listener). Envoy Gateway names the xDS listener
+    /// `<gateway namespace>/<gateway>/<listener>`; the wasm filter is patched into each. Empty on Istio.
+    pub listeners: Vec<String>,
 }
 
 /// The backend whose endpoints are routed, resolved to something a gateway cluster can match.
@@ -231,7 +241,7 @@ pub fn render(input: &RenderInput<'_>) -> Result<Vec<DynamicObject>, String> {
     let config = input.intent.plugin_config(&feed)?;
     let mut out = match input.provider {
         Provider::EnvoyGateway => render_envoy_gateway(input, &config, &feed),
-        Provider::Istio => render_istio(input, &config)?,
+        Provider::Istio => render_istio(input, &config, &feed)?,
     };
     out.sort_by(|a, b| {
         let key = |o: &DynamicObject| {
@@ -252,66 +262,104 @@ fn gateway_target(gw: &GatewayRef) -> Value {
 
 fn render_envoy_gateway(input: &RenderInput<'_>, config: &Value, feed: &FeedTarget) -> Vec<DynamicObject> {
     let name = format!("warmpath-{}", input.route_name);
-    let mut out = vec![
-        object(&foreign::envoy_extension_policy(), input.route_namespace, &name, input.owner, json!({
-            "targetRefs": route_target(input),
-            "wasm": [{
-                "name": "warmpath",
-                "rootID": "warmpath",
-                "code": {"type": "HTTP", "http": {"url": input.wasm.url}, "sha256": input.wasm.sha256},
-                "config": config,
-                "failOpen": input.intent.fail_open,
-            }],
-        })),
-        object(&foreign::backend_traffic_policy(), input.route_namespace, &name, input.owner, json!({
-            "targetRefs": route_target(input),
-            "loadBalancer": {
-                "type": "LeastRequest",
-                "endpointOverride": {"extractFrom": [{"header": DESTINATION_HEADER}]},
-            },
-        })),
-    ];
+    let mut out = vec![object(&foreign::backend_traffic_policy(), input.route_namespace, &name, input.owner, json!({
+        "targetRefs": route_target(input),
+        "loadBalancer": {
+            "type": "LeastRequest",
+            "endpointOverride": {"extractFrom": [{"header": DESTINATION_HEADER}]},
+        },
+    }))];
+    let filter = wasm_http_filter(&wasm_filter_name(input.owner), input, config, &feed.cluster);
     for gw in input.gateways {
         let epp = format!("warmpath-feed-{}-{}-{}", input.owner.short_kind(), input.owner.namespace, input.owner.name);
+        let mut patches = vec![json!({
+            "type": "type.googleapis.com/envoy.config.cluster.v3.Cluster",
+            "name": feed.cluster,
+            "operation": {"op": "add", "path": "", "value": feed_cluster(&feed.cluster, input.controller)},
+        })];
+        // Index 0 of the HCM filter list: ahead of the router, which must see the pick. HTTP
+        // listeners only: Envoy Gateway puts their HCM in `default_filter_chain`.
+        for listener in &gw.listeners {
+            patches.push(json!({
+                "type": "type.googleapis.com/envoy.config.listener.v3.Listener",
+                "name": format!("{}/{}/{}", gw.namespace, gw.name, listener),
+                "operation": {"op": "add", "path": "/default_filter_chain/filters/0/typed_config/http_filters/0", "value": filter},
+            }));
+        }
         out.push(object(&foreign::envoy_patch_policy(), &gw.namespace, &truncate(&epp), input.owner, json!({
             "type": "JSONPatch",
             "targetRef": gateway_target(gw),
-            "jsonPatches": [{
-                "type": "type.googleapis.com/envoy.config.cluster.v3.Cluster",
-                "name": feed.cluster,
-                "operation": {"op": "add", "path": "", "value": feed_cluster(&feed.cluster, input.controller)},
-            }],
+            "jsonPatches": patches,
         })));
     }
     out
 }
 
-fn render_istio(input: &RenderInput<'_>, config: &Value) -> Result<Vec<DynamicObject>, String> {
+/// Name of the wasm HTTP filter rendered for an owner: unique per owner, so several routes on one
+/// listener each get their own filter (`envoy.filters.http.wasm/warmpath/<policy|httproute>/<ns>/<name>`).
+pub fn wasm_filter_name(owner: &Owner) -> String {
+    format!("envoy.filters.http.wasm/warmpath/{}/{}/{}", owner.short_kind(), owner.namespace, owner.name)
+}
+
+/// The Envoy HTTP filter (v3 JSON, `envoy.extensions.filters.http.wasm.v3.Wasm`) that runs the
+/// module on a gateway. Rendered whole, rather than through `EnvoyExtensionPolicy` / `WasmPlugin`,
+/// because those cannot set `allow_on_headers_stop_iteration: true`, without which Envoy 1.40 does
+/// not honour the filter's pause in the request-headers callback and `PREFIX_AWARE` requests hang.
+/// The module is fetched over `feed_cluster` (the controller's HTTP server also serves the wasm
+/// module) and checked against its sha256; V8 runtime; `failure_policy` from the intent's
+/// `fail_open` (`FAIL_OPEN` by default). Shared with the test that loads it into a real Envoy.
+pub fn wasm_http_filter(name: &str, input: &RenderInput<'_>, config: &Value, feed_cluster: &str) -> Value {
+    json!({
+        "name": name,
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm",
+            "config": {
+                "name": "warmpath",
+                "root_id": "warmpath",
+                "vm_config": {
+                    "vm_id": "warmpath",
+                    "runtime": "envoy.wasm.runtime.v8",
+                    "code": {"remote": {
+                        "http_uri": {"uri": input.wasm.url, "cluster": feed_cluster, "timeout": "30s"},
+                        "sha256": input.wasm.sha256,
+                    }},
+                },
+                "configuration": {"@type": "type.googleapis.com/google.protobuf.StringValue", "value": config.to_string()},
+                "failure_policy": if input.intent.fail_open { "FAIL_OPEN" } else { "FAIL_CLOSED" },
+                "allow_on_headers_stop_iteration": true,
+            }
+        }
+    })
+}
+
+fn render_istio(input: &RenderInput<'_>, config: &Value, feed: &FeedTarget) -> Result<Vec<DynamicObject>, String> {
     let (svc_ns, svc, port) = match input.backend {
         ResolvedBackend::Service { namespace, name, port } => (namespace, name, *port),
         ResolvedBackend::InferencePool { .. } => {
             return Err("Istio programs InferencePool backends itself (its own endpoint picker); use a Service backend for warmpath on Istio".into())
         }
     };
+    let filter = wasm_http_filter(&wasm_filter_name(input.owner), input, config, &feed.cluster);
     let mut out = vec![];
     for gw in input.gateways {
         let name = truncate(&format!("warmpath-{}-{}", input.route_namespace, input.route_name));
-        out.push(object(&foreign::wasm_plugin(), &gw.namespace, &name, input.owner, json!({
-            "targetRefs": [gateway_target(gw)],
-            "url": input.wasm.url,
-            "sha256": input.wasm.sha256,
-            "pluginName": "warmpath",
-            "pluginConfig": config,
-            "failStrategy": if input.intent.fail_open { "FAIL_OPEN" } else { "FAIL_CLOSE" },
-            "type": "HTTP",
-        })));
         out.push(object(&foreign::envoy_filter(), &gw.namespace, &name, input.owner, json!({
             "targetRefs": [gateway_target(gw)],
-            "configPatches": [{
-                "applyTo": "CLUSTER",
-                "match": {"context": "GATEWAY", "cluster": {"service": format!("{svc}.{svc_ns}.svc.cluster.local"), "portNumber": port}},
-                "patch": {"operation": "MERGE", "value": {"load_balancing_policy": override_host_lb_policy()}},
-            }],
+            "configPatches": [
+                {
+                    "applyTo": "HTTP_FILTER",
+                    "match": {"context": "GATEWAY", "listener": {"filterChain": {"filter": {
+                        "name": "envoy.filters.network.http_connection_manager",
+                        "subFilter": {"name": "envoy.filters.http.router"},
+                    }}}},
+                    "patch": {"operation": "INSERT_BEFORE", "value": filter},
+                },
+                {
+                    "applyTo": "CLUSTER",
+                    "match": {"context": "GATEWAY", "cluster": {"service": format!("{svc}.{svc_ns}.svc.cluster.local"), "portNumber": port}},
+                    "patch": {"operation": "MERGE", "value": {"load_balancing_policy": override_host_lb_policy()}},
+                },
+            ],
         })));
     }
     Ok(out)

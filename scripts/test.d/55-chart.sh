@@ -30,7 +30,9 @@ for provider in auto envoy-gateway istio; do
   [ "$(grep -c 'kind: CustomResourceDefinition' "$tmp/$provider.yaml")" -ge 1 ] || fail "no CRDs for provider=$provider"
   ok "helm template + strict schema validation, provider=$provider"
 done
-# Provider narrows RBAC to the kinds it renders.
+# Provider narrows RBAC to the kinds it renders; the kinds that cannot carry the wasm option
+# allow_on_headers_stop_iteration (EnvoyExtensionPolicy, WasmPlugin) are not rendered, so not granted.
+! grep -qE 'envoyextensionpolicies|wasmplugins' "$tmp/auto.yaml" || fail "RBAC grants kinds the controller no longer renders"
 ! grep -q 'extensions.istio.io' "$tmp/envoy-gateway.yaml" || fail "envoy-gateway RBAC grants Istio kinds"
 ! grep -q 'gateway.envoyproxy.io' "$tmp/istio.yaml" || fail "istio RBAC grants Envoy Gateway kinds"
 # No wildcards, no secrets, no cluster-wide writes to core objects.
@@ -86,10 +88,10 @@ if [ -d "$MODULES/@kubernetes-models/istio" ] && command -v node >/dev/null; the
   SHA=045fe3661531d607341bb5878db489d5cd8a55f65289da111fb3d42075e74101
   "$BIN" render -f controller/testdata/render/istio-annotated.yaml --wasm-sha256 "$SHA" -o json >"$tmp/istio.json" 2>/dev/null
   node controller/schema-check/validate-istio.mjs "$tmp/istio.json" "$MODULES" || fail "Istio schema validation"
-  ok "rendered WasmPlugin/EnvoyFilter valid against Istio CRD schemas"
-  sed 's/"failStrategy"/"failStratgy"/' "$tmp/istio.json" >"$tmp/istio-typo.json"
+  ok "rendered EnvoyFilter (wasm HTTP filter + cluster patch) valid against Istio CRD schemas"
+  sed 's/"applyTo"/"applyToo"/' "$tmp/istio.json" >"$tmp/istio-typo.json"
   if node controller/schema-check/validate-istio.mjs "$tmp/istio-typo.json" "$MODULES" >/dev/null; then fail "Istio check accepted a misspelled field"; fi
-  sed 's/"FAIL_OPEN"/"FAIL_SOMETIMES"/' "$tmp/istio.json" >"$tmp/istio-enum.json"
+  sed 's/"INSERT_BEFORE"/"INSERT_SOMEWHERE"/' "$tmp/istio.json" >"$tmp/istio-enum.json"
   if node controller/schema-check/validate-istio.mjs "$tmp/istio-enum.json" "$MODULES" >/dev/null; then fail "Istio check accepted a bad enum"; fi
   ok "Istio check refuses a misspelled field and a bad enum value"
 else

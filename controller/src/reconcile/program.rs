@@ -2,7 +2,7 @@
 //! Gateways (and their provider) and the backend; render; apply with server-side apply; sweep
 //! objects of the same owner that are no longer wanted.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use gateway_api::apis::standard::gatewayclasses::GatewayClass;
 use gateway_api::apis::standard::gateways::Gateway;
@@ -100,16 +100,30 @@ pub async fn resolve_and_render(
 
     // Gateways the route attaches to, with their provider.
     let mut gateways: Vec<(GatewayRef, std::result::Result<Provider, String>)> = vec![];
-    let parents: BTreeSet<GatewayRef> = route
-        .spec
-        .parent_refs
-        .iter()
-        .flatten()
-        .filter(|p| p.kind.as_deref().unwrap_or("Gateway") == "Gateway" && p.group.as_deref().unwrap_or(GATEWAY_API_GROUP) == GATEWAY_API_GROUP)
-        .map(|p| GatewayRef { namespace: p.namespace.clone().unwrap_or_else(|| route_ns.to_string()), name: p.name.clone() })
-        .collect();
-    for gw in parents {
-        let provider = provider_of(ctx, &gw).await?;
+    // Gateway → the listener names the route's parentRefs name (`None`: every listener).
+    let mut parents: BTreeMap<(String, String), Option<BTreeSet<String>>> = BTreeMap::new();
+    for p in route.spec.parent_refs.iter().flatten().filter(|p| {
+        p.kind.as_deref().unwrap_or("Gateway") == "Gateway" && p.group.as_deref().unwrap_or(GATEWAY_API_GROUP) == GATEWAY_API_GROUP
+    }) {
+        let key = (p.namespace.clone().unwrap_or_else(|| route_ns.to_string()), p.name.clone());
+        let entry = parents.entry(key).or_insert_with(|| Some(BTreeSet::new()));
+        match (&p.section_name, entry.as_mut()) {
+            (Some(section), Some(set)) => {
+                set.insert(section.clone());
+            }
+            (None, _) => *entry = None,
+            (Some(_), None) => {}
+        }
+    }
+    for ((namespace, name), sections) in parents {
+        let mut gw = GatewayRef { namespace, name, listeners: vec![] };
+        let mut provider = provider_of(ctx, &gw).await?;
+        if provider == Ok(Provider::EnvoyGateway) {
+            match http_listeners(ctx, &gw, sections.as_ref()).await? {
+                Ok(l) => gw.listeners = l,
+                Err(msg) => provider = Err(msg),
+            }
+        }
         gateways.push((gw, provider));
     }
     if gateways.is_empty() {
@@ -174,6 +188,30 @@ pub async fn resolve_and_render(
         out.feed = Some(FeedSource { backend, load: intent.load.clone() });
     }
     Ok(out)
+}
+
+/// Envoy Gateway: the names of the Gateway's `HTTP` listeners the route attaches to (`sections`:
+/// the parentRefs' `sectionName`s; `None` = every listener). The wasm filter is patched into these
+/// xDS listeners. `HTTPS` listeners are not patched: Envoy Gateway splits them into per-SNI filter
+/// chains whose positions a JSON patch cannot name stably.
+async fn http_listeners(ctx: &Context, gw: &GatewayRef, sections: Option<&BTreeSet<String>>) -> Result<std::result::Result<Vec<String>, String>> {
+    let Some(gateway) = Api::<Gateway>::namespaced(ctx.client.clone(), &gw.namespace).get_opt(&gw.name).await? else {
+        return Ok(Err(format!("Gateway {}/{} not found", gw.namespace, gw.name)));
+    };
+    let listeners: Vec<String> = gateway
+        .spec
+        .listeners
+        .iter()
+        .filter(|l| l.protocol == "HTTP" && sections.is_none_or(|s| s.contains(&l.name)))
+        .map(|l| l.name.clone())
+        .collect();
+    if listeners.is_empty() {
+        return Ok(Err(format!(
+            "Gateway {}/{} has no HTTP listener this route attaches to (warmpath patches plain-HTTP listeners only on Envoy Gateway)",
+            gw.namespace, gw.name
+        )));
+    }
+    Ok(Ok(listeners))
 }
 
 async fn provider_of(ctx: &Context, gw: &GatewayRef) -> Result<std::result::Result<Provider, String>> {

@@ -50,17 +50,38 @@ fn condition<'a>(p: &'a InferenceRoutingPolicy, type_: &str) -> &'a k8s_openapi:
     conditions::find(&st.ancestors[0].conditions, type_).expect("condition present")
 }
 
-fn plugin_strategy(eep: &DynamicObject) -> String {
-    eep.data["spec"]["wasm"][0]["config"]["strategy"].as_str().unwrap().to_string()
+/// The wasm filter's `PluginConfig` (Envoy v3 JSON) inside an `EnvoyPatchPolicy` listener patch
+/// or an `EnvoyFilter` `HTTP_FILTER` patch.
+fn wasm_plugin_config(o: &DynamicObject) -> serde_json::Value {
+    let spec = &o.data["spec"];
+    let filter = if let Some(patches) = spec["jsonPatches"].as_array() {
+        patches.iter().find(|p| p["type"] == "type.googleapis.com/envoy.config.listener.v3.Listener").map(|p| &p["operation"]["value"])
+    } else {
+        spec["configPatches"].as_array().unwrap().iter().find(|p| p["applyTo"] == "HTTP_FILTER").map(|p| &p["patch"]["value"])
+    };
+    let filter = filter.expect("a wasm HTTP filter patch");
+    assert_eq!(filter["typed_config"]["@type"], "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm");
+    filter["typed_config"]["config"].clone()
 }
+
+/// The filter's plugin configuration (the JSON `warmpath_core::RawConfig` reads).
+fn plugin(o: &DynamicObject) -> serde_json::Value {
+    serde_json::from_str(wasm_plugin_config(o)["configuration"]["value"].as_str().unwrap()).unwrap()
+}
+
+fn plugin_strategy(o: &DynamicObject) -> String {
+    plugin(o)["strategy"].as_str().unwrap().to_string()
+}
+
+const EPP_POLICY: &str = "warmpath-feed-policy-llm-chat-routing";
 
 #[tokio::test]
 async fn envoy_gateway_create_switch_restart_delete() {
     let (client, ctx) = setup(EG_CONTROLLER, json!({})).await;
     // An unrelated, user-owned object of a kind we also write: must survive everything below.
-    let foreign = json!({"apiVersion": "gateway.envoyproxy.io/v1alpha1", "kind": "EnvoyExtensionPolicy",
+    let foreign = json!({"apiVersion": "gateway.envoyproxy.io/v1alpha1", "kind": "BackendTrafficPolicy",
         "metadata": {"name": "users-own", "namespace": NS}, "spec": {"targetRefs": []}});
-    let ar = crate::foreign::envoy_extension_policy();
+    let ar = crate::foreign::backend_traffic_policy();
     Api::<DynamicObject>::namespaced_with(client.clone(), NS, &ar)
         .create(&PostParams::default(), &serde_json::from_value(foreign).unwrap())
         .await
@@ -70,22 +91,26 @@ async fn envoy_gateway_create_switch_restart_delete() {
     reconcile_policy(&client, &ctx, "chat-routing").await;
     let objs = owned_objects(&client).await;
     let want = vec![
+        ("BackendTrafficPolicy".to_string(), NS.to_string(), "users-own".to_string()),
         ("BackendTrafficPolicy".to_string(), NS.to_string(), "warmpath-chat".to_string()),
-        ("EnvoyExtensionPolicy".to_string(), NS.to_string(), "users-own".to_string()),
-        ("EnvoyExtensionPolicy".to_string(), NS.to_string(), "warmpath-chat".to_string()),
-        ("EnvoyPatchPolicy".to_string(), GW_NS.to_string(), "warmpath-feed-policy-llm-chat-routing".to_string()),
+        ("EnvoyPatchPolicy".to_string(), GW_NS.to_string(), EPP_POLICY.to_string()),
     ];
     assert_eq!(objs, want);
-    let eep = get_owned(&client, "EnvoyExtensionPolicy", NS, "warmpath-chat").await.unwrap();
-    assert_eq!(plugin_strategy(&eep), "PREFIX_AWARE");
-    assert_eq!(eep.data["spec"]["wasm"][0]["config"]["prefix_length"], 4096);
-    assert_eq!(eep.data["spec"]["wasm"][0]["failOpen"], true);
-    assert_eq!(eep.data["spec"]["wasm"][0]["code"]["sha256"].as_str().unwrap().len(), 64);
-    let owner_refs = eep.metadata.owner_references.clone().unwrap();
-    assert_eq!((owner_refs[0].kind.as_str(), owner_refs[0].name.as_str()), ("InferenceRoutingPolicy", "chat-routing"));
-    let epp = get_owned(&client, "EnvoyPatchPolicy", GW_NS, "warmpath-feed-policy-llm-chat-routing").await.unwrap();
+    let epp = get_owned(&client, "EnvoyPatchPolicy", GW_NS, EPP_POLICY).await.unwrap();
+    assert_eq!(plugin_strategy(&epp), "PREFIX_AWARE");
+    assert_eq!(plugin(&epp)["prefix_length"], 4096);
+    let wasm = wasm_plugin_config(&epp);
+    assert_eq!(wasm["allow_on_headers_stop_iteration"], true, "PREFIX_AWARE pauses in the headers callback");
+    assert_eq!(wasm["failure_policy"], "FAIL_OPEN");
+    assert_eq!(wasm["vm_config"]["code"]["remote"]["sha256"].as_str().unwrap().len(), 64);
+    assert_eq!(wasm["vm_config"]["code"]["remote"]["http_uri"]["cluster"], plugin(&epp)["feed"]["cluster"], "module fetched through the feed cluster");
+    let listener_patch = &epp.data["spec"]["jsonPatches"][1];
+    assert_eq!(listener_patch["name"], "gateways/inference-gw/http");
+    assert_eq!(listener_patch["operation"]["path"], "/default_filter_chain/filters/0/typed_config/http_filters/0");
     assert!(epp.metadata.owner_references.is_none(), "no cross-namespace owner reference");
     let btp = get_owned(&client, "BackendTrafficPolicy", NS, "warmpath-chat").await.unwrap();
+    let owner_refs = btp.metadata.owner_references.clone().unwrap();
+    assert_eq!((owner_refs[0].kind.as_str(), owner_refs[0].name.as_str()), ("InferenceRoutingPolicy", "chat-routing"));
     assert_eq!(btp.data["spec"]["loadBalancer"]["endpointOverride"]["extractFrom"][0]["header"], "x-gateway-destination-endpoint");
 
     let p = get_policy(&client, "chat-routing").await;
@@ -109,8 +134,8 @@ async fn envoy_gateway_create_switch_restart_delete() {
         .unwrap();
     reconcile_policy(&client, &ctx, "chat-routing").await;
     assert_eq!(owned_objects(&client).await, want);
-    let eep = get_owned(&client, "EnvoyExtensionPolicy", NS, "warmpath-chat").await.unwrap();
-    assert_eq!(plugin_strategy(&eep), "LEAST_OUTSTANDING_REQUESTS");
+    let epp = get_owned(&client, "EnvoyPatchPolicy", GW_NS, EPP_POLICY).await.unwrap();
+    assert_eq!(plugin_strategy(&epp), "LEAST_OUTSTANDING_REQUESTS");
     let p = get_policy(&client, "chat-routing").await;
     assert_eq!(condition(&p, conditions::ACCEPTED).last_transition_time, first_transition, "unchanged status keeps its transition time");
 
@@ -122,7 +147,7 @@ async fn envoy_gateway_create_switch_restart_delete() {
     // Deletion: the finalizer removes exactly what was created (also across namespaces).
     let p = as_deleted((*get_policy(&client, "chat-routing").await).clone());
     routing_policy::reconcile(Arc::new(p), Arc::new(ctx2.clone())).await.unwrap();
-    assert_eq!(owned_objects(&client).await, vec![("EnvoyExtensionPolicy".to_string(), NS.to_string(), "users-own".to_string())]);
+    assert_eq!(owned_objects(&client).await, vec![("BackendTrafficPolicy".to_string(), NS.to_string(), "users-own".to_string())]);
     let p = get_policy(&client, "chat-routing").await;
     assert!(!p.finalizers().contains(&routing_policy::FINALIZER.to_string()), "finalizer released");
     assert!(!ctx2.feed_sources.lock().unwrap().contains_key("policy/llm/chat-routing"));
@@ -134,19 +159,21 @@ async fn istio_provider_is_detected_from_the_gateway_class() {
     let _: InferenceRoutingPolicy = create(&client, NS, policy(NS, "chat-routing", "chat", json!({"failureMode": "FailClosed"}))).await;
     reconcile_policy(&client, &ctx, "chat-routing").await;
     let objs = owned_objects(&client).await;
-    assert_eq!(
-        objs,
-        vec![
-            ("EnvoyFilter".to_string(), GW_NS.to_string(), "warmpath-llm-chat".to_string()),
-            ("WasmPlugin".to_string(), GW_NS.to_string(), "warmpath-llm-chat".to_string()),
-        ]
-    );
-    let wp = get_owned(&client, "WasmPlugin", GW_NS, "warmpath-llm-chat").await.unwrap();
-    assert_eq!(wp.data["spec"]["failStrategy"], "FAIL_CLOSE");
-    assert_eq!(wp.data["spec"]["targetRefs"][0]["kind"], "Gateway");
-    assert_eq!(wp.data["spec"]["pluginConfig"]["feed"]["cluster"], "outbound|8080||warmpath-controller.warmpath-system.svc.cluster.local");
+    assert_eq!(objs, vec![("EnvoyFilter".to_string(), GW_NS.to_string(), "warmpath-llm-chat".to_string())]);
     let ef = get_owned(&client, "EnvoyFilter", GW_NS, "warmpath-llm-chat").await.unwrap();
-    assert_eq!(ef.data["spec"]["configPatches"][0]["match"]["cluster"]["service"], "vllm.llm.svc.cluster.local");
+    assert_eq!(ef.data["spec"]["targetRefs"][0]["kind"], "Gateway");
+    let wasm = wasm_plugin_config(&ef);
+    assert_eq!(wasm["failure_policy"], "FAIL_CLOSED");
+    assert_eq!(wasm["allow_on_headers_stop_iteration"], true);
+    let feed_cluster = "outbound|8080||warmpath-controller.warmpath-system.svc.cluster.local";
+    assert_eq!(plugin(&ef)["feed"]["cluster"], feed_cluster);
+    assert_eq!(wasm["vm_config"]["code"]["remote"]["http_uri"]["cluster"], feed_cluster);
+    let patches = ef.data["spec"]["configPatches"].as_array().unwrap();
+    let http = patches.iter().find(|p| p["applyTo"] == "HTTP_FILTER").unwrap();
+    assert_eq!(http["patch"]["operation"], "INSERT_BEFORE");
+    assert_eq!(http["match"]["listener"]["filterChain"]["filter"]["subFilter"]["name"], "envoy.filters.http.router");
+    let cluster = patches.iter().find(|p| p["applyTo"] == "CLUSTER").unwrap();
+    assert_eq!(cluster["match"]["cluster"]["service"], "vllm.llm.svc.cluster.local");
     let p = get_policy(&client, "chat-routing").await;
     assert_eq!(condition(&p, conditions::PROGRAMMED).status, "True");
 }
@@ -192,8 +219,9 @@ async fn second_policy_on_the_same_route_is_conflicted() {
     let c = condition(&b, conditions::ACCEPTED);
     assert_eq!((c.status.as_str(), c.reason.as_str()), ("False", "Conflicted"));
     assert!(c.message.contains("a-first"));
-    let eep = get_owned(&client, "EnvoyExtensionPolicy", NS, "warmpath-chat").await.unwrap();
-    assert_eq!(plugin_strategy(&eep), "PREFIX_AWARE", "the older policy's configuration stays");
+    let epp = get_owned(&client, "EnvoyPatchPolicy", GW_NS, "warmpath-feed-policy-llm-a-first").await.unwrap();
+    assert_eq!(plugin_strategy(&epp), "PREFIX_AWARE", "the older policy's configuration stays");
+    assert!(get_owned(&client, "EnvoyPatchPolicy", GW_NS, "warmpath-feed-policy-llm-b-second").await.is_none(), "nothing for the conflicted policy");
 }
 
 async fn reconcile_route(client: &kube::Client, ctx: &Context) {
@@ -209,11 +237,12 @@ async fn annotations_program_the_route_and_removal_cleans_up() {
     let (client, ctx) = setup(EG_CONTROLLER, ann).await;
     reconcile_route(&client, &ctx).await;
     let objs = owned_objects(&client).await;
-    assert_eq!(objs.len(), 3, "{objs:?}");
-    let eep = get_owned(&client, "EnvoyExtensionPolicy", NS, "warmpath-chat").await.unwrap();
-    assert_eq!(eep.data["spec"]["wasm"][0]["config"]["prefix_length"], 2048);
-    assert_eq!(eep.data["spec"]["wasm"][0]["config"]["concurrency_threshold"], 12);
-    assert_eq!(eep.metadata.owner_references.as_ref().unwrap()[0].kind, "HTTPRoute");
+    assert_eq!(objs.len(), 2, "{objs:?}");
+    let epp = get_owned(&client, "EnvoyPatchPolicy", GW_NS, "warmpath-feed-httproute-llm-chat").await.unwrap();
+    assert_eq!(plugin(&epp)["prefix_length"], 2048);
+    assert_eq!(plugin(&epp)["concurrency_threshold"], 12);
+    let btp = get_owned(&client, "BackendTrafficPolicy", NS, "warmpath-chat").await.unwrap();
+    assert_eq!(btp.metadata.owner_references.as_ref().unwrap()[0].kind, "HTTPRoute");
     let route = Api::<HttpRoute>::namespaced(client.clone(), NS).get("chat").await.unwrap();
     assert!(route.finalizers().contains(&route_annotations::FINALIZER.to_string()));
 
@@ -222,17 +251,18 @@ async fn annotations_program_the_route_and_removal_cleans_up() {
     reconcile_route(&client, &ctx).await;
     assert!(owned_objects(&client).await.is_empty());
     reconcile_policy(&client, &ctx, "explicit").await;
-    let eep = get_owned(&client, "EnvoyExtensionPolicy", NS, "warmpath-chat").await.unwrap();
-    assert_eq!(plugin_strategy(&eep), "RANDOM");
-    assert_eq!(eep.metadata.owner_references.as_ref().unwrap()[0].kind, "InferenceRoutingPolicy");
+    let epp = get_owned(&client, "EnvoyPatchPolicy", GW_NS, "warmpath-feed-policy-llm-explicit").await.unwrap();
+    assert_eq!(plugin_strategy(&epp), "RANDOM");
+    let btp = get_owned(&client, "BackendTrafficPolicy", NS, "warmpath-chat").await.unwrap();
+    assert_eq!(btp.metadata.owner_references.as_ref().unwrap()[0].kind, "InferenceRoutingPolicy");
 
     // Policy gone: the annotations apply again.
     let p = as_deleted((*get_policy(&client, "explicit").await).clone());
     routing_policy::reconcile(Arc::new(p), Arc::new(ctx.clone())).await.unwrap();
     Api::<InferenceRoutingPolicy>::namespaced(client.clone(), NS).delete("explicit", &Default::default()).await.unwrap();
     reconcile_route(&client, &ctx).await;
-    let eep = get_owned(&client, "EnvoyExtensionPolicy", NS, "warmpath-chat").await.unwrap();
-    assert_eq!(plugin_strategy(&eep), "PREFIX_AWARE");
+    let epp = get_owned(&client, "EnvoyPatchPolicy", GW_NS, "warmpath-feed-httproute-llm-chat").await.unwrap();
+    assert_eq!(plugin_strategy(&epp), "PREFIX_AWARE");
 
     // Annotation removed: exactly the annotation's objects go, and the finalizer is released.
     Api::<HttpRoute>::namespaced(client.clone(), NS)
@@ -250,4 +280,47 @@ async fn invalid_annotation_changes_nothing() {
     let (client, ctx) = setup(EG_CONTROLLER, json!({"warmpath.dev/routing-strategy": "fastest"})).await;
     reconcile_route(&client, &ctx).await;
     assert!(owned_objects(&client).await.is_empty());
+}
+
+/// Envoy Gateway: the wasm filter goes into the plain-HTTP listeners the route attaches to;
+/// a route on an HTTPS listener only gets a clear condition and nothing written.
+#[tokio::test]
+async fn envoy_gateway_patches_only_the_attached_http_listeners() {
+    let gw = json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway", "metadata": {"name": "inference-gw", "namespace": GW_NS},
+        "spec": {"gatewayClassName": "eg", "listeners": [
+            {"name": "http", "port": 80, "protocol": "HTTP"},
+            {"name": "http-alt", "port": 8080, "protocol": "HTTP"},
+            {"name": "tls", "port": 443, "protocol": "HTTPS"}]}});
+    for (section, want) in [(None, vec!["gateways/inference-gw/http", "gateways/inference-gw/http-alt"]), (Some("http-alt"), vec!["gateways/inference-gw/http-alt"]), (Some("tls"), vec![])] {
+        let mut objs = base(EG_CONTROLLER);
+        objs[1] = gw.clone();
+        let client = fixtures::client(objs).await;
+        let mut route = http_route(NS, "chat", GW_NS, "inference-gw", "vllm", 8000, json!({}));
+        if let Some(s) = section {
+            route["spec"]["parentRefs"][0]["sectionName"] = json!(s);
+        }
+        let _: HttpRoute = create(&client, NS, route).await;
+        let ctx = fixtures::context(client.clone());
+        let _: InferenceRoutingPolicy = create(&client, NS, policy(NS, "chat-routing", "chat", json!({}))).await;
+        reconcile_policy(&client, &ctx, "chat-routing").await;
+        let epp = get_owned(&client, "EnvoyPatchPolicy", GW_NS, EPP_POLICY).await;
+        if want.is_empty() {
+            assert!(epp.is_none(), "{section:?}: nothing written for an HTTPS-only attachment");
+            let p = get_policy(&client, "chat-routing").await;
+            let c = condition(&p, conditions::ACCEPTED);
+            assert_eq!(c.status, "False");
+            assert!(c.message.contains("no HTTP listener"), "{}", c.message);
+            assert!(owned_objects(&client).await.is_empty());
+            continue;
+        }
+        let epp = epp.unwrap();
+        let names: Vec<&str> = epp.data["spec"]["jsonPatches"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|p| p["type"] == "type.googleapis.com/envoy.config.listener.v3.Listener")
+            .map(|p| p["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(names, want, "{section:?}");
+    }
 }

@@ -7,6 +7,7 @@
 //! tested without an API server. Same semantics, expressed as a merge patch.
 
 use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::controller::Action;
 use kube::{Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use serde_json::json;
@@ -47,6 +48,30 @@ where
         Err(crate::Error::Kube(kube::Error::Api(e))) if e.code == 404 => Ok(()),
         Err(e) => Err(e),
     }
+}
+
+/// One finalizer-guarded reconcile, shared by the cache-warming reconcilers: on deletion, `cleanup`
+/// must succeed before finalizer `name` goes; otherwise the finalizer is put in place before
+/// `apply` runs (on the object as updated by that patch), so nothing is created unguarded.
+pub async fn guard<K>(
+    api: &Api<K>,
+    obj: &K,
+    name: &str,
+    cleanup: impl AsyncFnOnce(&K) -> Result<Action>,
+    apply: impl AsyncFnOnce(&K) -> Result<Action>,
+) -> Result<Action>
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
+{
+    if obj.meta().deletion_timestamp.is_some() {
+        if has(obj, name) {
+            cleanup(obj).await?;
+            remove(api, obj, name).await?;
+        }
+        return Ok(Action::await_change());
+    }
+    let updated = add(api, obj, name).await?;
+    apply(updated.as_ref().unwrap_or(obj)).await
 }
 
 async fn patch<K>(api: &Api<K>, obj: &K, list: Vec<String>) -> Result<K>

@@ -157,24 +157,14 @@ pub fn compute_status(ic: &ImageCache, ds: Option<&DaemonSet>, pods: &[Pod], now
 pub async fn reconcile(ic: Arc<ImageCache>, ctx: Arc<Context>) -> Result<Action> {
     let ns = ic.namespace().ok_or(Error::MissingField("metadata.namespace"))?;
     let api: Api<ImageCache> = Api::namespaced(ctx.client.clone(), &ns);
-    // Finalizer handling via merge patches (see `finalizers`): cleanup must succeed before the
-    // finalizer goes; the finalizer is in place before anything is created.
-    let mut obj = (*ic).clone();
-    let result = if obj.meta().deletion_timestamp.is_some() {
-        if finalizers::has(&obj, FINALIZER) {
-            match cleanup(&obj, &ctx).await {
-                Ok(_) => finalizers::remove(&api, &obj, FINALIZER).await.map(|_| Action::await_change()),
-                Err(e) => Err(e),
-            }
-        } else {
-            Ok(Action::await_change())
-        }
-    } else {
-        if let Some(updated) = finalizers::add(&api, &obj, FINALIZER).await? {
-            obj = updated;
-        }
-        apply(&api, &obj, &ctx).await
-    };
+    let result = finalizers::guard(
+        &api,
+        &*ic,
+        FINALIZER,
+        async |o| cleanup(o, &ctx).await,
+        async |o| apply(&api, o, &ctx).await,
+    )
+    .await;
     result.inspect(|_| ctx.metrics.reconcile_ok(CONTROLLER))
 }
 

@@ -296,24 +296,14 @@ fn ssa() -> PatchParams {
 pub async fn reconcile(ie: Arc<InferenceEndpoint>, ctx: Arc<Context>) -> Result<Action> {
     let ns = ie.namespace().ok_or(Error::MissingField("metadata.namespace"))?;
     let api: Api<InferenceEndpoint> = Api::namespaced(ctx.client.clone(), &ns);
-    // Finalizer handling via merge patches (see `finalizers`): cleanup must succeed before the
-    // finalizer goes; the finalizer is in place before anything is created.
-    let mut obj = (*ie).clone();
-    let result = if obj.meta().deletion_timestamp.is_some() {
-        if finalizers::has(&obj, FINALIZER) {
-            match cleanup(&obj, &ctx).await {
-                Ok(_) => finalizers::remove(&api, &obj, FINALIZER).await.map(|_| Action::await_change()),
-                Err(e) => Err(e),
-            }
-        } else {
-            Ok(Action::await_change())
-        }
-    } else {
-        if let Some(updated) = finalizers::add(&api, &obj, FINALIZER).await? {
-            obj = updated;
-        }
-        apply(&api, &obj, &ctx).await
-    };
+    let result = finalizers::guard(
+        &api,
+        &*ie,
+        FINALIZER,
+        async |o| cleanup(o, &ctx).await,
+        async |o| apply(&api, o, &ctx).await,
+    )
+    .await;
     result.inspect(|_| ctx.metrics.reconcile_ok(CONTROLLER))
 }
 

@@ -50,6 +50,7 @@ pub struct RawConfig {
     pub index_capacity: Option<u64>,
     pub debug_header: Option<bool>,
     pub feed: Option<RawFeed>,
+    pub upstream_clusters: Option<Vec<String>>,
 }
 
 /// Raw form of the optional endpoint/load feed section (filled in later by the controller).
@@ -93,6 +94,12 @@ pub const INDEX_CAPACITY_RANGE: (u64, u64) = (64, 1 << 22);
 pub const FEED_INTERVAL_RANGE: (u64, u64) = (100, 60_000);
 /// Most endpoints a configuration may list.
 pub const MAX_ENDPOINTS: usize = 4096;
+/// Most Envoy cluster names `upstream_clusters` may list (one policy's HTTPRoute rules; a longer list is a
+/// mistake, not a configuration).
+pub const MAX_UPSTREAM_CLUSTERS: usize = 64;
+/// Longest Envoy cluster name accepted in `upstream_clusters`, in bytes (Istio names such as
+/// `outbound|8000||vllm.llm.svc.cluster.local` stay far below it).
+pub const MAX_CLUSTER_NAME_BYTES: usize = 512;
 
 /// Validated settings. Construct with [`Settings::from_json`] (or [`Settings::default`] plus field edits in tests).
 #[derive(Debug, Clone, PartialEq)]
@@ -147,6 +154,16 @@ pub struct Settings {
     pub debug_header: bool,
     /// Optional endpoint/load feed; default none.
     pub feed: Option<FeedSettings>,
+    /// Envoy cluster names this instance routes for: JSON list of strings, e.g.
+    /// `["outbound|8000||vllm.llm.svc.cluster.local"]` (Istio) or `["httproute/llm/chat/rule/0"]` (Envoy
+    /// Gateway). When non-empty, a request whose upstream cluster — Envoy's `xds.cluster_name` attribute, the
+    /// cluster of the route Envoy selected — is not listed (or that matched no route) is left entirely alone by
+    /// this instance: no header stripping, no body buffering, no pick, no in-flight slot. This lets several
+    /// instances (one per routing policy, each under its own Envoy `plugin_name`) share one listener, each
+    /// acting only on the requests its endpoints can serve. Empty (the default) = act on every request.
+    /// At most [`MAX_UPSTREAM_CLUSTERS`] names of 1..=[`MAX_CLUSTER_NAME_BYTES`] bytes without control
+    /// characters or surrounding whitespace; duplicates removed, order kept.
+    pub upstream_clusters: Vec<String>,
 }
 
 impl Default for Settings {
@@ -165,6 +182,7 @@ impl Default for Settings {
             index_capacity: 16384,
             debug_header: false,
             feed: None,
+            upstream_clusters: Vec::new(),
         }
     }
 }
@@ -273,6 +291,7 @@ impl Settings {
             None => d.index_capacity,
         };
         let feed = raw.feed.map(validate_feed).transpose()?;
+        let upstream_clusters = validate_upstream_clusters(raw.upstream_clusters.unwrap_or_default())?;
         let raw_endpoints = raw.endpoints.unwrap_or_default();
         if raw_endpoints.len() > MAX_ENDPOINTS {
             return Err(ConfigError::OutOfRange {
@@ -313,6 +332,7 @@ impl Settings {
             index_capacity,
             debug_header: raw.debug_header.unwrap_or(d.debug_header),
             feed,
+            upstream_clusters,
         })
     }
 }
@@ -321,6 +341,45 @@ impl Settings {
 /// Host names are rejected: Envoy's override_host policy matches endpoint addresses, not names.
 pub fn normalize_address(s: &str) -> Option<String> {
     s.trim().parse::<SocketAddr>().ok().map(|a| a.to_string())
+}
+
+impl Settings {
+    /// Whether this instance acts on a request whose upstream cluster is `cluster` (Envoy's `xds.cluster_name`;
+    /// `None` when Envoy knows none, e.g. no route matched). True for every request when `upstream_clusters` is
+    /// empty; otherwise only for a listed name (exact, case-sensitive: Envoy cluster names are).
+    pub fn acts_on_cluster(&self, cluster: Option<&str>) -> bool {
+        self.upstream_clusters.is_empty() || cluster.is_some_and(|c| self.upstream_clusters.iter().any(|u| u == c))
+    }
+}
+
+fn validate_upstream_clusters(raw: Vec<String>) -> Result<Vec<String>, ConfigError> {
+    if raw.len() > MAX_UPSTREAM_CLUSTERS {
+        return Err(ConfigError::OutOfRange {
+            field: "upstream_clusters",
+            value: format!("{} entries", raw.len()),
+            allowed: "at most 64 Envoy cluster names",
+        });
+    }
+    let mut out: Vec<String> = Vec::with_capacity(raw.len());
+    for (i, name) in raw.into_iter().enumerate() {
+        let reason = if name.is_empty() {
+            Some("expected a non-empty Envoy cluster name")
+        } else if name.len() > MAX_CLUSTER_NAME_BYTES {
+            Some("expected an Envoy cluster name of at most 512 bytes")
+        } else if name.trim() != name || name.chars().any(char::is_control) {
+            // Envoy would never report such a name, so the entry could never match: refuse the typo.
+            Some("expected an Envoy cluster name without control characters or surrounding whitespace")
+        } else {
+            None
+        };
+        if let Some(reason) = reason {
+            return Err(ConfigError::Invalid { field: format!("upstream_clusters[{i}]"), value: shown(&name, 100), reason });
+        }
+        if !out.contains(&name) {
+            out.push(name);
+        }
+    }
+    Ok(out)
 }
 
 fn validate_feed(raw: RawFeed) -> Result<FeedSettings, ConfigError> {
@@ -429,6 +488,58 @@ mod tests {
         for e in [err(r#"{"prefix_length":99}"#), err("[1,2]"), err(r#"{"endpoints":["1.2.3.4"]}"#)] {
             assert!(!e.contains('\n'), "one line: {e}");
         }
+    }
+
+    #[test]
+    fn upstream_clusters_parse_dedupe_and_gate() {
+        let s = Settings::from_json(br#"{"endpoints":["127.0.0.1:1"]}"#).unwrap();
+        assert!(s.upstream_clusters.is_empty());
+        // Empty list = every request, known cluster or not (today's behaviour).
+        assert!(s.acts_on_cluster(Some("anything")) && s.acts_on_cluster(None));
+        let s = Settings::from_json(
+            br#"{"endpoints":["127.0.0.1:1"],"upstream_clusters":
+                ["outbound|8000||vllm.llm.svc.cluster.local","httproute/llm/chat/rule/0","outbound|8000||vllm.llm.svc.cluster.local"]}"#,
+        )
+        .unwrap();
+        assert_eq!(s.upstream_clusters, vec!["outbound|8000||vllm.llm.svc.cluster.local", "httproute/llm/chat/rule/0"]);
+        assert!(s.acts_on_cluster(Some("httproute/llm/chat/rule/0")));
+        assert!(s.acts_on_cluster(Some("outbound|8000||vllm.llm.svc.cluster.local")));
+        assert!(!s.acts_on_cluster(Some("httproute/llm/chat/rule/1")), "other rule of the same route");
+        assert!(!s.acts_on_cluster(Some("HTTPROUTE/llm/chat/rule/0")), "cluster names are case-sensitive");
+        assert!(!s.acts_on_cluster(Some("")));
+        assert!(!s.acts_on_cluster(None), "no route: not ours");
+        // An explicit empty list is the default.
+        let s = Settings::from_json(br#"{"endpoints":["127.0.0.1:1"],"upstream_clusters":[]}"#).unwrap();
+        assert!(s.upstream_clusters.is_empty());
+    }
+
+    #[test]
+    fn upstream_clusters_errors_name_the_entry() {
+        let e = err(r#"{"endpoints":["127.0.0.1:1"],"upstream_clusters":["a",""]}"#);
+        assert!(e.contains("upstream_clusters[1]") && e.contains("non-empty"), "{e}");
+        let e = err(r#"{"endpoints":["127.0.0.1:1"],"upstream_clusters":[" pool-a"]}"#);
+        assert!(e.contains("upstream_clusters[0]") && e.contains("whitespace"), "{e}");
+        let e = err(r#"{"endpoints":["127.0.0.1:1"],"upstream_clusters":["pool\nb"]}"#);
+        assert!(e.contains("upstream_clusters[0]") && e.contains(r"pool\\nb") && !e.contains('\n'), "{e}");
+        let long = "c".repeat(MAX_CLUSTER_NAME_BYTES + 1);
+        let e = err(&format!(r#"{{"endpoints":["127.0.0.1:1"],"upstream_clusters":["{long}"]}}"#));
+        assert!(e.contains("upstream_clusters[0]") && e.contains("512 bytes") && e.len() < 400, "{e}");
+        assert!(Settings::from_json(
+            format!(r#"{{"endpoints":["127.0.0.1:1"],"upstream_clusters":["{}"]}}"#, "c".repeat(MAX_CLUSTER_NAME_BYTES)).as_bytes()
+        )
+        .is_ok());
+        let names = |n: usize| (0..n).map(|i| format!("\"c{i}\"")).collect::<Vec<_>>().join(",");
+        let e = err(&format!(r#"{{"endpoints":["127.0.0.1:1"],"upstream_clusters":[{}]}}"#, names(MAX_UPSTREAM_CLUSTERS + 1)));
+        assert!(e.contains("`upstream_clusters` = 65 entries") && e.contains("at most 64"), "{e}");
+        let ok = Settings::from_json(
+            format!(r#"{{"endpoints":["127.0.0.1:1"],"upstream_clusters":[{}]}}"#, names(MAX_UPSTREAM_CLUSTERS)).as_bytes(),
+        )
+        .unwrap();
+        assert_eq!(ok.upstream_clusters.len(), MAX_UPSTREAM_CLUSTERS);
+        let e = err(r#"{"endpoints":["127.0.0.1:1"],"upstream_clusters":"pool-a"}"#);
+        assert!(e.contains("invalid JSON") && e.contains("sequence"), "a bare string is refused: {e}");
+        let e = err(r#"{"endpoints":["127.0.0.1:1"],"upstream_clusters":[1]}"#);
+        assert!(e.contains("invalid JSON"), "{e}");
     }
 
     #[test]

@@ -28,6 +28,7 @@ const BODIES: &[&str] = &[
 const CONFIGS: &[&str] = &[
     r#"{"strategy":"PREFIX_AWARE","prefix_length":2048,"block_size":64,"concurrency_threshold":4,"load_factor":1.25,"tenant_header":"x-t","max_body_bytes":65536,"endpoints":["127.0.0.1:1","[::1]:2"],"index_capacity":128,"debug_header":true,"feed":{"cluster":"c","path":"/v1/endpoints","interval_ms":500}}"#,
     r#"{"strategy":"RANDOM","endpoints":["10.0.0.1:8000"]}"#,
+    r#"{"endpoints":["10.0.0.1:8000"],"upstream_clusters":["outbound|8000||vllm.llm.svc.cluster.local","httproute/llm/chat/rule/0","pool-a"]}"#,
 ];
 
 const FEEDS: &[&str] = &[
@@ -119,6 +120,15 @@ fn fuzz_settings_from_json() {
                 prop_assert!((1024..=65536).contains(&s.prefix_length));
                 prop_assert!(s.block_size <= s.prefix_length);
                 prop_assert!(s.endpoints.len() <= 4096);
+                // Accepted cluster names are usable gate entries: bounded, non-empty, printable, distinct, each
+                // one gating in exactly itself.
+                prop_assert!(s.upstream_clusters.len() <= 64);
+                for (i, c) in s.upstream_clusters.iter().enumerate() {
+                    prop_assert!(!c.is_empty() && c.len() <= 512 && c.trim() == c && !c.chars().any(char::is_control));
+                    prop_assert!(!s.upstream_clusters[..i].contains(c));
+                    prop_assert!(s.acts_on_cluster(Some(c)));
+                }
+                prop_assert_eq!(s.acts_on_cluster(None), s.upstream_clusters.is_empty());
                 // A valid configuration always builds a working router.
                 let _ = Router::new(s);
             }

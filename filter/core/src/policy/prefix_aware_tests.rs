@@ -381,6 +381,10 @@ fn reconfigure_keeps_index_when_compatible() {
     s.concurrency_threshold = 7;
     r.reconfigure(s.clone());
     assert_eq!(route(&mut r, &k).reason, Reason::PrefixMatch, "index kept");
+    // Which requests the instance acts on is a gate in front of the router, not part of the index.
+    s.upstream_clusters = vec!["pool-a".into()];
+    r.reconfigure(s.clone());
+    assert_eq!(route(&mut r, &k).reason, Reason::PrefixMatch, "index kept across an upstream_clusters change");
     s.block_size = 128;
     r.reconfigure(s.clone());
     assert_eq!(route(&mut r, &k).reason, Reason::ConsistentPick, "new block size starts a new index");

@@ -1,4 +1,5 @@
-//! Per-request work: strip client-sent destination headers, buffer the body (up to `max_body_bytes`), extract the
+//! Per-request work: skip requests for another instance's upstream cluster (`upstream_clusters`), strip
+//! client-sent destination headers, buffer the body (up to `max_body_bytes`), extract the
 //! key, pick an endpoint, set `x-gateway-destination-endpoint`, count, and release the in-flight slot in `on_log`.
 //!
 //! Fail open: any request without a usable key (no body, body over the limit, bad JSON, non-UTF-8, missing fields,
@@ -38,6 +39,13 @@ fn request_body(max: usize) -> Option<Vec<u8>> {
     hostcalls::get_buffer(BufferType::HttpRequestBody, 0, max).ok().flatten()
 }
 
+/// The upstream cluster of the route Envoy selected for this request (Envoy attribute `xds.cluster_name`; the
+/// connection manager resolves the route before the HTTP filters run), `None` when Envoy reports none (no route
+/// matched, unknown cluster, or a host without the attribute).
+fn upstream_cluster() -> Option<String> {
+    hostcalls::get_property(vec!["xds", "cluster_name"]).ok().flatten().map(|b| String::from_utf8_lossy(&b).into_owned())
+}
+
 /// The settings one request is handled with, copied from the router when its headers arrive.
 #[derive(Debug, Clone, Copy)]
 struct Params {
@@ -74,6 +82,16 @@ impl FilterHttp {
             in_flight: None,
             debug: None,
         }
+    }
+
+    /// True when this instance's `upstream_clusters` is set and the request's upstream cluster is not in it (or
+    /// unknown): the request belongs to another instance (or to no warmpath policy) and must be left alone. One
+    /// host call, only when the list is non-empty.
+    fn for_other_cluster(&self) -> bool {
+        let Some(shared) = &self.shared else { return false };
+        let Ok(router) = shared.router.try_borrow() else { return false };
+        let settings = router.settings();
+        !settings.upstream_clusters.is_empty() && !settings.acts_on_cluster(upstream_cluster().as_deref())
     }
 
     /// Reads the request headers in one host call: removes any client-sent destination header (counting one
@@ -169,7 +187,17 @@ impl Context for FilterHttp {}
 
 impl HttpContext for FilterHttp {
     fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
-        // First, on every request, whatever happens next: the client does not choose the destination.
+        // Another instance's request (several policies on one listener): not even the destination header is
+        // ours to touch — the instance whose cluster it is strips it, and stripping here could remove that
+        // instance's pick when it runs earlier in the chain. Nothing is held, so the later callbacks do nothing.
+        if self.for_other_cluster() {
+            if let Some(shared) = &self.shared {
+                shared.metrics.skipped_other_cluster();
+            }
+            return Action::Continue;
+        }
+        // First, on every request this instance handles, whatever happens next: the client does not choose the
+        // destination.
         self.read_headers();
         let (Some(shared), Some(params)) = (self.shared.clone(), self.params) else { return Action::Continue };
         if params.strategy != Strategy::PrefixAware {

@@ -11,6 +11,7 @@
 //! | `warmpath.decisions.<strategy>.<reason>` | counter | picks by strategy (`random`, `least_outstanding_requests`, `prefix_aware`) and reason (`random`, `least_outstanding`, `prefix_match`, `consistent_pick`, `overflow`, `fail_open`) |
 //! | `warmpath.fail_open.<cause>` | counter | requests routed by the fallback, by cause (see `FailOpen`) |
 //! | `warmpath.spoofed_header_removed` | counter | client-sent destination headers removed |
+//! | `warmpath.requests_skipped_other_cluster` | counter | requests left alone because their upstream cluster (`xds.cluster_name`) is not in this instance's `upstream_clusters` (or unknown) |
 //! | `warmpath.matched_prefix.<bucket>` | counter | prefix-aware picks by matched prefix length (characters; bytes for raw bodies): `none`, `le_1k`, `le_4k`, `le_16k`, `gt_16k` |
 //! | `warmpath.matched_prefix_chars_total` | counter | sum of matched prefix lengths, so the mean is total / matched picks |
 //! | `warmpath.in_flight.<IP>_<port>` | gauge | the shared in-flight counter of each endpoint, refreshed every tick |
@@ -21,7 +22,7 @@
 //! | `warmpath.feed.applied` | counter | snapshot applications (per VM) |
 //! | `warmpath.feed.version` | gauge | version of the last applied snapshot |
 //!
-//! Per-request counters (decisions, matched prefix) are added up in the VM and handed to Envoy on the root
+//! Per-request counters (decisions, matched prefix, skipped requests) are added up in the VM and handed to Envoy on the root
 //! context's tick (every `feed.interval_ms`, else 500 ms): one host call per metric per tick instead of per
 //! request, at the price of stats lagging by up to one tick.
 
@@ -48,6 +49,8 @@ pub struct Metrics {
     /// `warmpath.matched_prefix.<bucket>` for `MATCH_BUCKETS` plus the last bucket.
     matched: [Option<u32>; MATCH_BUCKETS.len() + 1],
     matched_total: Option<u32>,
+    /// `warmpath.requests_skipped_other_cluster`.
+    skipped: Option<u32>,
 }
 
 impl Metrics {
@@ -59,6 +62,7 @@ impl Metrics {
             by_reason: [[None; Reason::ALL.len()]; STRATEGIES.len()],
             matched: [None; MATCH_BUCKETS.len() + 1],
             matched_total: None,
+            skipped: None,
         };
         for (i, strategy) in STRATEGIES.iter().enumerate() {
             let s = strategy.as_str().to_ascii_lowercase();
@@ -70,6 +74,7 @@ impl Metrics {
         }
         m.matched[MATCH_BUCKETS.len()] = m.id(MetricType::Counter, "warmpath.matched_prefix.gt_16k");
         m.matched_total = m.id(MetricType::Counter, "warmpath.matched_prefix_chars_total");
+        m.skipped = m.id(MetricType::Counter, "warmpath.requests_skipped_other_cluster");
         m
     }
 
@@ -120,6 +125,12 @@ impl Metrics {
                 self.add_later(self.matched_total, len as u64);
             }
         }
+    }
+
+    /// Counts one request left alone for another upstream cluster (batched: on a shared listener this is as
+    /// frequent as the other policies' requests).
+    pub fn skipped_other_cluster(&self) {
+        self.add_later(self.skipped, 1);
     }
 
     /// Hands the batched per-request counts to Envoy (called on every tick of the owning root context).

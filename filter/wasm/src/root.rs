@@ -140,7 +140,7 @@ impl RootContext for FilterRoot {
         self.feed = settings.feed.clone().map(|f| FeedPoller::new(f, self.context_id));
         let _ = hostcalls::set_tick_period(tick);
         info!(
-            "configured strategy={} endpoints={} prefix_length={} block_size={} concurrency_threshold={} load_factor={} max_body_bytes={} feed={}",
+            "configured plugin={plugin} strategy={} endpoints={} prefix_length={} block_size={} concurrency_threshold={} load_factor={} max_body_bytes={} feed={} upstream_clusters={}",
             settings.strategy.as_str(),
             settings.endpoints.len(),
             settings.prefix_length,
@@ -149,6 +149,7 @@ impl RootContext for FilterRoot {
             settings.load_factor,
             settings.max_body_bytes,
             settings.feed.as_ref().map(|f| f.cluster.as_str()).unwrap_or("none"),
+            if settings.upstream_clusters.is_empty() { "all".to_string() } else { settings.upstream_clusters.join(",") },
         );
         let keyless = RequestKey::new(BodyKind::Raw, None, None, Vec::new());
         let metrics = Rc::new(metrics::Metrics::new());

@@ -26,6 +26,29 @@ pub struct FeedCluster {
     pub address: SocketAddr,
 }
 
+/// A further route of the listener, ahead of the catch-all route to [`MODEL_CLUSTER`]: requests whose path starts
+/// with `path_prefix` go to the cluster `cluster` of `upstreams`, load-balanced like the model cluster
+/// (`override_host` reading the destination header, least-request fallback).
+#[derive(Debug, Clone)]
+pub struct Pool {
+    /// Envoy cluster name (what the filter sees as `xds.cluster_name`, and lists in `upstream_clusters`).
+    pub cluster: String,
+    /// Route match: path prefix, e.g. `/a/`.
+    pub path_prefix: String,
+    /// The cluster's endpoints (loopback IP:port).
+    pub upstreams: Vec<SocketAddr>,
+}
+
+/// One warmpath filter instance of the listener's HTTP filter chain (all instances share the module and the VM).
+#[derive(Debug, Clone)]
+pub struct PluginInstance {
+    /// Envoy `plugin_name` (also the HTTP filter's name). The filter keeps one router per plugin name in a VM, so
+    /// instances with different configurations need different names.
+    pub name: String,
+    /// The plugin configuration JSON (see docs/filter.md).
+    pub config: String,
+}
+
 /// Everything a rendered Envoy bootstrap depends on. Build with [`EnvoyConfig::new`] and the `with_*` methods.
 #[derive(Debug, Clone)]
 pub struct EnvoyConfig {
@@ -51,6 +74,11 @@ pub struct EnvoyConfig {
     /// through — cannot let a client choose the destination. The filter strips them itself either way; the
     /// spoofing test turns this off to prove that.
     pub strip_in_envoy: bool,
+    /// Further routes, each to its own cluster (default none: one catch-all route to [`MODEL_CLUSTER`]).
+    pub pools: Vec<Pool>,
+    /// The warmpath filter instances, in chain order. Empty (the default) means one instance named `warmpath`
+    /// configured with `plugin_config`.
+    pub plugins: Vec<PluginInstance>,
 }
 
 impl EnvoyConfig {
@@ -66,6 +94,8 @@ impl EnvoyConfig {
             buffer_limit_bytes: 4 << 20,
             route_timeout_s: 60,
             strip_in_envoy: true,
+            pools: Vec::new(),
+            plugins: Vec::new(),
         }
     }
 
@@ -79,6 +109,19 @@ impl EnvoyConfig {
     /// Puts the wasm filter (this module file) in the listener.
     pub fn with_wasm(mut self, wasm: impl Into<PathBuf>) -> Self {
         self.wasm = Some(wasm.into());
+        self
+    }
+
+    /// Adds a route (path prefix → its own `override_host` cluster) ahead of the catch-all route.
+    pub fn with_pool(mut self, cluster: impl Into<String>, path_prefix: impl Into<String>, upstreams: Vec<SocketAddr>) -> Self {
+        self.pools.push(Pool { cluster: cluster.into(), path_prefix: path_prefix.into(), upstreams });
+        self
+    }
+
+    /// Appends a warmpath filter instance named `name` with plugin configuration `config` to the chain (the first
+    /// call replaces the default single instance configured by `plugin_config`). Needs [`Self::with_wasm`].
+    pub fn with_plugin(mut self, name: impl Into<String>, config: impl Into<String>) -> Self {
+        self.plugins.push(PluginInstance { name: name.into(), config: config.into() });
         self
     }
 
@@ -120,37 +163,60 @@ impl EnvoyConfig {
             }));
         }
         if let Some(wasm) = &self.wasm {
-            filters.push(json!({
-                "name": "envoy.filters.http.wasm",
-                "typed_config": {
-                    "@type": "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm",
-                    "config": {
-                        "name": "warmpath",
-                        "root_id": "warmpath",
-                        // The filter pauses in on_request_headers until the body is buffered; without this Envoy
-                        // forwards the headers anyway and the pick comes too late (or the request hangs).
-                        "allow_on_headers_stop_iteration": true,
-                        // A crashed VM must not take traffic down: requests pass without a pick and Envoy's
-                        // fallback policy routes them.
-                        "failure_policy": "FAIL_OPEN",
-                        "configuration": {
-                            "@type": "type.googleapis.com/google.protobuf.StringValue",
-                            "value": self.plugin_config,
-                        },
-                        "vm_config": {
-                            "vm_id": "warmpath",
-                            "runtime": "envoy.wasm.runtime.v8",
-                            "code": { "local": { "filename": path_str(wasm) } },
-                        },
-                    },
-                },
-            }));
+            let default = [PluginInstance { name: "warmpath".into(), config: self.plugin_config.clone() }];
+            let instances = if self.plugins.is_empty() { &default[..] } else { &self.plugins[..] };
+            for instance in instances {
+                filters.push(self.wasm_filter(wasm, instance, instances.len() > 1));
+            }
         }
         filters.push(json!({
             "name": "envoy.filters.http.router",
             "typed_config": { "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router" },
         }));
         Value::Array(filters)
+    }
+
+    /// One wasm HTTP filter running `instance` of the module `wasm`. With several instances each HTTP filter is
+    /// named after its plugin (the wasm extension is found by its `typed_config` type, not by the filter name).
+    fn wasm_filter(&self, wasm: &Path, instance: &PluginInstance, several: bool) -> Value {
+        let filter_name = if several { instance.name.as_str() } else { "envoy.filters.http.wasm" };
+        json!({
+            "name": filter_name,
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm",
+                "config": {
+                    "name": instance.name,
+                    "root_id": "warmpath",
+                    // The filter pauses in on_request_headers until the body is buffered; without this Envoy
+                    // forwards the headers anyway and the pick comes too late (or the request hangs).
+                    "allow_on_headers_stop_iteration": true,
+                    // A crashed VM must not take traffic down: requests pass without a pick and Envoy's
+                    // fallback policy routes them.
+                    "failure_policy": "FAIL_OPEN",
+                    "configuration": {
+                        "@type": "type.googleapis.com/google.protobuf.StringValue",
+                        "value": instance.config,
+                    },
+                    "vm_config": {
+                        "vm_id": "warmpath",
+                        "runtime": "envoy.wasm.runtime.v8",
+                        "code": { "local": { "filename": path_str(wasm) } },
+                    },
+                },
+            },
+        })
+    }
+
+    /// The route list: one prefix route per pool, then the catch-all route to [`MODEL_CLUSTER`].
+    fn routes(&self) -> Value {
+        let timeout = format!("{}s", self.route_timeout_s);
+        let mut routes: Vec<Value> = self
+            .pools
+            .iter()
+            .map(|p| json!({ "match": { "prefix": p.path_prefix }, "route": { "cluster": p.cluster, "timeout": timeout } }))
+            .collect();
+        routes.push(json!({ "match": { "prefix": "/" }, "route": { "cluster": MODEL_CLUSTER, "timeout": timeout } }));
+        Value::Array(routes)
     }
 
     /// The listener resource (used inline in a static bootstrap and as the LDS resource).
@@ -171,10 +237,7 @@ impl EnvoyConfig {
                             "virtual_hosts": [{
                                 "name": "models",
                                 "domains": ["*"],
-                                "routes": [{
-                                    "match": { "prefix": "/" },
-                                    "route": { "cluster": MODEL_CLUSTER, "timeout": format!("{}s", self.route_timeout_s) },
-                                }],
+                                "routes": self.routes(),
                             }],
                         },
                         "http_filters": self.http_filters(),
@@ -185,35 +248,8 @@ impl EnvoyConfig {
     }
 
     fn clusters(&self) -> Value {
-        let endpoints: Vec<Value> = self
-            .upstreams
-            .iter()
-            .map(|a| {
-                json!({ "endpoint": { "address": { "socket_address": {
-                    "address": a.ip().to_string(), "port_value": a.port() } } } })
-            })
-            .collect();
-        let mut clusters = vec![json!({
-            "name": MODEL_CLUSTER,
-            "type": "STATIC",
-            "connect_timeout": "1s",
-            "load_assignment": { "cluster_name": MODEL_CLUSTER, "endpoints": [{ "lb_endpoints": endpoints }] },
-            // The filter's pick arrives as x-gateway-destination-endpoint; a header naming a host outside the
-            // cluster (or no header) falls back to least-request.
-            "load_balancing_policy": { "policies": [{ "typed_extension_config": {
-                "name": "envoy.load_balancing_policies.override_host",
-                "typed_config": {
-                    "@type": "type.googleapis.com/envoy.extensions.load_balancing_policies.override_host.v3.OverrideHost",
-                    "override_host_sources": [{ "header": crate::DESTINATION_HEADER }],
-                    "fallback_policy": { "policies": [{ "typed_extension_config": {
-                        "name": "envoy.load_balancing_policies.least_request",
-                        "typed_config": {
-                            "@type": "type.googleapis.com/envoy.extensions.load_balancing_policies.least_request.v3.LeastRequest",
-                        },
-                    } }] },
-                },
-            } }] },
-        })];
+        let mut clusters = vec![override_host_cluster(MODEL_CLUSTER, &self.upstreams)];
+        clusters.extend(self.pools.iter().map(|p| override_host_cluster(&p.cluster, &p.upstreams)));
         if let Some(feed) = &self.feed {
             clusters.push(json!({
                 "name": feed.name,
@@ -265,6 +301,38 @@ impl EnvoyConfig {
         listener["@type"] = "type.googleapis.com/envoy.config.listener.v3.Listener".into();
         json!({ "version_info": "0", "resources": [listener] })
     }
+}
+
+/// A STATIC cluster `name` of `upstreams` whose load-balancing policy is `override_host`: the filter's pick arrives
+/// as `x-gateway-destination-endpoint`; a header naming a host outside the cluster (or no header) falls back to
+/// least-request.
+fn override_host_cluster(name: &str, upstreams: &[SocketAddr]) -> Value {
+    let endpoints: Vec<Value> = upstreams
+        .iter()
+        .map(|a| {
+            json!({ "endpoint": { "address": { "socket_address": {
+                "address": a.ip().to_string(), "port_value": a.port() } } } })
+        })
+        .collect();
+    json!({
+        "name": name,
+        "type": "STATIC",
+        "connect_timeout": "1s",
+        "load_assignment": { "cluster_name": name, "endpoints": [{ "lb_endpoints": endpoints }] },
+        "load_balancing_policy": { "policies": [{ "typed_extension_config": {
+            "name": "envoy.load_balancing_policies.override_host",
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.load_balancing_policies.override_host.v3.OverrideHost",
+                "override_host_sources": [{ "header": crate::DESTINATION_HEADER }],
+                "fallback_policy": { "policies": [{ "typed_extension_config": {
+                    "name": "envoy.load_balancing_policies.least_request",
+                    "typed_config": {
+                        "@type": "type.googleapis.com/envoy.extensions.load_balancing_policies.least_request.v3.LeastRequest",
+                    },
+                } }] },
+            },
+        } }] },
+    })
 }
 
 /// Renders any config value as YAML text.

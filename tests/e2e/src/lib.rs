@@ -17,7 +17,9 @@ mod paths;
 mod stats;
 mod upstream;
 
-pub use config::{example_configs, to_yaml, EnvoyConfig, FeedCluster, EXAMPLE_PLUGIN_CONFIG, FILTER_STAT_PREFIX};
+pub use config::{
+    example_configs, to_yaml, EnvoyConfig, FeedCluster, PluginInstance, Pool, EXAMPLE_PLUGIN_CONFIG, FILTER_STAT_PREFIX,
+};
 pub use envoy::{validate_file, EnvoyProcess};
 pub use feed::FeedServer;
 pub use paths::{envoy_binary, filter_wasm, free_port, workspace_root};

@@ -18,7 +18,15 @@ fn rendered_configs_pass_envoy_validation() {
     let plugin = EnvoyConfig::plugin_json(&addrs(), json!({}));
     let base = EnvoyConfig::new(addrs(), plugin).ports(10000, 9901);
     let feed = FeedCluster { name: "warmpath_feed".into(), address: "127.0.0.1:8090".parse().expect("addr") };
-    for cfg in [base.clone(), base.clone().with_wasm(&wasm), base.with_wasm(&wasm).with_feed(feed)] {
+    // Two routes to two clusters with one filter instance each (several policies on one listener).
+    let pools = base
+        .clone()
+        .with_wasm(&wasm)
+        .with_pool("pool-a", "/a/", addrs()[..1].to_vec())
+        .with_pool("pool-b", "/b/", addrs()[1..].to_vec())
+        .with_plugin("warmpath-a", EnvoyConfig::plugin_json(&addrs()[..1], json!({"upstream_clusters": ["pool-a"]})))
+        .with_plugin("warmpath-b", EnvoyConfig::plugin_json(&addrs()[1..], json!({"upstream_clusters": ["pool-b"]})));
+    for cfg in [base.clone(), base.clone().with_wasm(&wasm), base.with_wasm(&wasm).with_feed(feed), pools] {
         EnvoyProcess::validate(&cfg).expect("valid bootstrap");
     }
 }
@@ -43,6 +51,7 @@ async fn invalid_plugin_config_is_rejected_with_a_clear_message() {
         (json!({"strategy": "FASTEST"}), "FASTEST"),
         (json!({"concurrency_threshold": 5000}), "concurrency_threshold"),
         (json!({"endpoints": ["not-an-address"]}), "endpoints[0]"),
+        (json!({"upstream_clusters": ["pool-a", ""]}), "upstream_clusters[1]"),
     ] {
         let cfg = Rig::config(&upstreams, extra);
         let mut envoy = EnvoyProcess::spawn(cfg, CONCURRENCY, false).expect("spawn");

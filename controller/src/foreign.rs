@@ -5,12 +5,17 @@
 
 use kube::core::{ApiResource, GroupVersionKind};
 
+/// Envoy Gateway `EnvoyExtensionPolicy` (the wasm filter, attached to the HTTPRoute: Envoy Gateway
+/// enables it on that route's xDS routes only).
+pub fn envoy_extension_policy() -> ApiResource {
+    ar("gateway.envoyproxy.io", "v1alpha1", "EnvoyExtensionPolicy", "envoyextensionpolicies")
+}
 /// Envoy Gateway `BackendTrafficPolicy` (load balancer with `endpointOverride`).
 pub fn backend_traffic_policy() -> ApiResource {
     ar("gateway.envoyproxy.io", "v1alpha1", "BackendTrafficPolicy", "backendtrafficpolicies")
 }
-/// Envoy Gateway `EnvoyPatchPolicy` (adds the feed cluster and the wasm HTTP filter to the
-/// Gateway's xDS).
+/// Envoy Gateway `EnvoyPatchPolicy` (adds the feed cluster to the Gateway's xDS and sets
+/// `allow_on_headers_stop_iteration` on the wasm filter Envoy Gateway rendered).
 pub fn envoy_patch_policy() -> ApiResource {
     ar("gateway.envoyproxy.io", "v1alpha1", "EnvoyPatchPolicy", "envoypatchpolicies")
 }
@@ -24,11 +29,11 @@ pub fn inference_pool() -> ApiResource {
     ar("inference.networking.k8s.io", "v1", "InferencePool", "inferencepools")
 }
 
-/// Every kind the routing reconciler may create, for clean-up sweeps. `EnvoyExtensionPolicy` and
-/// `WasmPlugin` are not among them: they cannot set the wasm option
-/// `allow_on_headers_stop_iteration`, so the filter goes through `EnvoyPatchPolicy` / `EnvoyFilter`.
+/// Every kind the routing reconciler may create, for clean-up sweeps. Istio's `WasmPlugin` is not
+/// among them: it cannot set the wasm option `allow_on_headers_stop_iteration`, so on Istio the
+/// filter goes through an `EnvoyFilter`.
 pub fn owned_kinds() -> Vec<ApiResource> {
-    vec![backend_traffic_policy(), envoy_patch_policy(), envoy_filter()]
+    vec![envoy_extension_policy(), backend_traffic_policy(), envoy_patch_policy(), envoy_filter()]
 }
 
 /// The kinds the routing reconciler may create for a fixed provider (`None`: auto, all kinds).
@@ -38,7 +43,7 @@ pub fn owned_kinds_for(provider: Option<crate::render::Provider>) -> Vec<ApiReso
     use crate::render::Provider;
     match provider {
         None => owned_kinds(),
-        Some(Provider::EnvoyGateway) => vec![backend_traffic_policy(), envoy_patch_policy()],
+        Some(Provider::EnvoyGateway) => vec![envoy_extension_policy(), backend_traffic_policy(), envoy_patch_policy()],
         Some(Provider::Istio) => vec![envoy_filter()],
     }
 }
@@ -64,6 +69,7 @@ pub mod handles {
             }
         };
     }
+    handle!(EnvoyExtensionPolicySpec, "gateway.envoyproxy.io", "v1alpha1", "EnvoyExtensionPolicy", "envoyextensionpolicies");
     handle!(BackendTrafficPolicySpec, "gateway.envoyproxy.io", "v1alpha1", "BackendTrafficPolicy", "backendtrafficpolicies");
     handle!(EnvoyPatchPolicySpec, "gateway.envoyproxy.io", "v1alpha1", "EnvoyPatchPolicy", "envoypatchpolicies");
     handle!(EnvoyFilterSpec, "networking.istio.io", "v1alpha3", "EnvoyFilter", "envoyfilters");

@@ -83,6 +83,7 @@ pub async fn client(objects: Vec<Value>) -> Result<Client, String> {
         .with_resource::<HttpRoute>()
         .with_resource::<Gateway>()
         .with_resource::<GatewayClass>()
+        .with_resource::<EnvoyExtensionPolicy>()
         .with_resource::<BackendTrafficPolicy>()
         .with_resource::<EnvoyPatchPolicy>()
         .with_resource::<EnvoyFilter>()

@@ -1,30 +1,42 @@
 //! Pure rendering: routing intent + resolved references → the provider objects the controller
 //! applies. No API calls here, so `warmpath-controller render -f` and the reconciler share it.
 //!
-//! The wasm HTTP filter is always rendered as a whole Envoy filter (`wasm_http_filter`) inside a
-//! patch, never through Envoy Gateway's `EnvoyExtensionPolicy` or Istio's `WasmPlugin`: those
-//! cannot set `allow_on_headers_stop_iteration: true`, and without it Envoy 1.40 ignores the
-//! filter's pause in the request-headers callback, so `PREFIX_AWARE` requests hang. One delivery
-//! path for every strategy keeps the RBAC and the sweeps to the same few kinds, and the option is
-//! harmless for strategies that pick at header time (they never pause).
+//! The filter must run with the wasm option `allow_on_headers_stop_iteration: true`: without it
+//! Envoy 1.40 turns the filter's pause in the request-headers callback into a pause of the whole
+//! stream, so the body never arrives and `PREFIX_AWARE` requests hang (verified on Envoy 1.40).
+//! Neither Envoy Gateway's `EnvoyExtensionPolicy` nor Istio's `WasmPlugin` can set it, so each
+//! provider gets a patch for it. Every instance is scoped to its own route — two warmpath policies
+//! on one Gateway listener must not pick for each other's requests:
 //!
 //! Envoy Gateway (API group `gateway.envoyproxy.io/v1alpha1`):
+//! - `EnvoyExtensionPolicy` targeting the HTTPRoute: `wasm[0]` with `code: {type: HTTP, http:
+//!   {url, sha256}}` (the module served by the controller), `config` = the plugin configuration,
+//!   `failOpen`. Envoy Gateway adds the filter to the listener disabled and enables it on this
+//!   route's xDS routes only (`typed_per_filter_config`), so each policy's filter sees only its
+//!   own route's requests. Envoy Gateway names the filter
+//!   `envoy.filters.http.wasm/envoyextensionpolicy/<ns>/<policy>/wasm/0`.
 //! - `BackendTrafficPolicy` targeting the HTTPRoute: `loadBalancer.endpointOverride.extractFrom:
 //!   [{header: x-gateway-destination-endpoint}]` — Envoy Gateway's typed front for Envoy's
-//!   `override_host` load-balancing policy, chosen over an EnvoyPatchPolicy cluster patch because it
-//!   is validated by Envoy Gateway and survives its cluster renames.
+//!   `override_host` load-balancing policy.
 //! - `EnvoyPatchPolicy` targeting each Gateway: adds the STRICT_DNS cluster the filter polls the
-//!   feed (and fetches the module) through (`dispatch_http_call` needs a cluster; no typed API adds
-//!   one), and inserts the wasm filter at index 0 of the HCM filters of each plain-HTTP listener
-//!   the route attaches to (`<gw ns>/<gw>/<listener>`, `default_filter_chain`). Needs
+//!   feed through (`dispatch_http_call` needs a cluster; no typed API adds one), and, in each xDS
+//!   listener the route is served on, sets `allow_on_headers_stop_iteration: true` on that filter
+//!   (a JSONPath operation, RFC 9535, so it reaches the filter in every filter chain: plain HTTP's
+//!   `default_filter_chain` and HTTPS's per-SNI `filter_chains`). Needs
 //!   `extensionApis.enableEnvoyPatchPolicy: true` in the Envoy Gateway configuration.
 //!
 //! Istio (`networking.istio.io/v1alpha3`):
-//! - `EnvoyFilter` targeting each Gateway: an `HTTP_FILTER` patch inserting the wasm filter before
-//!   `envoy.filters.http.router`, and a `CLUSTER` MERGE patch of the backend Service's outbound
-//!   cluster setting `load_balancing_policy` to `override_host` with a least-request fallback
-//!   (Istio's DestinationRule has no override-host option). The feed and the module are reached
-//!   through the controller Service's own outbound cluster, which Istio already pushes.
+//! - `EnvoyFilter` targeting each Gateway: an `HTTP_FILTER` patch inserting the whole wasm filter
+//!   (listener-wide: Istio names routes after rule positions, which a patch cannot follow) before
+//!   `envoy.filters.http.router`, scoped to the route by the plugin configuration's
+//!   `upstream_clusters` (the backend Service's outbound cluster: the filter leaves every other
+//!   request alone); and a `CLUSTER` MERGE patch of that cluster setting `load_balancing_policy`
+//!   to `override_host` with a least-request fallback (Istio's DestinationRule has no
+//!   override-host option). The feed and the module are reached through the controller Service's
+//!   own outbound cluster, which Istio already pushes.
+//!
+//! Every filter instance has its own plugin name ([`wasm_plugin_name`]): the filter shares its
+//! router (prefix index, settings) between instances of the same plugin name in a VM.
 
 use std::collections::BTreeMap;
 
@@ -120,9 +132,11 @@ pub struct GatewayRef {
     pub namespace: String,
     /// Name of the Gateway.
     pub name: String,
-    /// Envoy Gateway only: names of the Gateway's `HTTP` listeners the route attaches to (its
-    /// `parentRefs[].sectionName`, or every `HTTP` listener). Envoy Gateway names the xDS listener
-    /// `<gateway namespace>/<gateway>/<listener>`; the wasm filter is patched into each. Empty on Istio.
+    /// Envoy Gateway only: the Gateway listeners whose xDS listeners serve the route, one per port.
+    /// Envoy Gateway merges every Gateway listener on a port into one xDS listener named after the
+    /// first of them (`<gateway namespace>/<gateway>/<listener>`), so this holds, for each port the
+    /// route attaches to (its `parentRefs[].sectionName`s, or every `HTTP`/`HTTPS` listener), the
+    /// name of the Gateway's first listener on that port. Empty on Istio.
     pub listeners: Vec<String>,
 }
 
@@ -238,10 +252,9 @@ pub fn render(input: &RenderInput<'_>) -> Result<Vec<DynamicObject>, String> {
         path: input.feed_path.to_string(),
         interval_ms: (input.intent.load.interval_seconds.clamp(1, 60) as u64) * 1000,
     };
-    let config = input.intent.plugin_config(&feed)?;
     let mut out = match input.provider {
-        Provider::EnvoyGateway => render_envoy_gateway(input, &config, &feed),
-        Provider::Istio => render_istio(input, &config, &feed)?,
+        Provider::EnvoyGateway => render_envoy_gateway(input, &input.intent.plugin_config(&feed, &[])?, &feed),
+        Provider::Istio => render_istio(input, &feed)?,
     };
     out.sort_by(|a, b| {
         let key = |o: &DynamicObject| {
@@ -262,14 +275,26 @@ fn gateway_target(gw: &GatewayRef) -> Value {
 
 fn render_envoy_gateway(input: &RenderInput<'_>, config: &Value, feed: &FeedTarget) -> Vec<DynamicObject> {
     let name = format!("warmpath-{}", input.route_name);
-    let mut out = vec![object(&foreign::backend_traffic_policy(), input.route_namespace, &name, input.owner, json!({
-        "targetRefs": route_target(input),
-        "loadBalancer": {
-            "type": "LeastRequest",
-            "endpointOverride": {"extractFrom": [{"header": DESTINATION_HEADER}]},
-        },
-    }))];
-    let filter = wasm_http_filter(&wasm_filter_name(input.owner), input, config, &feed.cluster);
+    let mut out = vec![
+        object(&foreign::backend_traffic_policy(), input.route_namespace, &name, input.owner, json!({
+            "targetRefs": route_target(input),
+            "loadBalancer": {
+                "type": "LeastRequest",
+                "endpointOverride": {"extractFrom": [{"header": DESTINATION_HEADER}]},
+            },
+        })),
+        object(&foreign::envoy_extension_policy(), input.route_namespace, &name, input.owner, json!({
+            "targetRefs": route_target(input),
+            "wasm": [{
+                "name": wasm_plugin_name(input.owner),
+                "rootID": "warmpath",
+                "code": {"type": "HTTP", "http": {"url": input.wasm.url, "sha256": input.wasm.sha256}},
+                "config": config,
+                "failOpen": input.intent.fail_open,
+            }],
+        })),
+    ];
+    let filter = envoy_gateway_wasm_filter_name(input.route_namespace, &name);
     for gw in input.gateways {
         let epp = format!("warmpath-feed-{}-{}-{}", input.owner.short_kind(), input.owner.namespace, input.owner.name);
         let mut patches = vec![json!({
@@ -277,13 +302,16 @@ fn render_envoy_gateway(input: &RenderInput<'_>, config: &Value, feed: &FeedTarg
             "name": feed.cluster,
             "operation": {"op": "add", "path": "", "value": feed_cluster(&feed.cluster, input.controller)},
         })];
-        // Index 0 of the HCM filter list: ahead of the router, which must see the pick. HTTP
-        // listeners only: Envoy Gateway puts their HCM in `default_filter_chain`.
         for listener in &gw.listeners {
             patches.push(json!({
                 "type": "type.googleapis.com/envoy.config.listener.v3.Listener",
                 "name": format!("{}/{}/{}", gw.namespace, gw.name, listener),
-                "operation": {"op": "add", "path": "/default_filter_chain/filters/0/typed_config/http_filters/0", "value": filter},
+                "operation": {
+                    "op": "add",
+                    "jsonPath": format!("$..http_filters[?@.name == '{filter}']"),
+                    "path": "/typed_config/config/allow_on_headers_stop_iteration",
+                    "value": true,
+                },
             }));
         }
         out.push(object(&foreign::envoy_patch_policy(), &gw.namespace, &truncate(&epp), input.owner, json!({
@@ -295,26 +323,43 @@ fn render_envoy_gateway(input: &RenderInput<'_>, config: &Value, feed: &FeedTarg
     out
 }
 
-/// Name of the wasm HTTP filter rendered for an owner: unique per owner, so several routes on one
-/// listener each get their own filter (`envoy.filters.http.wasm/warmpath/<policy|httproute>/<ns>/<name>`).
+/// The xDS name Envoy Gateway gives the first wasm filter of an `EnvoyExtensionPolicy`
+/// (`envoy.filters.http.wasm/envoyextensionpolicy/<namespace>/<name>/wasm/0`, Envoy Gateway's
+/// xDS translator naming, v1.1 onwards). The patch that sets `allow_on_headers_stop_iteration`
+/// selects the filter by this name.
+pub fn envoy_gateway_wasm_filter_name(policy_namespace: &str, policy_name: &str) -> String {
+    format!("envoy.filters.http.wasm/envoyextensionpolicy/{policy_namespace}/{policy_name}/wasm/0")
+}
+
+/// Name of the wasm HTTP filter rendered for an owner on Istio: unique per owner, so several
+/// routes on one listener each get their own filter
+/// (`envoy.filters.http.wasm/warmpath/<policy|httproute>/<ns>/<name>`).
 pub fn wasm_filter_name(owner: &Owner) -> String {
     format!("envoy.filters.http.wasm/warmpath/{}/{}/{}", owner.short_kind(), owner.namespace, owner.name)
 }
 
+/// Envoy plugin name (wasm `PluginConfig.name`) of an owner's filter instance:
+/// `warmpath/<policy|httproute>/<ns>/<name>`. Unique per owner because the filter shares its router
+/// (prefix index, settings, endpoint set) between instances with the same plugin name in a VM.
+pub fn wasm_plugin_name(owner: &Owner) -> String {
+    format!("warmpath/{}/{}/{}", owner.short_kind(), owner.namespace, owner.name)
+}
+
 /// The Envoy HTTP filter (v3 JSON, `envoy.extensions.filters.http.wasm.v3.Wasm`) that runs the
-/// module on a gateway. Rendered whole, rather than through `EnvoyExtensionPolicy` / `WasmPlugin`,
-/// because those cannot set `allow_on_headers_stop_iteration: true`, without which Envoy 1.40 does
-/// not honour the filter's pause in the request-headers callback and `PREFIX_AWARE` requests hang.
-/// The module is fetched over `feed_cluster` (the controller's HTTP server also serves the wasm
-/// module) and checked against its sha256; V8 runtime; `failure_policy` from the intent's
-/// `fail_open` (`FAIL_OPEN` by default). Shared with the test that loads it into a real Envoy.
+/// module on an Istio gateway. Rendered whole, rather than through `WasmPlugin`, because that
+/// cannot set `allow_on_headers_stop_iteration: true`, without which Envoy 1.40 does not honour the
+/// filter's pause in the request-headers callback and `PREFIX_AWARE` requests hang. The module is
+/// fetched over `feed_cluster` (the controller's HTTP server also serves the wasm module) and
+/// checked against its sha256; V8 runtime; one VM (`vm_id: warmpath`) shared by the instances,
+/// each with its own plugin name; `failure_policy` from the intent's `fail_open` (`FAIL_OPEN` by
+/// default). Shared with the test that loads it into a real Envoy.
 pub fn wasm_http_filter(name: &str, input: &RenderInput<'_>, config: &Value, feed_cluster: &str) -> Value {
     json!({
         "name": name,
         "typed_config": {
             "@type": "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm",
             "config": {
-                "name": "warmpath",
+                "name": wasm_plugin_name(input.owner),
                 "root_id": "warmpath",
                 "vm_config": {
                     "vm_id": "warmpath",
@@ -332,14 +377,16 @@ pub fn wasm_http_filter(name: &str, input: &RenderInput<'_>, config: &Value, fee
     })
 }
 
-fn render_istio(input: &RenderInput<'_>, config: &Value, feed: &FeedTarget) -> Result<Vec<DynamicObject>, String> {
+fn render_istio(input: &RenderInput<'_>, feed: &FeedTarget) -> Result<Vec<DynamicObject>, String> {
     let (svc_ns, svc, port) = match input.backend {
         ResolvedBackend::Service { namespace, name, port } => (namespace, name, *port),
         ResolvedBackend::InferencePool { .. } => {
             return Err("Istio programs InferencePool backends itself (its own endpoint picker); use a Service backend for warmpath on Istio".into())
         }
     };
-    let filter = wasm_http_filter(&wasm_filter_name(input.owner), input, config, &feed.cluster);
+    // The filter is listener-wide on Istio; it acts only on requests bound for this cluster.
+    let config = input.intent.plugin_config(feed, &[istio_outbound_cluster(svc_ns, svc, port)])?;
+    let filter = wasm_http_filter(&wasm_filter_name(input.owner), input, &config, &feed.cluster);
     let mut out = vec![];
     for gw in input.gateways {
         let name = truncate(&format!("warmpath-{}-{}", input.route_namespace, input.route_name));
@@ -363,6 +410,13 @@ fn render_istio(input: &RenderInput<'_>, config: &Value, feed: &FeedTarget) -> R
         })));
     }
     Ok(out)
+}
+
+/// Istio's name for the outbound cluster of a Service port on a gateway:
+/// `outbound|<port>||<service>.<namespace>.svc.cluster.local` (Istio's cluster naming,
+/// `model.BuildSubsetKey`). The `CLUSTER` patch and the filter's `upstream_clusters` use it.
+pub fn istio_outbound_cluster(namespace: &str, service: &str, port: u16) -> String {
+    format!("outbound|{port}||{service}.{namespace}.svc.cluster.local")
 }
 
 fn truncate(name: &str) -> String {

@@ -12,7 +12,8 @@ use std::collections::BTreeMap;
 
 use serde_json::{json, Value};
 use warmpath_core::config::{
-    BLOCK_SIZE_RANGE, CONCURRENCY_THRESHOLD_RANGE, LOAD_FACTOR_RANGE, PREFIX_LENGTH_RANGE,
+    BLOCK_SIZE_RANGE, CONCURRENCY_THRESHOLD_RANGE, LOAD_FACTOR_RANGE, MISS_CHOICES_RANGE, MISS_LOAD_MARGIN_RANGE,
+    PREFIX_LENGTH_RANGE,
 };
 use warmpath_core::{Settings, Strategy};
 
@@ -43,6 +44,10 @@ pub struct RoutingIntent {
     pub concurrency_threshold: Option<u64>,
     /// Bounded-load factor, if set (0 = off).
     pub load_factor: Option<f64>,
+    /// Rendezvous candidates compared by load on a cache miss, if set.
+    pub miss_choices: Option<u64>,
+    /// In-flight margin a less loaded miss candidate needs, if set.
+    pub miss_load_margin: Option<u64>,
     /// Tenant-id header name, if set.
     pub tenant_header: Option<String>,
     /// True unless the user asked for `FailClosed`.
@@ -91,6 +96,9 @@ impl RoutingIntent {
             .concurrency_threshold
             .map(|v| check_range("concurrencyThreshold", v, CONCURRENCY_THRESHOLD_RANGE))
             .transpose()?;
+        let miss_choices = spec.miss_choices.map(|v| check_range("missChoices", v, MISS_CHOICES_RANGE)).transpose()?;
+        let miss_load_margin =
+            spec.miss_load_margin.map(|v| check_range("missLoadMargin", v, MISS_LOAD_MARGIN_RANGE)).transpose()?;
         if let Some(f) = spec.load_factor {
             let (lo, hi) = LOAD_FACTOR_RANGE;
             if !(f == 0.0 || (lo..=hi).contains(&f)) {
@@ -108,13 +116,15 @@ impl RoutingIntent {
             block_size,
             concurrency_threshold,
             load_factor: spec.load_factor,
+            miss_choices,
+            miss_load_margin,
             tenant_header: spec.tenant_header.clone(),
             fail_open: spec.failure_mode == FailureMode::FailOpen,
             backend: spec.backend.clone(),
             load: spec.load.clone().unwrap_or_default(),
         };
         // Final word: the filter's own validation of the configuration we would write.
-        intent.plugin_config(&FeedTarget::placeholder())?;
+        intent.plugin_config(&FeedTarget::placeholder(), &[])?;
         Ok(intent)
     }
 
@@ -136,6 +146,8 @@ impl RoutingIntent {
                 block_size: None,
                 concurrency_threshold: num(ANNOTATION_CONCURRENCY_THRESHOLD)?,
                 load_factor: None,
+                miss_choices: None,
+                miss_load_margin: None,
                 tenant_header: None,
                 failure_mode: FailureMode::FailOpen,
                 backend: None,
@@ -154,7 +166,7 @@ impl RoutingIntent {
     /// `warmpath_core::RawConfig`), validated by `Settings::from_json`.
     ///
     /// Errors: the filter's validation message (never expected for a validated intent).
-    pub fn plugin_config(&self, feed: &FeedTarget) -> Result<Value, String> {
+    pub fn plugin_config(&self, feed: &FeedTarget, upstream_clusters: &[String]) -> Result<Value, String> {
         let mut cfg = json!({
             "strategy": self.strategy.as_str(),
             "feed": { "cluster": feed.cluster, "path": feed.path, "interval_ms": feed.interval_ms },
@@ -170,6 +182,9 @@ impl RoutingIntent {
         put("concurrency_threshold", self.concurrency_threshold.map(Value::from));
         put("load_factor", self.load_factor.map(Value::from));
         put("tenant_header", self.tenant_header.clone().map(Value::from));
+        put("miss_choices", self.miss_choices.map(Value::from));
+        put("miss_load_margin", self.miss_load_margin.map(Value::from));
+        put("upstream_clusters", (!upstream_clusters.is_empty()).then(|| Value::from(upstream_clusters.to_vec())));
         let bytes = serde_json::to_vec(&cfg).map_err(|e| e.to_string())?;
         Settings::from_json(&bytes).map_err(|e| format!("filter rejects the configuration: {e}"))?;
         Ok(cfg)
@@ -217,6 +232,8 @@ mod tests {
             block_size: None,
             concurrency_threshold: None,
             load_factor: None,
+            miss_choices: None,
+            miss_load_margin: None,
             tenant_header: None,
             failure_mode: FailureMode::FailOpen,
             backend: None,
@@ -243,6 +260,10 @@ mod tests {
         assert!(e.contains("loadFactor"), "{e}");
         let e = RoutingIntent::from_policy(&InferenceRoutingPolicySpec { prefix_length: Some(1024), block_size: Some(4096), ..spec("PREFIX_AWARE") }).unwrap_err();
         assert!(e.contains("exceeds"), "{e}");
+        let e = RoutingIntent::from_policy(&InferenceRoutingPolicySpec { miss_choices: Some(17), ..spec("PREFIX_AWARE") }).unwrap_err();
+        assert!(e.contains("missChoices = 17") && e.contains("1..=16"), "{e}");
+        let e = RoutingIntent::from_policy(&InferenceRoutingPolicySpec { miss_load_margin: Some(0), ..spec("PREFIX_AWARE") }).unwrap_err();
+        assert!(e.contains("missLoadMargin = 0"), "{e}");
     }
 
     #[test]
@@ -252,13 +273,17 @@ mod tests {
             concurrency_threshold: Some(8),
             load_factor: Some(1.5),
             tenant_header: Some("x-tenant".into()),
+            miss_choices: Some(2),
+            miss_load_margin: Some(4),
             ..spec("PREFIX_AWARE")
         })
         .unwrap();
         let feed = FeedTarget { cluster: "c".into(), path: feed_path(&feed_key("policy", "ns", "p")), interval_ms: 500 };
-        let cfg = intent.plugin_config(&feed).unwrap();
+        let cfg = intent.plugin_config(&feed, &["outbound|8000||vllm.llm.svc.cluster.local".into()]).unwrap();
         let s = Settings::from_json(cfg.to_string().as_bytes()).unwrap();
         assert_eq!((s.prefix_length, s.concurrency_threshold, s.tenant_header.as_str()), (4096, 8, "x-tenant"));
+        assert_eq!((s.miss_choices, s.miss_load_margin), (2, 4));
+        assert!(s.acts_on_cluster(Some("outbound|8000||vllm.llm.svc.cluster.local")) && !s.acts_on_cluster(Some("other")));
         assert_eq!(s.feed.unwrap().path, "/v1/feed/policy/ns/p");
     }
 

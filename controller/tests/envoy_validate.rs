@@ -3,10 +3,14 @@
 //! - the Istio `EnvoyFilter` MERGE value, merged into a cluster shaped like Istio's outbound
 //!   cluster (which already sets `lb_policy: LEAST_REQUEST`);
 //! - the cluster the Envoy Gateway `EnvoyPatchPolicy` adds for the feed;
-//! - the wasm HTTP filter (full `PluginConfig`, `allow_on_headers_stop_iteration: true`) that the
-//!   `EnvoyPatchPolicy` listener patch and the Istio `EnvoyFilter` `HTTP_FILTER` patch insert ahead
-//!   of the router, placed in a listener's HTTP connection manager with the cluster it fetches the
-//!   module through.
+//! - Envoy Gateway: the `EnvoyPatchPolicy` operations applied the way Envoy Gateway applies them
+//!   (RFC 9535 JSONPath → RFC 6901 pointers, `path` appended, RFC 6902 `add`) to xDS listeners
+//!   shaped like Envoy Gateway's output for the rendered `EnvoyExtensionPolicy`s (its xDS
+//!   translator's test data: filter disabled in the listener, enabled per route), on plain HTTP
+//!   and HTTPS (per-SNI filter chains); then loaded by Envoy;
+//! - Istio: the wasm HTTP filter (full `PluginConfig`, `allow_on_headers_stop_iteration: true`)
+//!   that the `EnvoyFilter` `HTTP_FILTER` patch inserts ahead of the router, placed in a listener's
+//!   HTTP connection manager with the cluster it fetches the module through.
 //!
 //! Skips with a message when Envoy is not installed.
 
@@ -124,16 +128,149 @@ fn validate_wasm_filter(filter: &Value, module_cluster: Value) {
     validate_resources(json!({"listeners": [listener_with(filter)], "clusters": [module_cluster]}));
 }
 
+/// The wasm filter Envoy Gateway renders for the first `wasm` entry of an `EnvoyExtensionPolicy`
+/// (modelled on Envoy Gateway's xDS translator test data `wasm.listeners.yaml`: disabled in the
+/// listener, `StringValue` configuration, module served by Envoy Gateway's wasm cache over
+/// `wasm_cluster`).
+fn envoy_gateway_filter(eep: &Value) -> Value {
+    let (ns, name) = (eep["metadata"]["namespace"].as_str().unwrap(), eep["metadata"]["name"].as_str().unwrap());
+    let wasm = &eep["spec"]["wasm"][0];
+    json!({
+        "name": warmpath_controller::render::envoy_gateway_wasm_filter_name(ns, name),
+        "disabled": true,
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm",
+            "config": {
+                "name": wasm["name"],
+                "root_id": wasm["rootID"],
+                "fail_open": wasm["failOpen"],
+                "configuration": {"@type": "type.googleapis.com/google.protobuf.StringValue", "value": wasm["config"].to_string()},
+                "vm_config": {
+                    "vm_id": format!("envoyextensionpolicy/{ns}/{name}/wasm/0"),
+                    "runtime": "envoy.wasm.runtime.v8",
+                    "code": {"remote": {
+                        "http_uri": {"uri": "https://envoy-gateway:18002/0.wasm", "cluster": "wasm_cluster", "timeout": "10s"},
+                        "sha256": wasm["code"]["http"]["sha256"],
+                    }},
+                },
+            }
+        }
+    })
+}
+
+fn hcm(filters: &[Value], routes: Vec<Value>) -> Value {
+    let mut http_filters = filters.to_vec();
+    http_filters.push(json!({"name": "envoy.filters.http.router", "typed_config": {
+        "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}));
+    json!({
+        "name": "envoy.filters.network.http_connection_manager",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+            "stat_prefix": "http",
+            "route_config": {"name": "r", "virtual_hosts": [{"name": "v", "domains": ["*"], "routes": routes}]},
+            "http_filters": http_filters,
+        }
+    })
+}
+
+/// Applies an `EnvoyPatchPolicy`'s operations to `listeners`/`clusters` as Envoy Gateway does:
+/// a `Cluster` add at path `""` adds the resource; a `Listener` operation targets the listener by
+/// name, and with `jsonPath` applies at every match (pointer + `path`), failing when nothing matches.
+fn apply_patch_policy(epp: &Value, listeners: &mut [Value], clusters: &mut Vec<Value>) -> Result<usize, String> {
+    let mut applied = 0;
+    for p in epp["spec"]["jsonPatches"].as_array().unwrap() {
+        let op = &p["operation"];
+        match p["type"].as_str().unwrap() {
+            "type.googleapis.com/envoy.config.cluster.v3.Cluster" => {
+                assert_eq!((op["op"].as_str(), op["path"].as_str()), (Some("add"), Some("")));
+                clusters.push(op["value"].clone());
+            }
+            "type.googleapis.com/envoy.config.listener.v3.Listener" => {
+                let l = listeners.iter_mut().find(|l| l["name"] == p["name"]).ok_or(format!("no listener {}", p["name"]))?;
+                let pointers: Vec<String> = match op["jsonPath"].as_str() {
+                    Some(path) => {
+                        let q = serde_json_path::JsonPath::parse(path).map_err(|e| format!("JSONPath {path}: {e}"))?;
+                        q.query_located(l).locations().map(|loc| loc.to_json_pointer()).collect()
+                    }
+                    None => vec![String::new()],
+                };
+                if pointers.is_empty() {
+                    return Err(format!("JSONPath {} matches nothing in {}", op["jsonPath"], p["name"]));
+                }
+                for ptr in pointers {
+                    let one = json!([{"op": op["op"], "path": format!("{ptr}{}", op["path"].as_str().unwrap_or("")), "value": op["value"]}]);
+                    let patch: json_patch::Patch = serde_json::from_value(one).unwrap();
+                    json_patch::patch(l, &patch).map_err(|e| e.to_string())?;
+                    applied += 1;
+                }
+            }
+            other => panic!("unexpected patch type {other}"),
+        }
+    }
+    Ok(applied)
+}
+
+/// Each route's `EnvoyExtensionPolicy` filter, in xDS listeners shaped like Envoy Gateway's (plain
+/// HTTP `default_filter_chain` and HTTPS per-SNI `filter_chains`, both routes' filters disabled in
+/// every chain and enabled on their own route), gets `allow_on_headers_stop_iteration: true` from
+/// its own `EnvoyPatchPolicy` and from no other; the patched listeners load in Envoy.
 #[tokio::test]
-async fn envoy_gateway_wasm_filter_is_valid_envoy_config() {
-    let objs = rendered("envoy-gateway.yaml").await;
-    let epp = objs.iter().find(|o| o["kind"] == "EnvoyPatchPolicy").expect("EnvoyPatchPolicy rendered");
-    let patches = epp["spec"]["jsonPatches"].as_array().unwrap();
-    let listener = patches.iter().find(|p| p["type"] == "type.googleapis.com/envoy.config.listener.v3.Listener").expect("listener patch");
-    assert_eq!(listener["operation"]["op"], "add");
-    let mut cluster = patches[0]["operation"]["value"].clone();
-    cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]["socket_address"]["address"] = "localhost".into();
-    validate_wasm_filter(&listener["operation"]["value"], cluster);
+async fn envoy_gateway_patches_apply_to_envoy_gateway_shaped_listeners() {
+    let objs = rendered("envoy-gateway-two-routes.yaml").await;
+    let eeps: Vec<&Value> = objs.iter().filter(|o| o["kind"] == "EnvoyExtensionPolicy").collect();
+    let epps: Vec<&Value> = objs.iter().filter(|o| o["kind"] == "EnvoyPatchPolicy").collect();
+    assert_eq!((eeps.len(), epps.len()), (2, 2), "one of each per routed HTTPRoute");
+    let filters: Vec<Value> = eeps.iter().map(|e| envoy_gateway_filter(e)).collect();
+    let names: Vec<String> = filters.iter().map(|f| f["name"].as_str().unwrap().to_string()).collect();
+    assert_ne!(names[0], names[1]);
+    let routes: Vec<Value> = eeps
+        .iter()
+        .zip(&names)
+        .map(|(e, f)| {
+            let route = e["spec"]["targetRefs"][0]["name"].as_str().unwrap();
+            json!({"name": format!("httproute/llm/{route}/rule/0/match/0/*"), "match": {"prefix": format!("/{route}")},
+                "route": {"cluster": "backend"},
+                "typed_per_filter_config": {f.as_str(): {"@type": "type.googleapis.com/envoy.config.route.v3.FilterConfig", "config": {}}}})
+        })
+        .collect();
+    let mut listeners = vec![
+        json!({"name": "gateways/inference-gateway/http", "address": {"socket_address": {"address": "127.0.0.1", "port_value": 0}},
+            "default_filter_chain": {"filters": [hcm(&filters, routes.clone())]}}),
+        json!({"name": "gateways/inference-gateway/https-a", "address": {"socket_address": {"address": "127.0.0.1", "port_value": 0}},
+            "listener_filters": [{"name": "envoy.filters.listener.tls_inspector", "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.filters.listener.tls_inspector.v3.TlsInspector"}}],
+            "filter_chains": [
+                {"filter_chain_match": {"server_names": ["a.example.com"]}, "filters": [hcm(&filters, routes.clone())]},
+                {"filter_chain_match": {"server_names": ["b.example.com"]}, "filters": [hcm(&filters, routes.clone())]},
+            ]}),
+    ];
+    let flags = |listeners: &[Value], name: &str| -> Vec<Value> {
+        let q = serde_json_path::JsonPath::parse(&format!("$..http_filters[?@.name == '{name}']")).unwrap();
+        listeners.iter().flat_map(|l| q.query(l).all().into_iter().map(|f| f["typed_config"]["config"]["allow_on_headers_stop_iteration"].clone())).collect()
+    };
+    let mut clusters = vec![];
+    // One policy's patch reaches its own filter in all three chains, and leaves the other's alone.
+    let applied = apply_patch_policy(epps[0], &mut listeners, &mut clusters).unwrap();
+    assert_eq!(applied, 3, "plain HTTP + two SNI chains");
+    let own = epps[0]["spec"]["jsonPatches"][1]["operation"]["jsonPath"].as_str().unwrap().to_string();
+    let (mine, other) = if own.contains(&names[0]) { (0, 1) } else { (1, 0) };
+    assert_eq!(flags(&listeners, &names[mine]), vec![json!(true); 3]);
+    assert_eq!(flags(&listeners, &names[other]), vec![Value::Null; 3]);
+    apply_patch_policy(epps[1], &mut listeners, &mut clusters).unwrap();
+    assert_eq!(flags(&listeners, &names[other]), vec![json!(true); 3]);
+    // The listener patches name the xDS listeners Envoy Gateway builds: one per port.
+    let listener_names: Vec<&str> = epps[0]["spec"]["jsonPatches"].as_array().unwrap()[1..].iter().map(|p| p["name"].as_str().unwrap()).collect();
+    assert_eq!(listener_names, ["gateways/inference-gateway/http", "gateways/inference-gateway/https-a"]);
+
+    for c in clusters.iter_mut() {
+        c["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]["socket_address"]["address"] = "localhost".into();
+    }
+    clusters.dedup_by(|a, b| a["name"] == b["name"]);
+    for name in ["wasm_cluster", "backend"] {
+        clusters.push(json!({"name": name, "type": "STATIC", "connect_timeout": "2s", "load_assignment": {"cluster_name": name,
+            "endpoints": [{"lb_endpoints": [{"endpoint": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": 8080}}}}]}]}}));
+    }
+    validate_resources(json!({"listeners": listeners, "clusters": clusters}));
 }
 
 #[tokio::test]
@@ -175,12 +312,14 @@ async fn envoy_refuses_a_broken_wasm_filter() {
         eprintln!("SKIP: .venv/bin/envoy not installed (run scripts/setup.sh)");
         return;
     };
-    let objs = rendered("envoy-gateway.yaml").await;
-    let epp = objs.iter().find(|o| o["kind"] == "EnvoyPatchPolicy").unwrap();
-    let mut filter = epp["spec"]["jsonPatches"][1]["operation"]["value"].clone();
+    let objs = rendered("istio-annotated.yaml").await;
+    let ef = objs.iter().find(|o| o["kind"] == "EnvoyFilter").expect("EnvoyFilter rendered");
+    let http = ef["spec"]["configPatches"].as_array().unwrap().iter().find(|p| p["applyTo"] == "HTTP_FILTER").unwrap();
+    let mut filter = http["patch"]["value"].clone();
     filter["typed_config"]["config"]["allow_on_headers_stop_iteratoin"] = json!(true);
-    let mut cluster = epp["spec"]["jsonPatches"][0]["operation"]["value"].clone();
-    cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]["socket_address"]["address"] = "localhost".into();
+    let name = filter["typed_config"]["config"]["vm_config"]["code"]["remote"]["http_uri"]["cluster"].clone();
+    let cluster = json!({"name": name, "type": "STATIC", "connect_timeout": "2s",
+        "load_assignment": {"cluster_name": name, "endpoints": [{"lb_endpoints": [{"endpoint": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": 8080}}}}]}]}});
     let dir = tempfile::tempdir().unwrap();
     let cfg = dir.path().join("envoy.json");
     std::fs::write(&cfg, json!({"static_resources": {"listeners": [listener_with(&filter)], "clusters": [cluster]}}).to_string()).unwrap();

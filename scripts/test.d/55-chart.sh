@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Helm chart charts/warmpath: helm lint; helm template for every provider; every rendered object
 # (chart objects and CRDs) validated offline and strictly against the Kubernetes 1.35 and 1.37
-# OpenAPI schemas (kubernetes-validate); least-privilege checks on the RBAC; and the Istio objects
-# the controller renders validated with Istio's CRD schemas (@kubernetes-models/istio).
+# OpenAPI schemas (kubernetes-validate); least-privilege checks on the RBAC; and
+# the Istio and Envoy Gateway objects the controller renders validated with those projects' CRD
+# schemas (@kubernetes-models/istio, @kubernetes-models/envoy-gateway).
 # Tools come from scripts/install-k8s-tools.sh (run by scripts/setup.sh).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -30,9 +31,10 @@ for provider in auto envoy-gateway istio; do
   [ "$(grep -c 'kind: CustomResourceDefinition' "$tmp/$provider.yaml")" -ge 1 ] || fail "no CRDs for provider=$provider"
   ok "helm template + strict schema validation, provider=$provider"
 done
-# Provider narrows RBAC to the kinds it renders; the kinds that cannot carry the wasm option
-# allow_on_headers_stop_iteration (EnvoyExtensionPolicy, WasmPlugin) are not rendered, so not granted.
-! grep -qE 'envoyextensionpolicies|wasmplugins' "$tmp/auto.yaml" || fail "RBAC grants kinds the controller no longer renders"
+# Provider narrows RBAC to the kinds it renders; WasmPlugin cannot carry the wasm option
+# allow_on_headers_stop_iteration, so it is not rendered, so not granted.
+! grep -qE 'wasmplugins' "$tmp/auto.yaml" || fail "RBAC grants kinds the controller does not render"
+grep -q 'envoyextensionpolicies' "$tmp/envoy-gateway.yaml" || fail "envoy-gateway RBAC lacks EnvoyExtensionPolicy"
 ! grep -q 'extensions.istio.io' "$tmp/envoy-gateway.yaml" || fail "envoy-gateway RBAC grants Istio kinds"
 ! grep -q 'gateway.envoyproxy.io' "$tmp/istio.yaml" || fail "istio RBAC grants Envoy Gateway kinds"
 # No wildcards, no secrets, no cluster-wide writes to core objects.
@@ -80,21 +82,32 @@ for field, value in bad:
 PY
 then ok "testdata policies valid against the CRD schema; bad values and typos refused"; else fail "policy schema validation"; fi
 
-# Istio objects rendered by the controller, checked with Istio's CRD schemas.
+# Istio and Envoy Gateway objects rendered by the controller, checked with the projects' CRD schemas.
 MODULES="$TOOLS/node/node_modules"
-if [ -d "$MODULES/@kubernetes-models/istio" ] && command -v node >/dev/null; then
+if [ -d "$MODULES/@kubernetes-models/istio" ] && [ -d "$MODULES/@kubernetes-models/envoy-gateway" ] && command -v node >/dev/null; then
   cargo build -q -p warmpath-controller
   BIN="${CARGO_TARGET_DIR:-target}/debug/warmpath-controller"
   SHA=045fe3661531d607341bb5878db489d5cd8a55f65289da111fb3d42075e74101
+  CHECK=controller/schema-check/validate-models.mjs
   "$BIN" render -f controller/testdata/render/istio-annotated.yaml --wasm-sha256 "$SHA" -o json >"$tmp/istio.json" 2>/dev/null
-  node controller/schema-check/validate-istio.mjs "$tmp/istio.json" "$MODULES" || fail "Istio schema validation"
+  node "$CHECK" "$tmp/istio.json" "$MODULES" || fail "Istio schema validation"
   ok "rendered EnvoyFilter (wasm HTTP filter + cluster patch) valid against Istio CRD schemas"
   sed 's/"applyTo"/"applyToo"/' "$tmp/istio.json" >"$tmp/istio-typo.json"
-  if node controller/schema-check/validate-istio.mjs "$tmp/istio-typo.json" "$MODULES" >/dev/null; then fail "Istio check accepted a misspelled field"; fi
+  if node "$CHECK" "$tmp/istio-typo.json" "$MODULES" >/dev/null; then fail "Istio check accepted a misspelled field"; fi
   sed 's/"INSERT_BEFORE"/"INSERT_SOMEWHERE"/' "$tmp/istio.json" >"$tmp/istio-enum.json"
-  if node controller/schema-check/validate-istio.mjs "$tmp/istio-enum.json" "$MODULES" >/dev/null; then fail "Istio check accepted a bad enum"; fi
+  if node "$CHECK" "$tmp/istio-enum.json" "$MODULES" >/dev/null; then fail "Istio check accepted a bad enum"; fi
   ok "Istio check refuses a misspelled field and a bad enum value"
+  for case in envoy-gateway envoy-gateway-two-routes docs-annotated-route; do
+    "$BIN" render -f "controller/testdata/render/$case.yaml" --wasm-sha256 "$SHA" -o json >"$tmp/eg-$case.json" 2>/dev/null
+    node "$CHECK" "$tmp/eg-$case.json" "$MODULES" || fail "Envoy Gateway schema validation ($case)"
+  done
+  ok "rendered EnvoyExtensionPolicy / BackendTrafficPolicy / EnvoyPatchPolicy valid against Envoy Gateway CRD schemas"
+  sed 's/"rootID"/"rootId"/' "$tmp/eg-envoy-gateway.json" >"$tmp/eg-typo.json"
+  if node "$CHECK" "$tmp/eg-typo.json" "$MODULES" >/dev/null; then fail "Envoy Gateway check accepted a misspelled field"; fi
+  sed 's/"type": *"HTTP"/"type":"HTTPS"/' "$tmp/eg-envoy-gateway.json" >"$tmp/eg-enum.json"
+  if node "$CHECK" "$tmp/eg-enum.json" "$MODULES" >/dev/null; then fail "Envoy Gateway check accepted a bad enum"; fi
+  ok "Envoy Gateway check refuses a misspelled field and a bad enum value"
 else
-  echo "[55-chart] SKIP: Istio schema check (npm package or node missing)"
+  echo "[55-chart] SKIP: Istio / Envoy Gateway schema checks (npm packages or node missing)"
 fi
 echo "[55-chart] $pass passed, 0 failed"

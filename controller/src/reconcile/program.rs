@@ -119,7 +119,7 @@ pub async fn resolve_and_render(
         let mut gw = GatewayRef { namespace, name, listeners: vec![] };
         let mut provider = provider_of(ctx, &gw).await?;
         if provider == Ok(Provider::EnvoyGateway) {
-            match http_listeners(ctx, &gw, sections.as_ref()).await? {
+            match xds_listeners(ctx, &gw, sections.as_ref()).await? {
                 Ok(l) => gw.listeners = l,
                 Err(msg) => provider = Err(msg),
             }
@@ -190,24 +190,26 @@ pub async fn resolve_and_render(
     Ok(out)
 }
 
-/// Envoy Gateway: the names of the Gateway's `HTTP` listeners the route attaches to (`sections`:
-/// the parentRefs' `sectionName`s; `None` = every listener). The wasm filter is patched into these
-/// xDS listeners. `HTTPS` listeners are not patched: Envoy Gateway splits them into per-SNI filter
-/// chains whose positions a JSON patch cannot name stably.
-async fn http_listeners(ctx: &Context, gw: &GatewayRef, sections: Option<&BTreeSet<String>>) -> Result<std::result::Result<Vec<String>, String>> {
+/// Envoy Gateway: the Gateway listeners naming the xDS listeners that serve the route, one per
+/// port (`sections`: the parentRefs' `sectionName`s; `None` = every `HTTP`/`HTTPS` listener).
+/// Envoy Gateway merges the Gateway's listeners on one port into one xDS listener named after the
+/// first of them in spec order, so each attached port maps to that first listener's name. The
+/// patch setting `allow_on_headers_stop_iteration` is applied to these xDS listeners.
+async fn xds_listeners(ctx: &Context, gw: &GatewayRef, sections: Option<&BTreeSet<String>>) -> Result<std::result::Result<Vec<String>, String>> {
     let Some(gateway) = Api::<Gateway>::namespaced(ctx.client.clone(), &gw.namespace).get_opt(&gw.name).await? else {
         return Ok(Err(format!("Gateway {}/{} not found", gw.namespace, gw.name)));
     };
-    let listeners: Vec<String> = gateway
-        .spec
-        .listeners
-        .iter()
-        .filter(|l| l.protocol == "HTTP" && sections.is_none_or(|s| s.contains(&l.name)))
-        .map(|l| l.name.clone())
-        .collect();
+    let all = &gateway.spec.listeners;
+    let mut listeners: Vec<String> = vec![];
+    for l in all.iter().filter(|l| matches!(l.protocol.as_str(), "HTTP" | "HTTPS") && sections.is_none_or(|s| s.contains(&l.name))) {
+        let first_on_port = all.iter().find(|o| o.port == l.port).map_or(&l.name, |o| &o.name);
+        if !listeners.contains(first_on_port) {
+            listeners.push(first_on_port.clone());
+        }
+    }
     if listeners.is_empty() {
         return Ok(Err(format!(
-            "Gateway {}/{} has no HTTP listener this route attaches to (warmpath patches plain-HTTP listeners only on Envoy Gateway)",
+            "Gateway {}/{} has no HTTP or HTTPS listener this route attaches to",
             gw.namespace, gw.name
         )));
     }

@@ -50,22 +50,20 @@ fn condition<'a>(p: &'a InferenceRoutingPolicy, type_: &str) -> &'a k8s_openapi:
     conditions::find(&st.ancestors[0].conditions, type_).expect("condition present")
 }
 
-/// The wasm filter's `PluginConfig` (Envoy v3 JSON) inside an `EnvoyPatchPolicy` listener patch
-/// or an `EnvoyFilter` `HTTP_FILTER` patch.
+/// The wasm filter's `PluginConfig` (Envoy v3 JSON) inside an Istio `EnvoyFilter` `HTTP_FILTER` patch.
 fn wasm_plugin_config(o: &DynamicObject) -> serde_json::Value {
-    let spec = &o.data["spec"];
-    let filter = if let Some(patches) = spec["jsonPatches"].as_array() {
-        patches.iter().find(|p| p["type"] == "type.googleapis.com/envoy.config.listener.v3.Listener").map(|p| &p["operation"]["value"])
-    } else {
-        spec["configPatches"].as_array().unwrap().iter().find(|p| p["applyTo"] == "HTTP_FILTER").map(|p| &p["patch"]["value"])
-    };
-    let filter = filter.expect("a wasm HTTP filter patch");
+    let patches = o.data["spec"]["configPatches"].as_array().expect("an EnvoyFilter");
+    let filter = patches.iter().find(|p| p["applyTo"] == "HTTP_FILTER").map(|p| &p["patch"]["value"]).expect("a wasm HTTP filter patch");
     assert_eq!(filter["typed_config"]["@type"], "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm");
     filter["typed_config"]["config"].clone()
 }
 
-/// The filter's plugin configuration (the JSON `warmpath_core::RawConfig` reads).
+/// The filter's plugin configuration (the JSON `warmpath_core::RawConfig` reads), from an Envoy
+/// Gateway `EnvoyExtensionPolicy` (`wasm[0].config`) or an Istio `EnvoyFilter`.
 fn plugin(o: &DynamicObject) -> serde_json::Value {
+    if let Some(wasm) = o.data["spec"]["wasm"].as_array() {
+        return wasm[0]["config"].clone();
+    }
     serde_json::from_str(wasm_plugin_config(o)["configuration"]["value"].as_str().unwrap()).unwrap()
 }
 
@@ -93,20 +91,30 @@ async fn envoy_gateway_create_switch_restart_delete() {
     let want = vec![
         ("BackendTrafficPolicy".to_string(), NS.to_string(), "users-own".to_string()),
         ("BackendTrafficPolicy".to_string(), NS.to_string(), "warmpath-chat".to_string()),
+        ("EnvoyExtensionPolicy".to_string(), NS.to_string(), "warmpath-chat".to_string()),
         ("EnvoyPatchPolicy".to_string(), GW_NS.to_string(), EPP_POLICY.to_string()),
     ];
     assert_eq!(objs, want);
+    let eep = get_owned(&client, "EnvoyExtensionPolicy", NS, "warmpath-chat").await.unwrap();
+    assert_eq!(plugin_strategy(&eep), "PREFIX_AWARE");
+    assert_eq!(plugin(&eep)["prefix_length"], 4096);
+    assert!(plugin(&eep).get("upstream_clusters").is_none(), "Envoy Gateway scopes the filter to the route itself");
+    let wasm = &eep.data["spec"]["wasm"][0];
+    assert_eq!(eep.data["spec"]["targetRefs"][0]["kind"], "HTTPRoute");
+    assert_eq!(wasm["failOpen"], true);
+    assert_eq!(wasm["name"], "warmpath/policy/llm/chat-routing", "plugin name unique per owner");
+    assert_eq!(wasm["code"]["type"], "HTTP");
+    assert_eq!(wasm["code"]["http"]["sha256"].as_str().unwrap().len(), 64);
     let epp = get_owned(&client, "EnvoyPatchPolicy", GW_NS, EPP_POLICY).await.unwrap();
-    assert_eq!(plugin_strategy(&epp), "PREFIX_AWARE");
-    assert_eq!(plugin(&epp)["prefix_length"], 4096);
-    let wasm = wasm_plugin_config(&epp);
-    assert_eq!(wasm["allow_on_headers_stop_iteration"], true, "PREFIX_AWARE pauses in the headers callback");
-    assert_eq!(wasm["failure_policy"], "FAIL_OPEN");
-    assert_eq!(wasm["vm_config"]["code"]["remote"]["sha256"].as_str().unwrap().len(), 64);
-    assert_eq!(wasm["vm_config"]["code"]["remote"]["http_uri"]["cluster"], plugin(&epp)["feed"]["cluster"], "module fetched through the feed cluster");
+    assert_eq!(epp.data["spec"]["jsonPatches"][0]["name"], plugin(&eep)["feed"]["cluster"], "feed cluster added");
     let listener_patch = &epp.data["spec"]["jsonPatches"][1];
     assert_eq!(listener_patch["name"], "gateways/inference-gw/http");
-    assert_eq!(listener_patch["operation"]["path"], "/default_filter_chain/filters/0/typed_config/http_filters/0");
+    assert_eq!(
+        listener_patch["operation"]["jsonPath"],
+        "$..http_filters[?@.name == 'envoy.filters.http.wasm/envoyextensionpolicy/llm/warmpath-chat/wasm/0']"
+    );
+    assert_eq!(listener_patch["operation"]["path"], "/typed_config/config/allow_on_headers_stop_iteration");
+    assert_eq!(listener_patch["operation"]["value"], true, "PREFIX_AWARE pauses in the headers callback");
     assert!(epp.metadata.owner_references.is_none(), "no cross-namespace owner reference");
     let btp = get_owned(&client, "BackendTrafficPolicy", NS, "warmpath-chat").await.unwrap();
     let owner_refs = btp.metadata.owner_references.clone().unwrap();
@@ -134,8 +142,8 @@ async fn envoy_gateway_create_switch_restart_delete() {
         .unwrap();
     reconcile_policy(&client, &ctx, "chat-routing").await;
     assert_eq!(owned_objects(&client).await, want);
-    let epp = get_owned(&client, "EnvoyPatchPolicy", GW_NS, EPP_POLICY).await.unwrap();
-    assert_eq!(plugin_strategy(&epp), "LEAST_OUTSTANDING_REQUESTS");
+    let eep = get_owned(&client, "EnvoyExtensionPolicy", NS, "warmpath-chat").await.unwrap();
+    assert_eq!(plugin_strategy(&eep), "LEAST_OUTSTANDING_REQUESTS");
     let p = get_policy(&client, "chat-routing").await;
     assert_eq!(condition(&p, conditions::ACCEPTED).last_transition_time, first_transition, "unchanged status keeps its transition time");
 
@@ -165,6 +173,8 @@ async fn istio_provider_is_detected_from_the_gateway_class() {
     let wasm = wasm_plugin_config(&ef);
     assert_eq!(wasm["failure_policy"], "FAIL_CLOSED");
     assert_eq!(wasm["allow_on_headers_stop_iteration"], true);
+    assert_eq!(wasm["name"], "warmpath/policy/llm/chat-routing", "plugin name unique per owner");
+    assert_eq!(plugin(&ef)["upstream_clusters"], json!(["outbound|8000||vllm.llm.svc.cluster.local"]), "acts only on its backend's requests");
     let feed_cluster = "outbound|8080||warmpath-controller.warmpath-system.svc.cluster.local";
     assert_eq!(plugin(&ef)["feed"]["cluster"], feed_cluster);
     assert_eq!(wasm["vm_config"]["code"]["remote"]["http_uri"]["cluster"], feed_cluster);
@@ -219,8 +229,8 @@ async fn second_policy_on_the_same_route_is_conflicted() {
     let c = condition(&b, conditions::ACCEPTED);
     assert_eq!((c.status.as_str(), c.reason.as_str()), ("False", "Conflicted"));
     assert!(c.message.contains("a-first"));
-    let epp = get_owned(&client, "EnvoyPatchPolicy", GW_NS, "warmpath-feed-policy-llm-a-first").await.unwrap();
-    assert_eq!(plugin_strategy(&epp), "PREFIX_AWARE", "the older policy's configuration stays");
+    let eep = get_owned(&client, "EnvoyExtensionPolicy", NS, "warmpath-chat").await.unwrap();
+    assert_eq!(plugin_strategy(&eep), "PREFIX_AWARE", "the older policy's configuration stays");
     assert!(get_owned(&client, "EnvoyPatchPolicy", GW_NS, "warmpath-feed-policy-llm-b-second").await.is_none(), "nothing for the conflicted policy");
 }
 
@@ -237,10 +247,12 @@ async fn annotations_program_the_route_and_removal_cleans_up() {
     let (client, ctx) = setup(EG_CONTROLLER, ann).await;
     reconcile_route(&client, &ctx).await;
     let objs = owned_objects(&client).await;
-    assert_eq!(objs.len(), 2, "{objs:?}");
-    let epp = get_owned(&client, "EnvoyPatchPolicy", GW_NS, "warmpath-feed-httproute-llm-chat").await.unwrap();
-    assert_eq!(plugin(&epp)["prefix_length"], 2048);
-    assert_eq!(plugin(&epp)["concurrency_threshold"], 12);
+    assert_eq!(objs.len(), 3, "{objs:?}");
+    assert!(get_owned(&client, "EnvoyPatchPolicy", GW_NS, "warmpath-feed-httproute-llm-chat").await.is_some());
+    let eep = get_owned(&client, "EnvoyExtensionPolicy", NS, "warmpath-chat").await.unwrap();
+    assert_eq!(plugin(&eep)["prefix_length"], 2048);
+    assert_eq!(plugin(&eep)["concurrency_threshold"], 12);
+    assert_eq!(eep.data["spec"]["wasm"][0]["name"], "warmpath/httproute/llm/chat");
     let btp = get_owned(&client, "BackendTrafficPolicy", NS, "warmpath-chat").await.unwrap();
     assert_eq!(btp.metadata.owner_references.as_ref().unwrap()[0].kind, "HTTPRoute");
     let route = Api::<HttpRoute>::namespaced(client.clone(), NS).get("chat").await.unwrap();
@@ -251,8 +263,9 @@ async fn annotations_program_the_route_and_removal_cleans_up() {
     reconcile_route(&client, &ctx).await;
     assert!(owned_objects(&client).await.is_empty());
     reconcile_policy(&client, &ctx, "explicit").await;
-    let epp = get_owned(&client, "EnvoyPatchPolicy", GW_NS, "warmpath-feed-policy-llm-explicit").await.unwrap();
-    assert_eq!(plugin_strategy(&epp), "RANDOM");
+    assert!(get_owned(&client, "EnvoyPatchPolicy", GW_NS, "warmpath-feed-policy-llm-explicit").await.is_some());
+    let eep = get_owned(&client, "EnvoyExtensionPolicy", NS, "warmpath-chat").await.unwrap();
+    assert_eq!(plugin_strategy(&eep), "RANDOM");
     let btp = get_owned(&client, "BackendTrafficPolicy", NS, "warmpath-chat").await.unwrap();
     assert_eq!(btp.metadata.owner_references.as_ref().unwrap()[0].kind, "InferenceRoutingPolicy");
 
@@ -261,8 +274,9 @@ async fn annotations_program_the_route_and_removal_cleans_up() {
     routing_policy::reconcile(Arc::new(p), Arc::new(ctx.clone())).await.unwrap();
     Api::<InferenceRoutingPolicy>::namespaced(client.clone(), NS).delete("explicit", &Default::default()).await.unwrap();
     reconcile_route(&client, &ctx).await;
-    let epp = get_owned(&client, "EnvoyPatchPolicy", GW_NS, "warmpath-feed-httproute-llm-chat").await.unwrap();
-    assert_eq!(plugin_strategy(&epp), "PREFIX_AWARE");
+    assert!(get_owned(&client, "EnvoyPatchPolicy", GW_NS, "warmpath-feed-httproute-llm-chat").await.is_some());
+    let eep = get_owned(&client, "EnvoyExtensionPolicy", NS, "warmpath-chat").await.unwrap();
+    assert_eq!(plugin_strategy(&eep), "PREFIX_AWARE");
 
     // Annotation removed: exactly the annotation's objects go, and the finalizer is released.
     Api::<HttpRoute>::namespaced(client.clone(), NS)
@@ -282,16 +296,25 @@ async fn invalid_annotation_changes_nothing() {
     assert!(owned_objects(&client).await.is_empty());
 }
 
-/// Envoy Gateway: the wasm filter goes into the plain-HTTP listeners the route attaches to;
-/// a route on an HTTPS listener only gets a clear condition and nothing written.
+/// Envoy Gateway: the option patch goes to the xDS listener of each port the route attaches to,
+/// named after the Gateway's first listener on that port (Envoy Gateway merges listeners by port;
+/// HTTPS included); a route on no HTTP(S) listener gets a clear condition and nothing written.
 #[tokio::test]
-async fn envoy_gateway_patches_only_the_attached_http_listeners() {
+async fn envoy_gateway_patches_the_xds_listener_of_each_attached_port() {
     let gw = json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway", "metadata": {"name": "inference-gw", "namespace": GW_NS},
         "spec": {"gatewayClassName": "eg", "listeners": [
             {"name": "http", "port": 80, "protocol": "HTTP"},
             {"name": "http-alt", "port": 8080, "protocol": "HTTP"},
-            {"name": "tls", "port": 443, "protocol": "HTTPS"}]}});
-    for (section, want) in [(None, vec!["gateways/inference-gw/http", "gateways/inference-gw/http-alt"]), (Some("http-alt"), vec!["gateways/inference-gw/http-alt"]), (Some("tls"), vec![])] {
+            {"name": "tls", "port": 443, "protocol": "HTTPS"},
+            {"name": "tls-other-host", "port": 443, "protocol": "HTTPS", "hostname": "b.example.com"},
+            {"name": "raw", "port": 9000, "protocol": "TCP"}]}});
+    let all = vec!["gateways/inference-gw/http", "gateways/inference-gw/http-alt", "gateways/inference-gw/tls"];
+    for (section, want) in [
+        (None, all),
+        (Some("http-alt"), vec!["gateways/inference-gw/http-alt"]),
+        (Some("tls-other-host"), vec!["gateways/inference-gw/tls"]),
+        (Some("raw"), vec![]),
+    ] {
         let mut objs = base(EG_CONTROLLER);
         objs[1] = gw.clone();
         let client = fixtures::client(objs).await;
@@ -305,11 +328,11 @@ async fn envoy_gateway_patches_only_the_attached_http_listeners() {
         reconcile_policy(&client, &ctx, "chat-routing").await;
         let epp = get_owned(&client, "EnvoyPatchPolicy", GW_NS, EPP_POLICY).await;
         if want.is_empty() {
-            assert!(epp.is_none(), "{section:?}: nothing written for an HTTPS-only attachment");
+            assert!(epp.is_none(), "{section:?}: nothing written for a TCP-only attachment");
             let p = get_policy(&client, "chat-routing").await;
             let c = condition(&p, conditions::ACCEPTED);
             assert_eq!(c.status, "False");
-            assert!(c.message.contains("no HTTP listener"), "{}", c.message);
+            assert!(c.message.contains("no HTTP or HTTPS listener"), "{}", c.message);
             assert!(owned_objects(&client).await.is_empty());
             continue;
         }

@@ -17,9 +17,11 @@
 use std::path::PathBuf;
 use std::process::Command;
 
+mod common;
+
+use common::envoy_gateway::{apply_patch_policy, enable_on_route, envoy_gateway_filter, hcm, EG_WASM_CACHE_URI};
 use serde_json::{json, Value};
-use warmpath_controller::reconcile::ControllerConfig;
-use warmpath_controller::render::{ControllerEndpoint, WasmModule};
+use warmpath_controller::render::WasmModule;
 
 fn envoy() -> Option<PathBuf> {
     let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.venv/bin/envoy");
@@ -38,15 +40,7 @@ fn merge(base: &mut Value, patch: &Value) {
 }
 
 async fn rendered(case: &str) -> Vec<Value> {
-    let text = std::fs::read_to_string(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("testdata/render").join(case)).unwrap();
-    let controller = ControllerEndpoint { service: "warmpath-controller".into(), namespace: "warmpath-system".into(), port: 8080 };
-    let config = ControllerConfig {
-        provider: None,
-        wasm: WasmModule { url: "http://x/wasm/m.wasm".into(), sha256: "0".repeat(64) },
-        controller,
-    };
-    let out = warmpath_controller::offline::render(warmpath_controller::offline::parse_manifests(&text).unwrap(), config).await.unwrap();
-    out.objects.iter().map(|o| serde_json::to_value(o).unwrap()).collect()
+    common::render_case(case, WasmModule { url: "http://x/wasm/m.wasm".into(), sha256: "0".repeat(64) }).await
 }
 
 fn validate(clusters: Vec<Value>) {
@@ -128,88 +122,6 @@ fn validate_wasm_filter(filter: &Value, module_cluster: Value) {
     validate_resources(json!({"listeners": [listener_with(filter)], "clusters": [module_cluster]}));
 }
 
-/// The wasm filter Envoy Gateway renders for the first `wasm` entry of an `EnvoyExtensionPolicy`
-/// (modelled on Envoy Gateway's xDS translator test data `wasm.listeners.yaml`: disabled in the
-/// listener, `StringValue` configuration, module served by Envoy Gateway's wasm cache over
-/// `wasm_cluster`).
-fn envoy_gateway_filter(eep: &Value) -> Value {
-    let (ns, name) = (eep["metadata"]["namespace"].as_str().unwrap(), eep["metadata"]["name"].as_str().unwrap());
-    let wasm = &eep["spec"]["wasm"][0];
-    json!({
-        "name": warmpath_controller::render::envoy_gateway_wasm_filter_name(ns, name),
-        "disabled": true,
-        "typed_config": {
-            "@type": "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm",
-            "config": {
-                "name": wasm["name"],
-                "root_id": wasm["rootID"],
-                "fail_open": wasm["failOpen"],
-                "configuration": {"@type": "type.googleapis.com/google.protobuf.StringValue", "value": wasm["config"].to_string()},
-                "vm_config": {
-                    "vm_id": format!("envoyextensionpolicy/{ns}/{name}/wasm/0"),
-                    "runtime": "envoy.wasm.runtime.v8",
-                    "code": {"remote": {
-                        "http_uri": {"uri": "https://envoy-gateway:18002/0.wasm", "cluster": "wasm_cluster", "timeout": "10s"},
-                        "sha256": wasm["code"]["http"]["sha256"],
-                    }},
-                },
-            }
-        }
-    })
-}
-
-fn hcm(filters: &[Value], routes: Vec<Value>) -> Value {
-    let mut http_filters = filters.to_vec();
-    http_filters.push(json!({"name": "envoy.filters.http.router", "typed_config": {
-        "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}));
-    json!({
-        "name": "envoy.filters.network.http_connection_manager",
-        "typed_config": {
-            "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
-            "stat_prefix": "http",
-            "route_config": {"name": "r", "virtual_hosts": [{"name": "v", "domains": ["*"], "routes": routes}]},
-            "http_filters": http_filters,
-        }
-    })
-}
-
-/// Applies an `EnvoyPatchPolicy`'s operations to `listeners`/`clusters` as Envoy Gateway does:
-/// a `Cluster` add at path `""` adds the resource; a `Listener` operation targets the listener by
-/// name, and with `jsonPath` applies at every match (pointer + `path`), failing when nothing matches.
-fn apply_patch_policy(epp: &Value, listeners: &mut [Value], clusters: &mut Vec<Value>) -> Result<usize, String> {
-    let mut applied = 0;
-    for p in epp["spec"]["jsonPatches"].as_array().unwrap() {
-        let op = &p["operation"];
-        match p["type"].as_str().unwrap() {
-            "type.googleapis.com/envoy.config.cluster.v3.Cluster" => {
-                assert_eq!((op["op"].as_str(), op["path"].as_str()), (Some("add"), Some("")));
-                clusters.push(op["value"].clone());
-            }
-            "type.googleapis.com/envoy.config.listener.v3.Listener" => {
-                let l = listeners.iter_mut().find(|l| l["name"] == p["name"]).ok_or(format!("no listener {}", p["name"]))?;
-                let pointers: Vec<String> = match op["jsonPath"].as_str() {
-                    Some(path) => {
-                        let q = serde_json_path::JsonPath::parse(path).map_err(|e| format!("JSONPath {path}: {e}"))?;
-                        q.query_located(l).locations().map(|loc| loc.to_json_pointer()).collect()
-                    }
-                    None => vec![String::new()],
-                };
-                if pointers.is_empty() {
-                    return Err(format!("JSONPath {} matches nothing in {}", op["jsonPath"], p["name"]));
-                }
-                for ptr in pointers {
-                    let one = json!([{"op": op["op"], "path": format!("{ptr}{}", op["path"].as_str().unwrap_or("")), "value": op["value"]}]);
-                    let patch: json_patch::Patch = serde_json::from_value(one).unwrap();
-                    json_patch::patch(l, &patch).map_err(|e| e.to_string())?;
-                    applied += 1;
-                }
-            }
-            other => panic!("unexpected patch type {other}"),
-        }
-    }
-    Ok(applied)
-}
-
 /// Each route's `EnvoyExtensionPolicy` filter, in xDS listeners shaped like Envoy Gateway's (plain
 /// HTTP `default_filter_chain` and HTTPS per-SNI `filter_chains`, both routes' filters disabled in
 /// every chain and enabled on their own route), gets `allow_on_headers_stop_iteration: true` from
@@ -220,7 +132,7 @@ async fn envoy_gateway_patches_apply_to_envoy_gateway_shaped_listeners() {
     let eeps: Vec<&Value> = objs.iter().filter(|o| o["kind"] == "EnvoyExtensionPolicy").collect();
     let epps: Vec<&Value> = objs.iter().filter(|o| o["kind"] == "EnvoyPatchPolicy").collect();
     assert_eq!((eeps.len(), epps.len()), (2, 2), "one of each per routed HTTPRoute");
-    let filters: Vec<Value> = eeps.iter().map(|e| envoy_gateway_filter(e)).collect();
+    let filters: Vec<Value> = eeps.iter().map(|e| envoy_gateway_filter(e, EG_WASM_CACHE_URI)).collect();
     let names: Vec<String> = filters.iter().map(|f| f["name"].as_str().unwrap().to_string()).collect();
     assert_ne!(names[0], names[1]);
     let routes: Vec<Value> = eeps
@@ -230,7 +142,7 @@ async fn envoy_gateway_patches_apply_to_envoy_gateway_shaped_listeners() {
             let route = e["spec"]["targetRefs"][0]["name"].as_str().unwrap();
             json!({"name": format!("httproute/llm/{route}/rule/0/match/0/*"), "match": {"prefix": format!("/{route}")},
                 "route": {"cluster": "backend"},
-                "typed_per_filter_config": {f.as_str(): {"@type": "type.googleapis.com/envoy.config.route.v3.FilterConfig", "config": {}}}})
+                "typed_per_filter_config": enable_on_route(f)})
         })
         .collect();
     let mut listeners = vec![

@@ -1,0 +1,106 @@
+//! Envoy Gateway's side of the delivery path, reproduced for tests: the xDS it builds from a
+//! rendered `EnvoyExtensionPolicy` (modelled on its xDS translator's test data
+//! `wasm.listeners.yaml`), and how it applies a rendered `EnvoyPatchPolicy` (RFC 9535 JSONPath →
+//! RFC 6901 pointers, operation `path` appended, RFC 6902 patch).
+
+use serde_json::{json, Value};
+
+/// Where Envoy Gateway's wasm cache serves the first module of a policy (it fetches `code.http.url`
+/// itself and hands Envoy this URL on its `wasm_cluster`).
+#[allow(dead_code)] // envoy_live fetches from the controller's own server instead.
+pub const EG_WASM_CACHE_URI: &str = "https://envoy-gateway:18002/0.wasm";
+
+/// The wasm HTTP filter Envoy Gateway renders for the first `wasm` entry of an
+/// `EnvoyExtensionPolicy`: disabled in the listener (enabled per route, see [`enable_on_route`]),
+/// `StringValue` configuration, module fetched from `module_uri` over cluster `wasm_cluster` and
+/// checked against the policy's sha256. No `allow_on_headers_stop_iteration`: Envoy Gateway does
+/// not set it; the rendered `EnvoyPatchPolicy` does.
+pub fn envoy_gateway_filter(eep: &Value, module_uri: &str) -> Value {
+    let (ns, name) = (eep["metadata"]["namespace"].as_str().unwrap(), eep["metadata"]["name"].as_str().unwrap());
+    let wasm = &eep["spec"]["wasm"][0];
+    json!({
+        "name": warmpath_controller::render::envoy_gateway_wasm_filter_name(ns, name),
+        "disabled": true,
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm",
+            "config": {
+                "name": wasm["name"],
+                "root_id": wasm["rootID"],
+                "fail_open": wasm["failOpen"],
+                "configuration": {"@type": "type.googleapis.com/google.protobuf.StringValue", "value": wasm["config"].to_string()},
+                "vm_config": {
+                    "vm_id": format!("envoyextensionpolicy/{ns}/{name}/wasm/0"),
+                    "runtime": "envoy.wasm.runtime.v8",
+                    "code": {"remote": {
+                        "http_uri": {"uri": module_uri, "cluster": "wasm_cluster", "timeout": "10s"},
+                        "sha256": wasm["code"]["http"]["sha256"],
+                    }},
+                },
+            }
+        }
+    })
+}
+
+/// The `typed_per_filter_config` entry with which Envoy Gateway enables the (listener-disabled)
+/// filter named `filter` on the routes of the policy's HTTPRoute.
+pub fn enable_on_route(filter: &str) -> Value {
+    json!({filter: {"@type": "type.googleapis.com/envoy.config.route.v3.FilterConfig", "config": {}}})
+}
+
+/// An HTTP connection manager running `filters` then the router, with one virtual host (`*`)
+/// holding `routes`.
+pub fn hcm(filters: &[Value], routes: Vec<Value>) -> Value {
+    let mut http_filters = filters.to_vec();
+    http_filters.push(json!({"name": "envoy.filters.http.router", "typed_config": {
+        "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}));
+    json!({
+        "name": "envoy.filters.network.http_connection_manager",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+            "stat_prefix": "http",
+            "route_config": {"name": "r", "virtual_hosts": [{"name": "v", "domains": ["*"], "routes": routes}]},
+            "http_filters": http_filters,
+        }
+    })
+}
+
+/// Applies an `EnvoyPatchPolicy`'s operations to `listeners`/`clusters` as Envoy Gateway does:
+/// a `Cluster` add at path `""` adds the resource; a `Listener` operation targets the listener by
+/// name, and with `jsonPath` applies at every match (pointer + `path`), failing when nothing matches.
+/// Returns the number of listener patches applied.
+///
+/// Errors: a named listener is missing, the JSONPath is invalid or matches nothing, or the RFC 6902
+/// patch fails.
+pub fn apply_patch_policy(epp: &Value, listeners: &mut [Value], clusters: &mut Vec<Value>) -> Result<usize, String> {
+    let mut applied = 0;
+    for p in epp["spec"]["jsonPatches"].as_array().unwrap() {
+        let op = &p["operation"];
+        match p["type"].as_str().unwrap() {
+            "type.googleapis.com/envoy.config.cluster.v3.Cluster" => {
+                assert_eq!((op["op"].as_str(), op["path"].as_str()), (Some("add"), Some("")));
+                clusters.push(op["value"].clone());
+            }
+            "type.googleapis.com/envoy.config.listener.v3.Listener" => {
+                let l = listeners.iter_mut().find(|l| l["name"] == p["name"]).ok_or(format!("no listener {}", p["name"]))?;
+                let pointers: Vec<String> = match op["jsonPath"].as_str() {
+                    Some(path) => {
+                        let q = serde_json_path::JsonPath::parse(path).map_err(|e| format!("JSONPath {path}: {e}"))?;
+                        q.query_located(l).locations().map(|loc| loc.to_json_pointer()).collect()
+                    }
+                    None => vec![String::new()],
+                };
+                if pointers.is_empty() {
+                    return Err(format!("JSONPath {} matches nothing in {}", op["jsonPath"], p["name"]));
+                }
+                for ptr in pointers {
+                    let one = json!([{"op": op["op"], "path": format!("{ptr}{}", op["path"].as_str().unwrap_or("")), "value": op["value"]}]);
+                    let patch: json_patch::Patch = serde_json::from_value(one).unwrap();
+                    json_patch::patch(l, &patch).map_err(|e| e.to_string())?;
+                    applied += 1;
+                }
+            }
+            other => panic!("unexpected patch type {other}"),
+        }
+    }
+    Ok(applied)
+}

@@ -1,0 +1,27 @@
+//! Helpers shared by the controller's Envoy tests (`envoy_validate`, `envoy_live`): offline
+//! rendering of a `testdata/render` case, and the Envoy Gateway shaping in [`envoy_gateway`].
+
+pub mod envoy_gateway;
+
+use std::path::PathBuf;
+
+use serde_json::Value;
+use warmpath_controller::reconcile::ControllerConfig;
+use warmpath_controller::render::{ControllerEndpoint, WasmModule};
+
+/// The controller Service every case is rendered for (the address the rendered feed clusters and
+/// module URLs name).
+pub fn controller_endpoint() -> ControllerEndpoint {
+    ControllerEndpoint { service: "warmpath-controller".into(), namespace: "warmpath-system".into(), port: 8080 }
+}
+
+/// Renders `testdata/render/<case>` offline (the real reconcilers against the in-memory API, as
+/// `warmpath-controller render -f` does) with module `wasm`; returns every object as JSON.
+pub async fn render_case(case: &str, wasm: WasmModule) -> Vec<Value> {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("testdata/render").join(case);
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    let config = ControllerConfig { provider: None, wasm, controller: controller_endpoint() };
+    let manifests = warmpath_controller::offline::parse_manifests(&text).unwrap();
+    let out = warmpath_controller::offline::render(manifests, config).await.unwrap();
+    out.objects.iter().map(|o| serde_json::to_value(o).unwrap()).collect()
+}

@@ -1,0 +1,71 @@
+//! The agent builds TLS clients without panicking. Two rustls crypto providers are compiled into
+//! the binary (kube: ring; jsonschema's reqwest, through warmpath-controller: aws-lc-rs), and rustls
+//! panics on the first TLS client unless the process picks one (`main` installs ring; without it
+//! the `run` test below panics). Both TLS paths are driven at 127.0.0.1 port 9, where nothing
+//! listens: the API server client of `run` (kube), and an `https://` model source of `fetch`
+//! (object_store's reqwest, which picks its provider itself today — checked so it stays so). Each
+//! must fail or keep retrying, never panic.
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Waits up to `limit` for the child to exit, then kills it; returns (exit status if it exited, stderr).
+fn finish(mut child: Child, limit: Duration) -> (Option<std::process::ExitStatus>, String) {
+    let start = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break Some(s);
+        }
+        if start.elapsed() > limit {
+            child.kill().unwrap();
+            child.wait().unwrap();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+    (status, stderr)
+}
+
+#[test]
+fn run_builds_its_api_server_client_without_panicking() {
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: https://127.0.0.1:9\n    insecure-skip-tls-verify: true\n\
+contexts:\n- name: c\n  context: {cluster: c, user: u}\ncurrent-context: c\nusers:\n- name: u\n  user: {token: t}\n",
+    )
+    .unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_warmpath-agent"))
+        .args(["run", "--node", "n1", "--poll-seconds", "1", "--host-path"])
+        .arg(dir.path())
+        .env("KUBECONFIG", &kubeconfig)
+        .env("WARMPATH_CACHE_ROOT", dir.path())
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The node loop retries a refused API server forever: give it time to try a few times.
+    let (status, stderr) = finish(child, Duration::from_secs(3));
+    assert!(!stderr.contains("panicked"), "the agent panicked:\n{stderr}");
+    assert!(status.is_none_or(|s| s.code() != Some(101)), "{status:?}:\n{stderr}");
+}
+
+#[test]
+fn fetch_from_an_https_source_fails_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_warmpath-agent"))
+        .args(["fetch", "--key", "ml.m", "--source", "https://127.0.0.1:9/model.safetensors", "--root"])
+        .arg(dir.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (status, stderr) = finish(child, Duration::from_secs(30));
+    assert!(!stderr.contains("panicked"), "the agent panicked:\n{stderr}");
+    let status = status.expect("fetch neither failed nor finished within 30 s");
+    assert_eq!(status.code(), Some(1), "a refused source is a reported failure:\n{stderr}");
+}

@@ -24,7 +24,8 @@
 #     the JSON Ready line); again on the warm cache (nothing fetched); a wrong --sha256 fails with
 #     ChecksumMismatch and keeps the current version; as a non-root user it fails with DiskError;
 #     over HTTPS it refuses a private CA with the image's bundle and downloads once SSL_CERT_FILE
-#     trusts it; `run` with the DaemonSet's args/env reaches the API stand-in over TLS with its token,
+#     trusts it; hf:// with only the image's env fails cleanly (HOME set: hf-hub panics without one);
+#     `run` with the DaemonSet's args/env reaches the API stand-in over TLS with its token,
 #     survives 404s, exits 0 on SIGTERM and writes nothing outside /cache.
 # Both: reproducibility (building again gives the same image digests).
 # Tools: buildah/musl-tools via scripts/build-image.sh; skopeo and umoci installed here if missing.
@@ -591,6 +592,13 @@ extra=()
 [ "$frc" = 0 ] && [ "$(json "$AR/fetch6.json" 'd["phase"]')" = Ready ] || { cat "$AR/fetch6.out" "$AR/fetch6.err" >&2; fail "https with SSL_CERT_FILE trusting the CA: exit $frc"; }
 [ "$(sha256sum "$RA/cache/$key/current/model.safetensors" | cut -d' ' -f1)" = "$weights_sha" ] || fail "https fetch sha256"
 ok "https fetch: refused with the image's CA bundle (client alert $alert), Ready with SSL_CERT_FILE trusting the server's CA"
+# hf:// with only the image's env: hf-hub needs a home directory (there is no /etc/passwd) and
+# panics without one; the image sets HOME. A Hub without the repo (the file server's 404) is HubError.
+fresh_cache
+fetch_report fetch7 fetch --source "hf://org/tiny?endpoint=http://127.0.0.1:$http_port" --root /cache --key "$key"
+[ "$frc" != 0 ] && [ "$(json "$AR/fetch7.json" 'd["reason"]')" = HubError ] || { cat "$AR/fetch7.err" >&2; fail "hf:// fetch: exit $frc, $(cat "$AR/fetch7.json")"; }
+grep -q '^GET /api/models/org/tiny/revision/main' "$AR/http.log" || { cat "$AR/http.log" >&2; fail "hf:// fetch did not ask the Hub API"; }
+ok "hf:// fetch with the image's env asks the Hub API and fails cleanly (HubError, no panic)"
 kill "$http_pid" "$https_pid" 2>/dev/null || true; wait "$http_pid" "$https_pid" 2>/dev/null || true; http_pid=""; https_pid=""
 
 # The DaemonSet's `run` with the chart's args and env against the loopback HTTPS API stand-in (404 to

@@ -175,7 +175,10 @@ pub async fn resolve(spec: &SourceSpec, auth: &SourceAuth) -> Result<ResolvedSou
 async fn resolve_hf(repo: &str, revision: &str, endpoint: Option<&str>, auth: &SourceAuth) -> Result<ResolvedSource> {
     use hf_hub::{api::tokio::ApiBuilder, Repo, RepoType};
     let endpoint = endpoint.unwrap_or("https://huggingface.co").trim_end_matches('/').to_string();
-    let api = ApiBuilder::new()
+    // Only the Hub's metadata API is used, never hf-hub's download cache. Its default cache lives
+    // under $HOME and hf-hub panics when there is none (a scratch image has no /etc/passwd), so
+    // name a throwaway one; the token comes from `auth` only.
+    let api = ApiBuilder::from_cache(hf_hub::Cache::new(std::env::temp_dir().join("warmpath-hf-hub")))
         .with_endpoint(endpoint.clone())
         .with_token(auth.hf_token.clone())
         .with_progress(false)

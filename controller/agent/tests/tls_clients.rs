@@ -9,8 +9,9 @@
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// Waits up to `limit` for the child to exit, then kills it; returns (exit status if it exited, stderr).
-fn finish(mut child: Child, limit: Duration) -> (Option<std::process::ExitStatus>, String) {
+/// Waits up to `limit` for the child to exit, then kills it; returns (exit status if it exited, stdout,
+/// stderr). Output is small (a few lines), so reading after exit cannot block on a full pipe.
+fn finish(mut child: Child, limit: Duration) -> (Option<std::process::ExitStatus>, String, String) {
     let start = Instant::now();
     let status = loop {
         if let Some(s) = child.try_wait().unwrap() {
@@ -25,7 +26,11 @@ fn finish(mut child: Child, limit: Duration) -> (Option<std::process::ExitStatus
     };
     let mut stderr = String::new();
     std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut stderr).unwrap();
-    (status, stderr)
+    let mut stdout = String::new();
+    if let Some(out) = child.stdout.as_mut() {
+        std::io::Read::read_to_string(out, &mut stdout).unwrap();
+    }
+    (status, stdout, stderr)
 }
 
 #[test]
@@ -49,7 +54,7 @@ contexts:\n- name: c\n  context: {cluster: c, user: u}\ncurrent-context: c\nuser
         .spawn()
         .unwrap();
     // The node loop retries a refused API server forever: give it time to try a few times.
-    let (status, stderr) = finish(child, Duration::from_secs(3));
+    let (status, _, stderr) = finish(child, Duration::from_secs(3));
     assert!(!stderr.contains("panicked"), "the agent panicked:\n{stderr}");
     assert!(status.is_none_or(|s| s.code() != Some(101)), "{status:?}:\n{stderr}");
 }
@@ -64,8 +69,49 @@ fn fetch_from_an_https_source_fails_cleanly() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let (status, stderr) = finish(child, Duration::from_secs(30));
+    let (status, _, stderr) = finish(child, Duration::from_secs(30));
     assert!(!stderr.contains("panicked"), "the agent panicked:\n{stderr}");
     let status = status.expect("fetch neither failed nor finished within 30 s");
     assert_eq!(status.code(), Some(1), "a refused source is a reported failure:\n{stderr}");
+}
+
+/// Effective uid of this process, from /proc (no unsafe FFI).
+fn euid() -> Option<u32> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    status.lines().find_map(|l| l.strip_prefix("Uid:")).and_then(|v| v.split_whitespace().nth(1)).and_then(|v| v.parse().ok())
+}
+
+/// A Hugging Face source with no home directory, as in a scratch image (no `HOME`, no /etc/passwd):
+/// hf-hub's default cache directory would panic ("Cache directory cannot be found"); the agent names
+/// its own, so the refused Hub endpoint is a reported `HubError`. When the test runs as root, the
+/// child runs as a uid that has no passwd entry, which is what makes the home lookup fail.
+#[test]
+fn fetch_from_the_hub_without_a_home_directory_fails_cleanly() {
+    use std::os::unix::{fs::PermissionsExt, process::CommandExt};
+    // The other uid may not traverse the build directory: run a copy from a world-readable temp dir
+    // (/tmp), with a world-writable cache root.
+    let dir = tempfile::tempdir_in(std::env::temp_dir()).unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let bin = dir.path().join("warmpath-agent");
+    std::fs::copy(env!("CARGO_BIN_EXE_warmpath-agent"), &bin).unwrap();
+    std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let root = dir.path().join("cache");
+    std::fs::create_dir(&root).unwrap();
+    std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let mut cmd = Command::new(&bin);
+    cmd.args(["fetch", "--key", "ml.m", "--source", "hf://org/model?endpoint=http://127.0.0.1:9", "--root"])
+        .arg(&root)
+        .env_remove("HOME")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let homeless = euid() == Some(0);
+    if homeless {
+        cmd.uid(54_321).gid(54_321);
+    } else {
+        eprintln!("not root: the child keeps this uid, whose passwd entry still gives a home directory");
+    }
+    let (status, stdout, stderr) = finish(cmd.spawn().unwrap(), Duration::from_secs(30));
+    assert!(!stderr.contains("panicked"), "the agent panicked (homeless: {homeless}):\n{stderr}");
+    assert_eq!(status.expect("fetch neither failed nor finished within 30 s").code(), Some(1), "{stderr}");
+    assert!(stdout.contains(r#""reason":"HubError""#), "{stdout}");
 }

@@ -27,6 +27,9 @@ pub mod reason {
     pub const RESOLVED: &str = "ResolvedRefs";
     /// The backend Service / InferencePool does not exist.
     pub const BACKEND_NOT_FOUND: &str = "BackendNotFound";
+    /// A policy's targeted routes resolve to different backends; one policy routes one backend's
+    /// endpoints (its feed), so the later routes are not programmed.
+    pub const BACKEND_MISMATCH: &str = "BackendMismatch";
     /// The gateway's provider (Envoy Gateway / Istio) could not be determined.
     pub const UNSUPPORTED_PROVIDER: &str = "UnsupportedProvider";
     /// Objects written.

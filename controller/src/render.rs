@@ -5,7 +5,7 @@
 //! Envoy 1.40 turns the filter's pause in the request-headers callback into a pause of the whole
 //! stream, so the body never arrives and `PREFIX_AWARE` requests hang (verified on Envoy 1.40).
 //! Neither Envoy Gateway's `EnvoyExtensionPolicy` nor Istio's `WasmPlugin` can set it, so each
-//! provider gets a patch for it. Every instance is scoped to its own route — two warmpath policies
+//! provider needs a patch-capable kind for it. Every instance is scoped to its own route — two warmpath policies
 //! on one Gateway listener must not pick for each other's requests:
 //!
 //! Envoy Gateway (API group `gateway.envoyproxy.io/v1alpha1`):
@@ -389,7 +389,9 @@ fn render_istio(input: &RenderInput<'_>, feed: &FeedTarget) -> Result<Vec<Dynami
     let filter = wasm_http_filter(&wasm_filter_name(input.owner), input, &config, &feed.cluster);
     let mut out = vec![];
     for gw in input.gateways {
-        let name = truncate(&format!("warmpath-{}-{}", input.route_namespace, input.route_name));
+        // One per owner and Gateway: a policy's routes share its backend, hence one filter instance
+        // (same name, same configuration) serves them all on that Gateway.
+        let name = truncate(&format!("warmpath-{}-{}-{}", input.owner.short_kind(), input.owner.namespace, input.owner.name));
         out.push(object(&foreign::envoy_filter(), &gw.namespace, &name, input.owner, json!({
             "targetRefs": [gateway_target(gw)],
             "configPatches": [

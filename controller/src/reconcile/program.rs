@@ -43,6 +43,30 @@ pub fn key_of(o: &DynamicObject) -> ObjectKey {
     )
 }
 
+/// Merges objects with the same key: one owner's routes on one Gateway each render the Gateway's
+/// `EnvoyPatchPolicy` (same name), whose `jsonPatches` are united in order without repeats (the
+/// feed cluster is added once); other kinds with the same key are identical and kept once.
+pub fn merge_same_key(objects: Vec<DynamicObject>) -> Vec<DynamicObject> {
+    let mut out: Vec<DynamicObject> = vec![];
+    for o in objects {
+        let Some(prev) = out.iter_mut().find(|p| key_of(p) == key_of(&o)) else {
+            out.push(o);
+            continue;
+        };
+        if let (Some(have), Some(more)) = (prev.data["spec"]["jsonPatches"].as_array().cloned(), o.data["spec"]["jsonPatches"].as_array()) {
+            let mut merged = have;
+            for p in more {
+                if !merged.contains(p) {
+                    merged.push(p.clone());
+                }
+            }
+            prev.data["spec"]["jsonPatches"] = serde_json::Value::Array(merged);
+        }
+    }
+    out.sort_by_key(key_of);
+    out
+}
+
 /// Ancestor entry with the three policy conditions.
 pub fn ancestor(aref: AncestorRef, conds: [(bool, &str, String); 3], generation: Option<i64>, now: &Time) -> PolicyAncestorStatus {
     let [a, r, p] = conds;

@@ -130,12 +130,29 @@ async fn apply(policy: &InferenceRoutingPolicy, ctx: &Context) -> Result<Action>
             continue;
         }
         let out = program::resolve_and_render(ctx, &owner, &intent, &owner.namespace, route, &path, generation, &now).await?;
+        // One policy, one feed: every route it programs must route the same backend's endpoints.
+        if let (Some(first), Some(this)) = (&feed, &out.feed) {
+            if first.backend != this.backend {
+                let msg = format!(
+                    "HTTPRoute {route} routes backend {:?}, but this policy already routes {:?} (one backend per policy: set spec.backend, or use one policy per backend)",
+                    this.backend, first.backend
+                );
+                ancestors.push(ancestor(
+                    route_ref(&owner.namespace, route),
+                    [(true, reason::ACCEPTED, "policy accepted".into()), (false, reason::BACKEND_MISMATCH, msg.clone()), (false, reason::BACKEND_MISMATCH, msg)],
+                    generation,
+                    &now,
+                ));
+                continue;
+            }
+        }
         ancestors.extend(out.ancestors);
         objects.extend(out.objects);
         if feed.is_none() {
             feed = out.feed;
         }
     }
+    let objects = program::merge_same_key(objects);
 
     program::apply_all(ctx, &objects).await?;
     let keep: BTreeSet<_> = objects.iter().map(program::key_of).collect();

@@ -167,8 +167,8 @@ async fn istio_provider_is_detected_from_the_gateway_class() {
     let _: InferenceRoutingPolicy = create(&client, NS, policy(NS, "chat-routing", "chat", json!({"failureMode": "FailClosed"}))).await;
     reconcile_policy(&client, &ctx, "chat-routing").await;
     let objs = owned_objects(&client).await;
-    assert_eq!(objs, vec![("EnvoyFilter".to_string(), GW_NS.to_string(), "warmpath-llm-chat".to_string())]);
-    let ef = get_owned(&client, "EnvoyFilter", GW_NS, "warmpath-llm-chat").await.unwrap();
+    assert_eq!(objs, vec![("EnvoyFilter".to_string(), GW_NS.to_string(), "warmpath-policy-llm-chat-routing".to_string())]);
+    let ef = get_owned(&client, "EnvoyFilter", GW_NS, "warmpath-policy-llm-chat-routing").await.unwrap();
     assert_eq!(ef.data["spec"]["targetRefs"][0]["kind"], "Gateway");
     let wasm = wasm_plugin_config(&ef);
     assert_eq!(wasm["failure_policy"], "FAIL_CLOSED");
@@ -345,5 +345,56 @@ async fn envoy_gateway_patches_the_xds_listener_of_each_attached_port() {
             .map(|p| p["name"].as_str().unwrap())
             .collect();
         assert_eq!(names, want, "{section:?}");
+    }
+}
+
+/// A policy targeting two HTTPRoutes on one Gateway: both routes are programmed from one backend —
+/// Envoy Gateway: one `EnvoyExtensionPolicy` per route and one `EnvoyPatchPolicy` for the Gateway
+/// holding the feed cluster once and the option operation for both routes' filters; Istio: one
+/// `EnvoyFilter` (one filter instance) for the policy. A third route on another backend is refused
+/// with `BackendMismatch` and gets nothing.
+#[tokio::test]
+async fn one_policy_on_several_routes_of_one_gateway() {
+    for controller in [EG_CONTROLLER, ISTIO_CONTROLLER] {
+        let mut objs = base(controller);
+        objs.push(service(NS, "other", 8000));
+        let client = fixtures::client(objs).await;
+        for (route, svc) in [("chat", "vllm"), ("chat-v2", "vllm"), ("embed", "other")] {
+            let _: HttpRoute = create(&client, NS, http_route(NS, route, GW_NS, "inference-gw", svc, 8000, json!({}))).await;
+        }
+        let ctx = fixtures::context(client.clone());
+        let mut p = policy(NS, "multi", "chat", json!({}));
+        p["spec"]["targetRefs"] = json!([
+            {"group": "gateway.networking.k8s.io", "kind": "HTTPRoute", "name": "chat"},
+            {"group": "gateway.networking.k8s.io", "kind": "HTTPRoute", "name": "chat-v2"},
+            {"group": "gateway.networking.k8s.io", "kind": "HTTPRoute", "name": "embed"}]);
+        let _: InferenceRoutingPolicy = create(&client, NS, p).await;
+        reconcile_policy(&client, &ctx, "multi").await;
+        let owned = owned_objects(&client).await;
+        let st = get_policy(&client, "multi").await.status.clone().unwrap();
+        let embed = st.ancestors.iter().find(|a| a.ancestor_ref.name == "embed").expect("embed reported");
+        let c = conditions::find(&embed.conditions, conditions::RESOLVED_REFS).unwrap();
+        assert_eq!((c.status.as_str(), c.reason.as_str()), ("False", "BackendMismatch"), "{controller}: {c:?}");
+        assert!(c.message.contains("other") && c.message.contains("vllm"), "{}", c.message);
+        if controller == EG_CONTROLLER {
+            let s = |k: &str, ns: &str, n: &str| (k.to_string(), ns.to_string(), n.to_string());
+            assert_eq!(owned, vec![
+                s("BackendTrafficPolicy", NS, "warmpath-chat"),
+                s("BackendTrafficPolicy", NS, "warmpath-chat-v2"),
+                s("EnvoyExtensionPolicy", NS, "warmpath-chat"),
+                s("EnvoyExtensionPolicy", NS, "warmpath-chat-v2"),
+                s("EnvoyPatchPolicy", GW_NS, "warmpath-feed-policy-llm-multi"),
+            ]);
+            let epp = get_owned(&client, "EnvoyPatchPolicy", GW_NS, "warmpath-feed-policy-llm-multi").await.unwrap();
+            let patches = epp.data["spec"]["jsonPatches"].as_array().unwrap();
+            let clusters = patches.iter().filter(|p| p["type"] == "type.googleapis.com/envoy.config.cluster.v3.Cluster").count();
+            let paths: Vec<&str> = patches.iter().filter_map(|p| p["operation"]["jsonPath"].as_str()).collect();
+            assert_eq!(clusters, 1, "the feed cluster is added once");
+            assert_eq!(paths.len(), 2, "{paths:?}");
+            assert!(paths[0].contains("/llm/warmpath-chat/wasm/0") && paths[1].contains("/llm/warmpath-chat-v2/wasm/0"), "{paths:?}");
+        } else {
+            let s = |k: &str, ns: &str, n: &str| (k.to_string(), ns.to_string(), n.to_string());
+            assert_eq!(owned, vec![s("EnvoyFilter", GW_NS, "warmpath-policy-llm-multi")], "one filter instance for the policy");
+        }
     }
 }

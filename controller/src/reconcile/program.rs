@@ -124,26 +124,19 @@ pub async fn resolve_and_render(
 
     // Gateways the route attaches to, with their provider.
     let mut gateways: Vec<(GatewayRef, std::result::Result<Provider, String>)> = vec![];
-    // Gateway → the listener names the route's parentRefs name (`None`: every listener).
-    let mut parents: BTreeMap<(String, String), Option<BTreeSet<String>>> = BTreeMap::new();
+    // Gateway → its parentRefs' (sectionName, port) selectors; `None` in either part matches any listener.
+    let mut parents: BTreeMap<(String, String), Vec<ListenerSelector>> = BTreeMap::new();
     for p in route.spec.parent_refs.iter().flatten().filter(|p| {
         p.kind.as_deref().unwrap_or("Gateway") == "Gateway" && p.group.as_deref().unwrap_or(GATEWAY_API_GROUP) == GATEWAY_API_GROUP
     }) {
         let key = (p.namespace.clone().unwrap_or_else(|| route_ns.to_string()), p.name.clone());
-        let entry = parents.entry(key).or_insert_with(|| Some(BTreeSet::new()));
-        match (&p.section_name, entry.as_mut()) {
-            (Some(section), Some(set)) => {
-                set.insert(section.clone());
-            }
-            (None, _) => *entry = None,
-            (Some(_), None) => {}
-        }
+        parents.entry(key).or_default().push((p.section_name.clone(), p.port));
     }
-    for ((namespace, name), sections) in parents {
+    for ((namespace, name), selectors) in parents {
         let mut gw = GatewayRef { namespace, name, listeners: vec![] };
         let mut provider = provider_of(ctx, &gw).await?;
         if provider == Ok(Provider::EnvoyGateway) {
-            match xds_listeners(ctx, &gw, sections.as_ref()).await? {
+            match xds_listeners(ctx, &gw, &selectors).await? {
                 Ok(l) => gw.listeners = l,
                 Err(msg) => provider = Err(msg),
             }
@@ -214,18 +207,25 @@ pub async fn resolve_and_render(
     Ok(out)
 }
 
+/// A parentRef's listener selection: (`sectionName`, `port`); `None` matches any listener.
+type ListenerSelector = (Option<String>, Option<i32>);
+
 /// Envoy Gateway: the Gateway listeners naming the xDS listeners that serve the route, one per
-/// port (`sections`: the parentRefs' `sectionName`s; `None` = every `HTTP`/`HTTPS` listener).
+/// port: the `HTTP`/`HTTPS` listeners that one of the route's parentRefs selects (by `sectionName` and/or
+/// `port`, as Gateway API defines them; neither set = every listener).
 /// Envoy Gateway merges the Gateway's listeners on one port into one xDS listener named after the
 /// first of them in spec order, so each attached port maps to that first listener's name. The
 /// patch setting `allow_on_headers_stop_iteration` is applied to these xDS listeners.
-async fn xds_listeners(ctx: &Context, gw: &GatewayRef, sections: Option<&BTreeSet<String>>) -> Result<std::result::Result<Vec<String>, String>> {
+async fn xds_listeners(ctx: &Context, gw: &GatewayRef, selectors: &[ListenerSelector]) -> Result<std::result::Result<Vec<String>, String>> {
     let Some(gateway) = Api::<Gateway>::namespaced(ctx.client.clone(), &gw.namespace).get_opt(&gw.name).await? else {
         return Ok(Err(format!("Gateway {}/{} not found", gw.namespace, gw.name)));
     };
     let all = &gateway.spec.listeners;
     let mut listeners: Vec<String> = vec![];
-    for l in all.iter().filter(|l| matches!(l.protocol.as_str(), "HTTP" | "HTTPS") && sections.is_none_or(|s| s.contains(&l.name))) {
+    let selected = |l: &&gateway_api::apis::standard::gateways::GatewayListeners| {
+        selectors.iter().any(|(section, port)| section.as_ref().is_none_or(|s| s == &l.name) && port.is_none_or(|p| p == l.port))
+    };
+    for l in all.iter().filter(|l| matches!(l.protocol.as_str(), "HTTP" | "HTTPS")).filter(selected) {
         let first_on_port = all.iter().find(|o| o.port == l.port).map_or(&l.name, |o| &o.name);
         if !listeners.contains(first_on_port) {
             listeners.push(first_on_port.clone());

@@ -298,7 +298,8 @@ async fn invalid_annotation_changes_nothing() {
 
 /// Envoy Gateway: the option patch goes to the xDS listener of each port the route attaches to,
 /// named after the Gateway's first listener on that port (Envoy Gateway merges listeners by port;
-/// HTTPS included); a route on no HTTP(S) listener gets a clear condition and nothing written.
+/// HTTPS included); parentRefs select by `sectionName` and/or `port`; a route on no HTTP(S) listener
+/// gets a clear condition and nothing written.
 #[tokio::test]
 async fn envoy_gateway_patches_the_xds_listener_of_each_attached_port() {
     let gw = json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway", "metadata": {"name": "inference-gw", "namespace": GW_NS},
@@ -309,11 +310,14 @@ async fn envoy_gateway_patches_the_xds_listener_of_each_attached_port() {
             {"name": "tls-other-host", "port": 443, "protocol": "HTTPS", "hostname": "b.example.com"},
             {"name": "raw", "port": 9000, "protocol": "TCP"}]}});
     let all = vec!["gateways/inference-gw/http", "gateways/inference-gw/http-alt", "gateways/inference-gw/tls"];
-    for (section, want) in [
-        (None, all),
-        (Some("http-alt"), vec!["gateways/inference-gw/http-alt"]),
-        (Some("tls-other-host"), vec!["gateways/inference-gw/tls"]),
-        (Some("raw"), vec![]),
+    for ((section, port), want) in [
+        ((None, None), all),
+        ((Some("http-alt"), None), vec!["gateways/inference-gw/http-alt"]),
+        ((Some("tls-other-host"), None), vec!["gateways/inference-gw/tls"]),
+        ((None, Some(8080)), vec!["gateways/inference-gw/http-alt"]),
+        ((None, Some(443)), vec!["gateways/inference-gw/tls"]),
+        ((Some("http"), Some(443)), vec![]),
+        ((Some("raw"), None), vec![]),
     ] {
         let mut objs = base(EG_CONTROLLER);
         objs[1] = gw.clone();
@@ -322,13 +326,16 @@ async fn envoy_gateway_patches_the_xds_listener_of_each_attached_port() {
         if let Some(s) = section {
             route["spec"]["parentRefs"][0]["sectionName"] = json!(s);
         }
+        if let Some(p) = port {
+            route["spec"]["parentRefs"][0]["port"] = json!(p);
+        }
         let _: HttpRoute = create(&client, NS, route).await;
         let ctx = fixtures::context(client.clone());
         let _: InferenceRoutingPolicy = create(&client, NS, policy(NS, "chat-routing", "chat", json!({}))).await;
         reconcile_policy(&client, &ctx, "chat-routing").await;
         let epp = get_owned(&client, "EnvoyPatchPolicy", GW_NS, EPP_POLICY).await;
         if want.is_empty() {
-            assert!(epp.is_none(), "{section:?}: nothing written for a TCP-only attachment");
+            assert!(epp.is_none(), "{section:?} {port:?}: nothing written without an HTTP(S) listener");
             let p = get_policy(&client, "chat-routing").await;
             let c = condition(&p, conditions::ACCEPTED);
             assert_eq!(c.status, "False");
@@ -344,7 +351,7 @@ async fn envoy_gateway_patches_the_xds_listener_of_each_attached_port() {
             .filter(|p| p["type"] == "type.googleapis.com/envoy.config.listener.v3.Listener")
             .map(|p| p["name"].as_str().unwrap())
             .collect();
-        assert_eq!(names, want, "{section:?}");
+        assert_eq!(names, want, "{section:?} {port:?}");
     }
 }
 

@@ -30,6 +30,7 @@ use std::time::{Duration, Instant};
 use axum::body::Bytes;
 use axum::http::HeaderMap;
 use common::envoy_gateway::{apply_patch_policy, enable_on_route, envoy_gateway_filter, hcm};
+use common::static_cluster;
 use serde_json::{json, Value};
 use warmpath_controller::feed::server::{router, WasmBlob};
 use warmpath_controller::feed::store::FeedStore;
@@ -331,20 +332,6 @@ impl Gateway {
 
 fn is_listener_op(p: &Value) -> bool {
     p["type"] == "type.googleapis.com/envoy.config.listener.v3.Listener"
-}
-
-/// A STATIC cluster over `hosts`, with `lb` as its `load_balancing_policy` if given.
-fn static_cluster(name: &str, hosts: &[SocketAddr], lb: Option<Value>) -> Value {
-    let eps: Vec<Value> = hosts
-        .iter()
-        .map(|a| json!({"endpoint": {"address": {"socket_address": {"address": a.ip().to_string(), "port_value": a.port()}}}}))
-        .collect();
-    let mut c = json!({"name": name, "type": "STATIC", "connect_timeout": "2s",
-        "load_assignment": {"cluster_name": name, "endpoints": [{"lb_endpoints": eps}]}});
-    if let Some(lb) = lb {
-        c["load_balancing_policy"] = lb;
-    }
-    c
 }
 
 /// A system prompt of about `len` characters, distinct per `seed`.

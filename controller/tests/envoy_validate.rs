@@ -47,17 +47,29 @@ fn validate(clusters: Vec<Value>) {
     validate_resources(json!({"clusters": clusters}));
 }
 
-fn validate_resources(static_resources: Value) {
+/// Runs `envoy --mode validate` on a bootstrap with these `static_resources`: `Some((exit status
+/// success, output))`, or `None` (with a SKIP line) when Envoy is not installed.
+fn envoy_validate(static_resources: Value) -> Option<(bool, String)> {
     let Some(envoy) = envoy() else {
         eprintln!("SKIP: .venv/bin/envoy not installed (run scripts/setup.sh)");
-        return;
+        return None;
     };
     let dir = tempfile::tempdir().unwrap();
     let cfg = dir.path().join("envoy.json");
     std::fs::write(&cfg, json!({"static_resources": static_resources}).to_string()).unwrap();
     let out = Command::new(envoy).args(["--mode", "validate", "-c"]).arg(&cfg).output().unwrap();
-    let log = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success() && log.contains("OK"), "Envoy rejected the rendered configuration:\n{log}");
+    Some((out.status.success(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))))
+}
+
+fn validate_resources(static_resources: Value) {
+    if let Some((ok, log)) = envoy_validate(static_resources) {
+        assert!(ok && log.contains("OK"), "Envoy rejected the rendered configuration:\n{log}");
+    }
+}
+
+/// A STATIC stand-in, on 127.0.0.1:8080, for a cluster the gateway already has (`name` is a JSON string).
+fn stand_in_cluster(name: &Value) -> Value {
+    common::static_cluster(name.as_str().expect("cluster name"), &["127.0.0.1:8080".parse().unwrap()], None)
 }
 
 #[tokio::test]
@@ -179,8 +191,7 @@ async fn envoy_gateway_patches_apply_to_envoy_gateway_shaped_listeners() {
     }
     clusters.dedup_by(|a, b| a["name"] == b["name"]);
     for name in ["wasm_cluster", "backend"] {
-        clusters.push(json!({"name": name, "type": "STATIC", "connect_timeout": "2s", "load_assignment": {"cluster_name": name,
-            "endpoints": [{"lb_endpoints": [{"endpoint": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": 8080}}}}]}]}}));
+        clusters.push(stand_in_cluster(&json!(name)));
     }
     validate_resources(json!({"listeners": listeners, "clusters": clusters}));
 }
@@ -194,47 +205,33 @@ async fn istio_wasm_filter_is_valid_envoy_config() {
     let filter = &http["patch"]["value"];
     // Istio pushes the controller Service's outbound cluster; a static stand-in with its name.
     let name = filter["typed_config"]["config"]["vm_config"]["code"]["remote"]["http_uri"]["cluster"].clone();
-    let cluster = json!({"name": name, "type": "STATIC", "connect_timeout": "2s",
-        "load_assignment": {"cluster_name": name, "endpoints": [{"lb_endpoints": [{"endpoint": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": 8080}}}}]}]}});
+    let cluster = stand_in_cluster(&name);
     validate_wasm_filter(filter, cluster);
 }
 
 /// The check has teeth: the same cluster with a typo in the policy's field is refused by Envoy.
 #[test]
 fn envoy_refuses_a_broken_override_host_policy() {
-    let Some(envoy) = envoy() else {
-        eprintln!("SKIP: .venv/bin/envoy not installed (run scripts/setup.sh)");
-        return;
-    };
     let mut policy = warmpath_controller::render::override_host_lb_policy();
     policy["policies"][0]["typed_extension_config"]["typed_config"]["override_host_sourcez"] = json!([]);
     let cluster = json!({"name": "c", "type": "STATIC", "connect_timeout": "1s", "load_balancing_policy": policy,
         "load_assignment": {"cluster_name": "c", "endpoints": []}});
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = dir.path().join("envoy.json");
-    std::fs::write(&cfg, json!({"static_resources": {"clusters": [cluster]}}).to_string()).unwrap();
-    let out = Command::new(envoy).args(["--mode", "validate", "-c"]).arg(&cfg).output().unwrap();
-    assert!(!out.status.success(), "Envoy accepted an unknown field");
+    if let Some((ok, _)) = envoy_validate(json!({"clusters": [cluster]})) {
+        assert!(!ok, "Envoy accepted an unknown field");
+    }
 }
 
 /// The wasm check has teeth too: a misspelled `PluginConfig` field is refused by Envoy.
 #[tokio::test]
 async fn envoy_refuses_a_broken_wasm_filter() {
-    let Some(envoy) = envoy() else {
-        eprintln!("SKIP: .venv/bin/envoy not installed (run scripts/setup.sh)");
-        return;
-    };
     let objs = rendered("istio-annotated.yaml").await;
     let ef = objs.iter().find(|o| o["kind"] == "EnvoyFilter").expect("EnvoyFilter rendered");
     let http = ef["spec"]["configPatches"].as_array().unwrap().iter().find(|p| p["applyTo"] == "HTTP_FILTER").unwrap();
     let mut filter = http["patch"]["value"].clone();
     filter["typed_config"]["config"]["allow_on_headers_stop_iteratoin"] = json!(true);
     let name = filter["typed_config"]["config"]["vm_config"]["code"]["remote"]["http_uri"]["cluster"].clone();
-    let cluster = json!({"name": name, "type": "STATIC", "connect_timeout": "2s",
-        "load_assignment": {"cluster_name": name, "endpoints": [{"lb_endpoints": [{"endpoint": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": 8080}}}}]}]}});
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = dir.path().join("envoy.json");
-    std::fs::write(&cfg, json!({"static_resources": {"listeners": [listener_with(&filter)], "clusters": [cluster]}}).to_string()).unwrap();
-    let out = Command::new(envoy).args(["--mode", "validate", "-c"]).arg(&cfg).output().unwrap();
-    assert!(!out.status.success(), "Envoy accepted an unknown PluginConfig field");
+    let cluster = stand_in_cluster(&name);
+    if let Some((ok, _)) = envoy_validate(json!({"listeners": [listener_with(&filter)], "clusters": [cluster]})) {
+        assert!(!ok, "Envoy accepted an unknown PluginConfig field");
+    }
 }

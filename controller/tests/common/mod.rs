@@ -1,11 +1,13 @@
 //! Helpers shared by the controller's Envoy tests (`envoy_validate`, `envoy_live`): offline
-//! rendering of a `testdata/render` case, and the Envoy Gateway shaping in [`envoy_gateway`].
+//! rendering of a `testdata/render` case, static Envoy clusters, and the Envoy Gateway shaping in
+//! [`envoy_gateway`].
 
 pub mod envoy_gateway;
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use serde_json::Value;
+use serde_json::{json, Value};
 use warmpath_controller::reconcile::ControllerConfig;
 use warmpath_controller::render::{ControllerEndpoint, WasmModule};
 
@@ -24,4 +26,18 @@ pub async fn render_case(case: &str, wasm: WasmModule) -> Vec<Value> {
     let manifests = warmpath_controller::offline::parse_manifests(&text).unwrap();
     let out = warmpath_controller::offline::render(manifests, config).await.unwrap();
     out.objects.iter().map(|o| serde_json::to_value(o).unwrap()).collect()
+}
+
+/// A STATIC cluster over `hosts`, with `lb` as its `load_balancing_policy` if given.
+pub fn static_cluster(name: &str, hosts: &[SocketAddr], lb: Option<Value>) -> Value {
+    let eps: Vec<Value> = hosts
+        .iter()
+        .map(|a| json!({"endpoint": {"address": {"socket_address": {"address": a.ip().to_string(), "port_value": a.port()}}}}))
+        .collect();
+    let mut c = json!({"name": name, "type": "STATIC", "connect_timeout": "2s",
+        "load_assignment": {"cluster_name": name, "endpoints": [{"lb_endpoints": eps}]}});
+    if let Some(lb) = lb {
+        c["load_balancing_policy"] = lb;
+    }
+    c
 }

@@ -15,6 +15,6 @@ if [ ! -f "$wasm" ] && { [ "$cmd" = run ] || [ "$cmd" = render ]; }; then
   cargo build -q -p warmpath-filter --target wasm32-wasip1 --release
 fi
 case "$cmd" in
-  run|render) exec cargo run -q -p warmpath-e2e --bin warmpath-envoy -- "$cmd" --wasm "$wasm" "$@" ;;
-  *) exec cargo run -q -p warmpath-e2e --bin warmpath-envoy -- "$cmd" "$@" ;;
+  run|render) exec cargo run -q -p warmpath-harness --bin warmpath-envoy -- "$cmd" --wasm "$wasm" "$@" ;;
+  *) exec cargo run -q -p warmpath-harness --bin warmpath-envoy -- "$cmd" "$@" ;;
 esac

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 use tokio::task::JoinSet;
 use warmpath_core::Settings;
-use warmpath_e2e::{filter_wasm, EnvoyConfig, EnvoyProcess, FILTER_STAT_PREFIX};
+use warmpath_harness::{filter_wasm, EnvoyConfig, EnvoyProcess, FILTER_STAT_PREFIX};
 use warmpath_sim::{SimConfig, SimServer};
 
 use crate::baselines::Baseline;

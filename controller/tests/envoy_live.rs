@@ -15,20 +15,17 @@
 //! A control runs the same gateway without the patch's listener operation
 //! (`allow_on_headers_stop_iteration`) and shows PREFIX_AWARE requests hanging.
 //!
-//! Everything listens on 127.0.0.1; Envoy is killed and the servers stop when a test ends,
-//! passing or not. Needs `scripts/setup.sh` (Envoy) and the release module
-//! (`cargo build -p warmpath-filter --target wasm32-wasip1 --release`).
+//! Envoy, the release module and the recording upstreams come from `warmpath-harness` (so
+//! `WARMPATH_ENVOY` and `WARMPATH_FILTER_WASM` apply here too). Everything listens on 127.0.0.1;
+//! Envoy is killed and the servers stop when a test ends, passing or not. Needs `scripts/setup.sh`
+//! (Envoy) and the release module (`cargo build -p warmpath-filter --target wasm32-wasip1 --release`).
 
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use axum::body::Bytes;
-use axum::http::HeaderMap;
 use common::envoy_gateway::{apply_patch_policy, enable_on_route, envoy_gateway_filter, hcm};
 use common::static_cluster;
 use serde_json::{json, Value};
@@ -37,6 +34,7 @@ use warmpath_controller::feed::store::FeedStore;
 use warmpath_controller::feed::FeedEndpoint;
 use warmpath_controller::render::{override_host_lb_policy, WasmModule};
 use warmpath_controller::routing::DESTINATION_HEADER;
+use warmpath_harness::{filter_wasm, free_port, EnvoyProcess, Upstream};
 
 /// Envoy worker threads: with more than one, each worker has its own filter VM (and prefix index).
 const CONCURRENCY: u32 = 2;
@@ -46,35 +44,6 @@ const POOL_SIZE: usize = 3;
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 /// The plain-HTTP Gateway listener's xDS listener, the one this gateway serves traffic on.
 const HTTP_LISTENER: &str = "gateways/inference-gateway/http";
-
-/// The release filter module: `$WARMPATH_FILTER_WASM`, else
-/// `$CARGO_TARGET_DIR/wasm32-wasip1/release/warmpath_filter.wasm` (default target `<repo>/target`).
-fn filter_module() -> Vec<u8> {
-    let path = std::env::var_os("WARMPATH_FILTER_WASM").map(PathBuf::from).unwrap_or_else(|| {
-        std::env::var_os("CARGO_TARGET_DIR")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"))
-            .join("wasm32-wasip1/release/warmpath_filter.wasm")
-    });
-    std::fs::read(&path).unwrap_or_else(|e| {
-        panic!(
-            "filter module {}: {e}\nbuild it first: cargo build -p warmpath-filter --target wasm32-wasip1 --release \
-             (with the same CARGO_TARGET_DIR), or set WARMPATH_FILTER_WASM",
-            path.display()
-        )
-    })
-}
-
-fn envoy_binary() -> PathBuf {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.venv/bin/envoy");
-    assert!(p.exists(), "Envoy not found at {} (run scripts/setup.sh)", p.display());
-    p
-}
-
-/// A loopback port that was free a moment ago.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
 
 /// Serves `app` on 127.0.0.1 (a free port) on the test's runtime, which stops it when the test ends.
 async fn serve(app: axum::Router) -> SocketAddr {
@@ -86,115 +55,27 @@ async fn serve(app: axum::Router) -> SocketAddr {
     addr
 }
 
-/// A stand-in model server: answers any request with an OpenAI-style JSON body naming its own
-/// address and the destination header Envoy forwarded to it.
-async fn upstream() -> SocketAddr {
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let me = l.local_addr().unwrap();
-    let app = axum::Router::new().fallback(move |headers: HeaderMap, _body: Bytes| async move {
-        let picked = headers.get(DESTINATION_HEADER).and_then(|v| v.to_str().ok()).map(str::to_string);
-        axum::Json(json!({"object": "chat.completion", "upstream": me.to_string(), "picked": picked,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}]}))
-    });
-    tokio::spawn(async move {
-        let _ = axum::serve(l, app).await;
-    });
-    me
+/// The filter's metrics (`wasmcustom.warmpath.*`), without the `wasmcustom.` prefix.
+async fn filter_stats(envoy: &EnvoyProcess) -> BTreeMap<String, u64> {
+    let s = envoy.stats().await.expect("envoy /stats");
+    s.with_prefix("wasmcustom.warmpath.").map(|(k, v)| (k.trim_start_matches("wasmcustom.").to_string(), v)).collect()
 }
 
-/// A running Envoy; dropping it kills the process (and prints its log when a test failed).
-struct Envoy {
-    child: Child,
-    _dir: tempfile::TempDir,
-    log: PathBuf,
-    admin: u16,
-    listener: u16,
-}
-
-impl Envoy {
-    fn start(bootstrap: &Value, listener: u16, admin: u16) -> Self {
-        let dir = tempfile::Builder::new().prefix("warmpath-envoy-live-").tempdir().unwrap();
-        let (cfg, log) = (dir.path().join("envoy.json"), dir.path().join("envoy.log"));
-        std::fs::write(&cfg, bootstrap.to_string()).unwrap();
-        let out = std::fs::File::create(&log).unwrap();
-        let child = Command::new(envoy_binary())
-            .arg("-c")
-            .arg(&cfg)
-            .args(["--concurrency", &CONCURRENCY.to_string(), "--disable-hot-restart", "--log-level", "info"])
-            .stdin(Stdio::null())
-            .stdout(out.try_clone().unwrap())
-            .stderr(out)
-            .spawn()
-            .expect("spawning envoy");
-        Envoy { child, _dir: dir, log, admin, listener }
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    fn url(&self, path: &str) -> String {
-        format!("http://127.0.0.1:{}{path}", self.listener)
-    }
-
-    /// Waits (at most 30 s: the module is fetched and compiled first) until the admin port says
-    /// ready and the listener accepts connections; panics with the log if Envoy exits.
-    async fn wait_ready(&mut self, http: &reqwest::Client) {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                panic!("envoy exited ({status}) before becoming ready; log:\n{}", self.log());
-            }
-            let ready = http.get(format!("http://127.0.0.1:{}/ready", self.admin)).send().await.is_ok_and(|r| r.status() == 200);
-            if ready && tokio::net::TcpStream::connect(("127.0.0.1", self.listener)).await.is_ok() {
-                return;
-            }
-            assert!(Instant::now() < deadline, "envoy not ready in 30 s; log:\n{}", self.log());
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-
-    /// Counters and gauges whose name matches the regex `filter` (admin `/stats` JSON).
-    async fn stats(&self, http: &reqwest::Client, filter: &str) -> BTreeMap<String, u64> {
-        let url = format!("http://127.0.0.1:{}/stats", self.admin);
-        let doc: Value = http.get(url).query(&[("format", "json"), ("filter", filter)]).send().await.unwrap().json().await.unwrap();
-        doc["stats"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|s| Some((s["name"].as_str()?.to_string(), s["value"].as_u64()?)))
-            .collect()
-    }
-
-    /// The filter's metrics (`wasmcustom.warmpath.*`), without the `wasmcustom.` prefix.
-    async fn filter_stats(&self, http: &reqwest::Client) -> BTreeMap<String, u64> {
-        let s = self.stats(http, r"^wasmcustom\.warmpath\.").await;
-        s.into_iter().map(|(k, v)| (k.trim_start_matches("wasmcustom.").to_string(), v)).collect()
-    }
-
-    /// Connections accepted by each worker on the listener.
-    async fn worker_connections(&self, http: &reqwest::Client) -> Vec<u64> {
-        let filter = format!(r"^listener\.127\.0\.0\.1_{}\.worker_[0-9]+\.downstream_cx_total$", self.listener);
-        self.stats(http, &filter).await.into_values().collect()
-    }
-}
-
-impl Drop for Envoy {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        if std::thread::panicking() {
-            eprintln!("--- envoy log ---\n{}", self.log());
-        }
-    }
+/// Connections accepted by each worker on the listener.
+async fn worker_connections(envoy: &EnvoyProcess) -> Vec<u64> {
+    let s = envoy.stats().await.expect("envoy /stats");
+    let prefix = format!("listener.127.0.0.1_{}.worker_", envoy.config().listener_port);
+    s.with_prefix(&prefix).filter(|(k, _)| k.ends_with(".downstream_cx_total")).map(|(_, v)| v).collect()
 }
 
 /// The gateway under test: Envoy, the controller's server, and the two pools.
 struct Gateway {
-    envoy: Envoy,
+    envoy: EnvoyProcess,
     http: reqwest::Client,
     /// Upstream addresses per route (`chat`, `code`).
     pools: BTreeMap<String, Vec<SocketAddr>>,
+    /// The recording upstreams of both pools, by address.
+    upstreams: BTreeMap<SocketAddr, Upstream>,
 }
 
 /// What an upstream answered.
@@ -210,7 +91,8 @@ impl Gateway {
     /// Gateway-shaped bootstrap, applies the rendered `EnvoyPatchPolicy`s (their listener
     /// operations only if `listener_patches`), and starts Envoy.
     async fn start(listener_patches: bool) -> Self {
-        let blob = WasmBlob::new(filter_module());
+        let module = filter_wasm().expect("release filter module");
+        let blob = WasmBlob::new(std::fs::read(&module).unwrap_or_else(|e| panic!("{}: {e}", module.display())));
         let store = FeedStore::default();
         let server = serve(router(store.clone(), Some(blob.clone()))).await;
         // The module as the controller renders it (run.rs): its URL on the controller Service.
@@ -229,12 +111,14 @@ impl Gateway {
         // Envoy checks them against the rendered sha256).
         let module_uri = format!("http://{server}{}", blob.path());
         let (mut filters, mut routes, mut clusters) = (vec![], vec![], vec![]);
-        let mut pools = BTreeMap::new();
+        let (mut pools, mut upstreams) = (BTreeMap::new(), BTreeMap::new());
         for eep in &eeps {
             let w = &eep["spec"]["wasm"][0];
             assert_eq!(w["code"]["http"], json!({"url": wasm.url, "sha256": blob.sha256}));
             let route = eep["spec"]["targetRefs"][0]["name"].as_str().unwrap().to_string();
-            let pool: Vec<SocketAddr> = futures::future::join_all((0..POOL_SIZE).map(|_| upstream())).await;
+            let started = Upstream::start_many(POOL_SIZE).await.expect("upstreams");
+            let pool: Vec<SocketAddr> = started.iter().map(Upstream::addr).collect();
+            upstreams.extend(started.into_iter().map(|u| (u.addr(), u)));
             // The owner's feed, under the key its plugin configuration polls (`feed.path`).
             let feed_path = w["config"]["feed"]["path"].as_str().unwrap();
             let key = feed_path.strip_prefix("/v1/feed/").unwrap_or_else(|| panic!("feed path {feed_path}"));
@@ -252,7 +136,7 @@ impl Gateway {
         }
         clusters.push(static_cluster("wasm_cluster", &[server], None));
 
-        let (port, admin) = (free_port(), free_port());
+        let (port, admin) = (free_port().unwrap(), free_port().unwrap());
         let mut listeners = vec![json!({"name": HTTP_LISTENER,
             "address": {"socket_address": {"address": "127.0.0.1", "port_value": port}},
             "default_filter_chain": {"filters": [hcm(&filters, routes)]}})];
@@ -294,15 +178,15 @@ impl Gateway {
         // A new connection per request, so requests spread over Envoy's workers (each with its own
         // filter VM and prefix index).
         let http = reqwest::Client::builder().timeout(REQUEST_TIMEOUT).pool_max_idle_per_host(0).build().unwrap();
-        let mut envoy = Envoy::start(&bootstrap, port, admin);
-        envoy.wait_ready(&http).await;
-        Gateway { envoy, http, pools }
+        // At most 30 s: the module is fetched from the controller's server and compiled first.
+        let envoy = EnvoyProcess::start_bootstrap(&bootstrap, port, admin, CONCURRENCY, Duration::from_secs(30)).await.expect("envoy");
+        Gateway { envoy, http, pools, upstreams }
     }
 
     /// POSTs `body` to `path` through Envoy with `headers`; `None` when no answer came within
     /// `timeout`.
     async fn post(&self, path: &str, body: &Value, headers: &[(&str, &str)], timeout: Duration) -> Option<Answer> {
-        let mut req = self.http.post(self.envoy.url(path)).json(body).timeout(timeout);
+        let mut req = self.http.post(format!("{}{path}", self.envoy.url())).json(body).timeout(timeout);
         for (k, v) in headers {
             req = req.header(*k, *v);
         }
@@ -310,7 +194,10 @@ impl Gateway {
             Ok(r) => {
                 assert_eq!(r.status(), 200, "{path}: {:?}", r.text().await);
                 let v: Value = r.json().await.unwrap();
-                Some(Answer { upstream: v["upstream"].as_str().unwrap().parse().unwrap(), picked: v["picked"].as_str().map(str::to_string) })
+                let upstream: SocketAddr = v["upstream"].as_str().unwrap().parse().unwrap();
+                // Requests are sequential: the upstream's last recorded request is this one.
+                let last = self.upstreams[&upstream].requests().pop().expect("the answering upstream recorded the request");
+                Some(Answer { upstream, picked: last.header(DESTINATION_HEADER).map(str::to_string) })
             }
             Err(e) if e.is_timeout() => None,
             Err(e) => panic!("{path}: {e}"),
@@ -321,7 +208,7 @@ impl Gateway {
     async fn stats_until(&self, bound: Duration, done: impl Fn(&BTreeMap<String, u64>) -> bool) -> BTreeMap<String, u64> {
         let deadline = Instant::now() + bound;
         loop {
-            let s = self.envoy.filter_stats(&self.http).await;
+            let s = filter_stats(&self.envoy).await;
             if done(&s) || Instant::now() >= deadline {
                 return s;
             }
@@ -379,7 +266,7 @@ async fn envoy_gateway_rendering_routes_real_traffic_in_envoy() {
         assert_eq!(h.len(), 1, "prefix {p} went to {h:?}");
     }
     // ... across workers: the requests came on new connections, spread over both workers.
-    let workers = gw.envoy.worker_connections(&gw.http).await;
+    let workers = worker_connections(&gw.envoy).await;
     assert!(workers.len() == CONCURRENCY as usize && workers.iter().all(|n| *n > 0), "connections per worker: {workers:?}");
 
     // (b) /code: the least-outstanding-requests filter picks among the code pool only.
@@ -425,7 +312,7 @@ async fn envoy_gateway_rendering_routes_real_traffic_in_envoy() {
 async fn without_the_patch_option_prefix_aware_requests_hang() {
     let gw = Gateway::start(false).await;
     // The /chat route and its filter work: a request without a body is routed at header time.
-    let got = gw.http.get(gw.envoy.url("/chat/v1/models")).send().await.expect("GET /chat completes");
+    let got = gw.http.get(format!("{}/chat/v1/models", gw.envoy.url())).send().await.expect("GET /chat completes");
     assert_eq!(got.status(), 200);
     // Not a timing assertion: a request that completes at all shows the option is not needed.
     let body = chat_body(&prompt("control", 3000), "question");

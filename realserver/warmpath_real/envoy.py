@@ -1,7 +1,7 @@
 """A real Envoy with the warmpath filter in front of the llama-servers, on loopback.
 
 The bootstrap comes from the project's launcher (`scripts/envoy.sh render`, i.e. `warmpath-envoy render` in
-tests/e2e: one listener, the wasm filter, an `override_host` cluster falling back to least-request), so this
+harness/: one listener, the wasm filter, an `override_host` cluster falling back to least-request), so this
 module holds no Envoy configuration of its own. It only runs `.venv/bin/envoy` on that file and owns the
 process, so that Envoy dies with this client even when the client is killed.
 """

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The wasm filter through a real Envoy: builds the release module for wasm32-wasip1, runs the shell's unit tests,
-# then the end-to-end tests (Envoy --concurrency 2, local upstreams; see tests/e2e/tests/e2e/main.rs).
+# then the harness's own tests (the warmpath-envoy launcher) and the end-to-end tests (Envoy --concurrency 2, local
+# upstreams; see tests/e2e/tests/e2e/main.rs).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export PATH="$PWD/.venv/bin:$PATH"
@@ -9,4 +10,4 @@ target="${CARGO_TARGET_DIR:-$PWD/target}"
 ls -l "$target/wasm32-wasip1/release/warmpath_filter.wasm" >&2
 cargo test -p warmpath-filter --lib
 # Each test starts its own Envoy (2 workers) and upstreams; 2 at a time keeps the 2-core machine responsive.
-cargo test -p warmpath-e2e -- --test-threads 2
+cargo test -p warmpath-harness -p warmpath-e2e -- --test-threads 2

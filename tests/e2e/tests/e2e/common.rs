@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use warmpath_e2e::{filter_wasm, EnvoyConfig, EnvoyProcess, Upstream, DEBUG_HEADER};
+use warmpath_harness::{filter_wasm, EnvoyConfig, EnvoyProcess, Upstream, DEBUG_HEADER};
 
 /// Envoy worker threads in every test (issue 2 asks for `--concurrency 2`).
 pub const CONCURRENCY: u32 = 2;
@@ -82,7 +82,7 @@ impl Rig {
     }
 
     /// Polls `/stats` until `pred` holds (up to 10 s); returns the last stats either way.
-    pub async fn stats_until(&self, pred: impl Fn(&warmpath_e2e::Stats) -> bool) -> warmpath_e2e::Stats {
+    pub async fn stats_until(&self, pred: impl Fn(&warmpath_harness::Stats) -> bool) -> warmpath_harness::Stats {
         let mut s = self.envoy.stats().await.expect("stats");
         for _ in 0..200 {
             if pred(&s) {

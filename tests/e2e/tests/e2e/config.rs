@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use serde_json::json;
-use warmpath_e2e::{workspace_root, EnvoyConfig, EnvoyProcess, FeedCluster, Upstream};
+use warmpath_harness::{workspace_root, EnvoyConfig, EnvoyProcess, FeedCluster, Upstream};
 
 use crate::common::{Rig, CONCURRENCY};
 
@@ -14,7 +14,7 @@ fn addrs() -> Vec<std::net::SocketAddr> {
 
 #[test]
 fn rendered_configs_pass_envoy_validation() {
-    let wasm = warmpath_e2e::filter_wasm().expect("filter module");
+    let wasm = warmpath_harness::filter_wasm().expect("filter module");
     let plugin = EnvoyConfig::plugin_json(&addrs(), json!({}));
     let base = EnvoyConfig::new(addrs(), plugin).ports(10000, 9901);
     let feed = FeedCluster { name: "warmpath_feed".into(), address: "127.0.0.1:8090".parse().expect("addr") };
@@ -34,8 +34,8 @@ fn rendered_configs_pass_envoy_validation() {
 #[test]
 fn committed_envoy_configs_are_current_and_valid() {
     let root = workspace_root();
-    let wasm = warmpath_e2e::filter_wasm().expect("filter module");
-    for (file, cfg) in warmpath_e2e::example_configs() {
+    let wasm = warmpath_harness::filter_wasm().expect("filter module");
+    for (file, cfg) in warmpath_harness::example_configs() {
         let committed = std::fs::read_to_string(root.join(file)).expect("committed config");
         assert_eq!(committed, cfg.render_static_yaml(), "{file} is stale: run `scripts/envoy.sh examples`");
         // The committed file names the module relative to the workspace root; validate with the built module.

@@ -77,12 +77,12 @@ async fn body_over_max_body_bytes_is_served_unparsed() {
 /// bodies are served: a body gets 200 with the filter exactly when it gets 200 without it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn filter_keeps_envoys_body_limit_behaviour() {
-    let upstreams = warmpath_e2e::Upstream::start_many(3).await.expect("upstreams");
+    let upstreams = warmpath_harness::Upstream::start_many(3).await.expect("upstreams");
     let with = Rig::config(&upstreams, json!({}));
     let mut without = with.clone();
     without.wasm = None;
-    let with = warmpath_e2e::EnvoyProcess::start(with, crate::common::CONCURRENCY).await.expect("envoy");
-    let without = warmpath_e2e::EnvoyProcess::start(without, crate::common::CONCURRENCY).await.expect("envoy");
+    let with = warmpath_harness::EnvoyProcess::start(with, crate::common::CONCURRENCY).await.expect("envoy");
+    let without = warmpath_harness::EnvoyProcess::start(without, crate::common::CONCURRENCY).await.expect("envoy");
     let client = reqwest::Client::new();
     for size in [4 << 10, 512 << 10, 1536 << 10, 3 << 20] {
         let body = json!({"model": "m", "messages": [{"role": "user", "content": "z".repeat(size)}]}).to_string();
@@ -115,7 +115,7 @@ async fn non_utf8_header_values_are_harmless() {
             .await
             .expect("request");
         assert_eq!(r.status(), 200);
-        let decision = r.headers().get(warmpath_e2e::DEBUG_HEADER).and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
+        let decision = r.headers().get(warmpath_harness::DEBUG_HEADER).and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
         assert!(decision.ends_with("fail_open;matched=0"), "{decision:?}");
     }
     // The VM is alive and still decides normal requests.

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 use warmpath_core::feed::{FeedEndpoint, FeedLoad, FeedSnapshot};
-use warmpath_e2e::{filter_wasm, EnvoyConfig, EnvoyProcess, FeedCluster, FeedServer, Stats, Upstream};
+use warmpath_harness::{filter_wasm, EnvoyConfig, EnvoyProcess, FeedCluster, FeedServer, Stats, Upstream};
 
 use crate::common::{prompt, Rig, CONCURRENCY};
 

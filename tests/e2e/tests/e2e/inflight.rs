@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use serde_json::json;
-use warmpath_e2e::{EnvoyProcess, Stats};
+use warmpath_harness::{EnvoyProcess, Stats};
 
 use crate::common::{prompt, Rig, CONCURRENCY};
 
@@ -58,7 +58,7 @@ async fn counters_return_to_zero_after_client_aborts() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn counters_return_to_zero_after_upstream_timeouts() {
-    let upstreams = warmpath_e2e::Upstream::start_many(3).await.expect("upstreams");
+    let upstreams = warmpath_harness::Upstream::start_many(3).await.expect("upstreams");
     let mut cfg = Rig::config(&upstreams, json!({"strategy": "PREFIX_AWARE"}));
     cfg.route_timeout_s = 1;
     let envoy = EnvoyProcess::start(cfg, CONCURRENCY).await.expect("envoy");

@@ -23,10 +23,10 @@ async fn same_prefix_lands_on_one_upstream() {
     // Every upstream received exactly the destination header naming itself: the pick is what Envoy honoured.
     for u in &rig.upstreams {
         for req in u.requests() {
-            assert_eq!(req.header(warmpath_e2e::DESTINATION_HEADER), Some(u.addr().to_string().as_str()));
+            assert_eq!(req.header(warmpath_harness::DESTINATION_HEADER), Some(u.addr().to_string().as_str()));
         }
     }
-    let picks = |s: &warmpath_e2e::Stats| s.sum_prefix("wasmcustom.warmpath.decisions.prefix_aware.");
+    let picks = |s: &warmpath_harness::Stats| s.sum_prefix("wasmcustom.warmpath.decisions.prefix_aware.");
     let s = rig.stats_until(|s| picks(s) >= 30).await;
     assert_eq!(picks(&s), 30, "30 requests, 30 decisions");
     assert_eq!(

@@ -13,7 +13,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use serde_json::json;
-use warmpath_e2e::{filter_wasm, EnvoyConfig, EnvoyProcess, Stats, Upstream, DESTINATION_HEADER, ORIGINAL_DST_HEADER};
+use warmpath_harness::{filter_wasm, EnvoyConfig, EnvoyProcess, Stats, Upstream, DESTINATION_HEADER, ORIGINAL_DST_HEADER};
 
 use crate::common::{prompt, Rig, CONCURRENCY};
 

@@ -2,7 +2,7 @@
 //! `x-envoy-original-dst-host` are removed on every request, including fail-open ones.
 
 use serde_json::json;
-use warmpath_e2e::{DESTINATION_HEADER, ORIGINAL_DST_HEADER};
+use warmpath_harness::{DESTINATION_HEADER, ORIGINAL_DST_HEADER};
 
 use crate::common::{prompt, Rig};
 
@@ -11,10 +11,10 @@ const FOREIGN: &str = "10.9.9.9:9999";
 /// The filter alone (no native header_mutation in front of it) strips the headers.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_destination_headers_are_not_honoured() {
-    let upstreams = warmpath_e2e::Upstream::start_many(3).await.expect("upstreams");
+    let upstreams = warmpath_harness::Upstream::start_many(3).await.expect("upstreams");
     let mut cfg = Rig::config(&upstreams, json!({"strategy": "PREFIX_AWARE"}));
     cfg.strip_in_envoy = false;
-    let envoy = warmpath_e2e::EnvoyProcess::start(cfg, crate::common::CONCURRENCY).await.expect("envoy");
+    let envoy = warmpath_harness::EnvoyProcess::start(cfg, crate::common::CONCURRENCY).await.expect("envoy");
     let rig = Rig { upstreams, envoy, client: reqwest::Client::new() };
     let mut spoofed_requests = 0;
     for i in 0..9 {
@@ -81,10 +81,10 @@ async fn default_config_also_strips_in_envoy() {
 /// The threat the filter closes: without it, Envoy's override_host policy obeys a client-sent header.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_the_filter_a_client_header_would_choose() {
-    let upstreams = warmpath_e2e::Upstream::start_many(3).await.expect("upstreams");
+    let upstreams = warmpath_harness::Upstream::start_many(3).await.expect("upstreams");
     let addrs: Vec<_> = upstreams.iter().map(|u| u.addr()).collect();
-    let cfg = warmpath_e2e::EnvoyConfig::new(addrs.clone(), "{}");
-    let envoy = warmpath_e2e::EnvoyProcess::start(cfg, crate::common::CONCURRENCY).await.expect("envoy");
+    let cfg = warmpath_harness::EnvoyConfig::new(addrs.clone(), "{}");
+    let envoy = warmpath_harness::EnvoyProcess::start(cfg, crate::common::CONCURRENCY).await.expect("envoy");
     let client = reqwest::Client::new();
     let target = addrs[2].to_string();
     for _ in 0..10 {

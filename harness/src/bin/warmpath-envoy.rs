@@ -15,7 +15,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use tokio::signal::unix::{signal, SignalKind};
 use warmpath_core::Settings;
-use warmpath_e2e::{envoy_binary, EnvoyConfig, FeedCluster};
+use warmpath_harness::{envoy_binary, EnvoyConfig, FeedCluster};
 
 #[derive(Parser)]
 #[command(about = "Render, run and validate warmpath Envoy configs")]
@@ -149,14 +149,14 @@ fn main() -> Result<()> {
             std::process::exit(code);
         }
         Cmd::Examples => {
-            for (file, cfg) in warmpath_e2e::example_configs() {
-                std::fs::write(warmpath_e2e::workspace_root().join(file), cfg.render_static_yaml())?;
+            for (file, cfg) in warmpath_harness::example_configs() {
+                std::fs::write(warmpath_harness::workspace_root().join(file), cfg.render_static_yaml())?;
                 println!("wrote {file}");
             }
         }
         Cmd::Validate { files } => {
             for f in files {
-                warmpath_e2e::validate_file(&f)?;
+                warmpath_harness::validate_file(&f)?;
                 println!("{}: OK", f.display());
             }
         }

@@ -5,6 +5,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
+use serde_json::Value;
 
 use crate::config::{to_yaml, EnvoyConfig};
 use crate::paths::{envoy_binary, free_port};
@@ -61,19 +62,25 @@ impl EnvoyProcess {
             std::fs::write(&bootstrap_path, to_yaml(&config.static_bootstrap()))?;
             None
         };
-        let log = std::fs::File::create(&log_path)?;
-        let child = Command::new(envoy_binary()?)
-            .arg("-c")
-            .arg(&bootstrap_path)
-            .args(["--concurrency", &concurrency.to_string()])
-            .args(["--disable-hot-restart", "--log-level", "info", "--log-format", "[%Y-%m-%d %T.%e][%l][%n] %v"])
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .spawn()
-            .context("spawning envoy")?;
+        let child = launch(&bootstrap_path, &log_path, concurrency)?;
         let http = reqwest::Client::builder().timeout(Duration::from_secs(10)).build()?;
         Ok(EnvoyProcess { child, dir, config, lds_path, lds_version: 0, log_path, http })
+    }
+
+    /// Starts Envoy with a bootstrap built elsewhere (for example from a controller's rendered objects) whose
+    /// listener is on `listener_port` and admin on `admin_port`, and waits up to `timeout` until it is ready (a
+    /// remotely fetched module is fetched and compiled first). [`Self::config`] then carries only the two ports.
+    pub async fn start_bootstrap(bootstrap: &Value, listener_port: u16, admin_port: u16, concurrency: u32, timeout: Duration) -> Result<Self> {
+        let config = EnvoyConfig::new(vec![], "{}").ports(listener_port, admin_port);
+        let dir = tempfile::Builder::new().prefix("warmpath-envoy-").tempdir()?;
+        let bootstrap_path = dir.path().join("envoy.json");
+        let log_path = dir.path().join("envoy.log");
+        std::fs::write(&bootstrap_path, bootstrap.to_string())?;
+        let child = launch(&bootstrap_path, &log_path, concurrency)?;
+        let http = reqwest::Client::builder().timeout(Duration::from_secs(10)).build()?;
+        let p = EnvoyProcess { child, dir, config, lds_path: None, lds_version: 0, log_path, http };
+        p.wait_ready(timeout).await?;
+        Ok(p)
     }
 
     /// Runs `envoy --mode validate` on the static bootstrap of `config`; returns Envoy's output on success and an
@@ -203,10 +210,25 @@ impl Drop for EnvoyProcess {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
-        if std::env::var_os("WARMPATH_KEEP_ENVOY_LOG").is_some() {
+        if std::env::var_os("WARMPATH_KEEP_ENVOY_LOG").is_some() || std::thread::panicking() {
             eprintln!("--- envoy log ({}) ---\n{}", self.log_path.display(), self.log());
         }
     }
+}
+
+/// Spawns `envoy -c bootstrap --concurrency N` on loopback with its output in `log_path`.
+fn launch(bootstrap_path: &Path, log_path: &Path, concurrency: u32) -> Result<Child> {
+    let log = std::fs::File::create(log_path)?;
+    Command::new(envoy_binary()?)
+        .arg("-c")
+        .arg(bootstrap_path)
+        .args(["--concurrency", &concurrency.to_string()])
+        .args(["--disable-hot-restart", "--log-level", "info", "--log-format", "[%Y-%m-%d %T.%e][%l][%n] %v"])
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .spawn()
+        .context("spawning envoy")
 }
 
 /// Runs `envoy --mode validate -c path`; returns the output on success, an error with the output otherwise.

@@ -1,4 +1,4 @@
-//! warmpath-e2e: a harness that runs a real Envoy with the warmpath wasm filter in front of local upstream HTTP servers.
+//! warmpath-harness: runs a real Envoy with the warmpath wasm filter in front of local upstream HTTP servers.
 //!
 //! The pieces are independent so the end-to-end tests, the overhead benchmark and the demo can share them:
 //! - [`EnvoyConfig`] renders a complete Envoy bootstrap (listener, wasm filter, `override_host` cluster) as YAML;

@@ -345,7 +345,7 @@ fn path_str(p: &Path) -> String {
 }
 
 /// The example plugin configuration committed as `envoy/plugin-config.json`.
-pub const EXAMPLE_PLUGIN_CONFIG: &str = include_str!("../../../envoy/plugin-config.json");
+pub const EXAMPLE_PLUGIN_CONFIG: &str = include_str!("../../envoy/plugin-config.json");
 
 /// The committed example bootstraps (`envoy/*.yaml`, relative to the workspace root) and the configs that render
 /// them: three model servers on 127.0.0.1:8001-8003, listener 10000, admin 9901, the module at the default cargo

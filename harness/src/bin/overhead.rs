@@ -4,7 +4,7 @@
 //! (user + system time of the Envoy process from `/proc/<pid>/stat`, measured around each bounded run). All configs
 //! run side by side and are measured in alternation `--rounds` times; medians are reported.
 //!
-//! `cargo run -p warmpath-e2e --release --bin overhead -- [--requests 20000] [--connections 16] [--rounds 5]
+//! `cargo run -p warmpath-harness --release --bin overhead -- [--requests 20000] [--connections 16] [--rounds 5]
 //!  [--filter PREFIX_AWARE] [--filter RANDOM] [--filter STRATEGY=/path/to/variant.wasm]`
 //! (needs the release wasm module and `.venv/bin/envoy`).
 
@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Result};
 use clap::Parser;
 use serde_json::json;
-use warmpath_e2e::{filter_wasm, EnvoyConfig, EnvoyProcess, Upstream};
+use warmpath_harness::{filter_wasm, EnvoyConfig, EnvoyProcess, Upstream};
 
 #[derive(Parser)]
 #[command(about = "Envoy + warmpath filter overhead vs plain Envoy (4 KB chat bodies)")]

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use warmpath_e2e::{filter_wasm, free_port};
+use warmpath_harness::{filter_wasm, free_port};
 
 const LAUNCHER: &str = env!("CARGO_BIN_EXE_warmpath-envoy");
 

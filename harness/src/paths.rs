@@ -5,10 +5,10 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 
-/// The workspace root (two levels above this crate's manifest).
+/// The workspace root (the parent of this crate's manifest directory).
 pub fn workspace_root() -> PathBuf {
     let here = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    here.parent().and_then(|p| p.parent()).map(PathBuf::from).unwrap_or(here)
+    here.parent().map(PathBuf::from).unwrap_or(here)
 }
 
 /// The Envoy binary: `$WARMPATH_ENVOY`, else `<workspace>/.venv/bin/envoy` (installed by `scripts/setup.sh`).

@@ -20,11 +20,6 @@ pub mod run;
 /// Scale-out timeline calculator for cache warming (issue 6).
 pub mod timeline;
 
-/// Test helpers: object builders and an in-memory API client (`kube-fake-client`) that knows every
-/// type the controller reads or writes. Compiled for the crate's unit tests only.
-#[cfg(test)]
-pub mod fixtures;
-
 pub use error::{Error, Result};
 
 /// Field manager used for every server-side apply the controller makes. Fixed, so that a restarted

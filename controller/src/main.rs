@@ -101,10 +101,6 @@ enum Cmd {
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    // Two rustls crypto providers are compiled in (kube: ring; jsonschema's reqwest: aws-lc-rs), so
-    // rustls cannot pick one by itself and panics on the first TLS client (every `run` against a
-    // real API server). Pick ring, kube's default. Err only means one is already installed.
-    let _ = rustls::crypto::ring::default_provider().install_default();
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
         .with_writer(std::io::stderr)

@@ -1,24 +1,22 @@
-//! `warmpath-controller render -f FILE...`: runs the real routing reconcilers against an
-//! in-memory API server (`kube-fake-client`) loaded with the given manifests, and returns every
-//! object they would create plus the policies' resulting status — like `helm template`, for review
-//! and golden tests. Nothing leaves the process.
+//! `warmpath-controller render -f FILE...`: the routing reconcilers' plans (what each policy and
+//! annotated HTTPRoute resolves to, the objects they would apply and the policies' status) computed
+//! from the given manifests alone — like `helm template`, for review and golden tests. No API
+//! client: the plans read the manifests through [`Source::Manifests`], and nothing leaves the
+//! process.
 //!
 //! Determinism: objects without `metadata.uid` get one derived from their kind/namespace/name, and
 //! objects without `creationTimestamp` get document order (1 s apart from the epoch), so the
 //! output (owner references, labels, conflict resolution) is stable.
 
-use std::sync::Arc;
-
-use gateway_api::apis::standard::{gatewayclasses::GatewayClass, gateways::Gateway, httproutes::HttpRoute};
-use kube::api::{Api, ListParams};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::core::DynamicObject;
-use kube::Client;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-use crate::crd::routing_policy::InferenceRoutingPolicy;
-use crate::foreign::{self, handles::*};
-use crate::reconcile::{route_annotations, routing_policy, Context, ControllerConfig};
+use crate::reconcile::route_annotations::{self, RoutePlan};
+use crate::reconcile::routing_policy::{self, PolicyPlan};
+use crate::reconcile::source::{Manifests, Source};
+use crate::reconcile::ControllerConfig;
 use crate::routing::ANNOTATION_STRATEGY;
 
 /// Result of an offline render.
@@ -73,74 +71,23 @@ fn normalise(mut objects: Vec<Value>) -> Vec<Value> {
     objects
 }
 
-/// An in-memory API client knowing the kinds routing reads and writes.
+/// Renders what the controller would create for `manifests`: the routing plan of every policy
+/// (oldest first wins a contested route, as on a cluster) and of every annotated HTTPRoute that no
+/// policy overrides. A pure function of its input.
 ///
-/// Errors: an object cannot be loaded (unknown kind, missing name).
-pub async fn client(objects: Vec<Value>) -> Result<Client, String> {
-    kube_fake_client::ClientBuilder::new()
-        .with_resource::<InferenceRoutingPolicy>()
-        .with_status_subresource::<InferenceRoutingPolicy>()
-        .with_resource::<HttpRoute>()
-        .with_resource::<Gateway>()
-        .with_resource::<GatewayClass>()
-        .with_resource::<EnvoyExtensionPolicy>()
-        .with_resource::<BackendTrafficPolicy>()
-        .with_resource::<EnvoyPatchPolicy>()
-        .with_resource::<EnvoyFilter>()
-        .with_resource::<InferencePool>()
-        .with_runtime_objects(objects)
-        .build()
-        .await
-        .map_err(|e| format!("loading manifests: {e}"))
-}
-
-/// Renders what the controller would create for `manifests`.
-///
-/// Errors: manifests that cannot be loaded, or an API error inside the in-memory server.
+/// Errors: a manifest of a kind routing reads that does not match its schema, or a policy or route
+/// without a name.
 pub async fn render(manifests: Vec<Value>, config: ControllerConfig) -> Result<Rendered, String> {
-    let client = client(normalise(manifests)).await?;
-    let ctx = Arc::new(Context::new(client.clone(), config));
+    let m = Manifests::from_values(normalise(manifests))?;
+    let src = Source::Manifests(&m);
+    let now = Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH);
     let err = |e: crate::Error| e.to_string();
-    let policies = Api::<InferenceRoutingPolicy>::all(client.clone()).list(&ListParams::default()).await.map_err(|e| e.to_string())?;
-    for p in &policies.items {
-        let api = Api::<InferenceRoutingPolicy>::namespaced(client.clone(), &p.metadata.namespace.clone().unwrap_or_default());
-        // Twice: the first pass adds the finalizer, as on a cluster.
-        for _ in 0..2 {
-            let cur = api.get(p.metadata.name.as_deref().unwrap_or_default()).await.map_err(|e| e.to_string())?;
-            routing_policy::reconcile(Arc::new(cur), ctx.clone()).await.map_err(err)?;
-        }
-    }
-    let routes = Api::<HttpRoute>::all(client.clone()).list(&ListParams::default()).await.map_err(|e| e.to_string())?;
-    for r in routes.items.iter().filter(|r| r.metadata.annotations.as_ref().is_some_and(|a| a.contains_key(ANNOTATION_STRATEGY))) {
-        let api = Api::<HttpRoute>::namespaced(client.clone(), &r.metadata.namespace.clone().unwrap_or_default());
-        for _ in 0..2 {
-            let cur = api.get(r.metadata.name.as_deref().unwrap_or_default()).await.map_err(|e| e.to_string())?;
-            route_annotations::reconcile(Arc::new(cur), ctx.clone()).await.map_err(err)?;
-        }
-    }
-
     let mut out = Rendered::default();
-    for ar in foreign::owned_kinds() {
-        let list = Api::<DynamicObject>::all_with(client.clone(), &ar)
-            .list(&ListParams::default().labels(&format!("{}={}", crate::render::LABEL_MANAGED_BY, crate::FIELD_MANAGER)))
-            .await
-            .map_err(|e| e.to_string())?;
-        for mut o in list.items {
-            o.types = Some(kube::core::TypeMeta { api_version: ar.api_version.clone(), kind: ar.kind.clone() });
-            o.metadata.resource_version = None;
-            o.metadata.uid = None;
-            o.metadata.generation = None;
-            o.metadata.creation_timestamp = None;
-            o.metadata.managed_fields = None;
-            out.objects.push(o);
-        }
-    }
-    out.objects.sort_by_key(crate::reconcile::program::key_of);
-    let mut policies = Api::<InferenceRoutingPolicy>::all(client.clone()).list(&ListParams::default()).await.map_err(|e| e.to_string())?.items;
-    // The in-memory server lists in hash order; sort for stable output.
+    let mut policies = m.policies.clone();
     policies.sort_by_key(|p| (p.metadata.namespace.clone(), p.metadata.name.clone()));
-    for p in policies {
-        for a in p.status.iter().flat_map(|s| s.ancestors.iter()) {
+    for p in policies.iter().filter(|p| p.metadata.deletion_timestamp.is_none()) {
+        let plan = routing_policy::plan(p, src, &config, &now).await.map_err(err)?;
+        for a in plan.ancestors().iter().take(16) {
             for c in &a.conditions {
                 out.status.push(format!(
                     "InferenceRoutingPolicy {}/{} {} {}: {}={} ({}){}",
@@ -155,6 +102,15 @@ pub async fn render(manifests: Vec<Value>, config: ControllerConfig) -> Result<R
                 ));
             }
         }
+        if let PolicyPlan::Program { objects, .. } = plan {
+            out.objects.extend(objects);
+        }
     }
+    for r in m.routes.iter().filter(|r| r.metadata.annotations.as_ref().is_some_and(|a| a.contains_key(ANNOTATION_STRATEGY))) {
+        if let RoutePlan::Program { outcome, .. } = route_annotations::plan(r, src, &config, &now).await.map_err(err)? {
+            out.objects.extend(outcome.objects);
+        }
+    }
+    out.objects.sort_by_key(crate::reconcile::program::key_of);
     Ok(out)
 }

@@ -1,7 +1,9 @@
-//! `warmpath-controller run` builds a TLS client for the API server without panicking. Two rustls
-//! crypto providers are compiled into the binary (kube: ring; jsonschema's reqwest, through
-//! kube-fake-client: aws-lc-rs), and rustls panics on the first TLS client unless the process picks
-//! one (`main` installs ring). The API server here is an HTTPS URL on 127.0.0.1 where nothing
+//! `warmpath-controller run` builds a TLS client for the API server without panicking. rustls
+//! panics on the first TLS client when more than one crypto provider is compiled in and the
+//! process picked none; the binary must carry exactly one (ring, through kube's and reqwest's
+//! rustls features — `cargo tree -e features -i rustls -p warmpath-controller`), which is why the
+//! in-memory API client, whose jsonschema brings aws-lc-rs, lives in `tests/cluster` and not among
+//! this crate's dev-dependencies. The API server here is an HTTPS URL on 127.0.0.1 where nothing
 //! listens: the controller must fail with a connection error and exit non-zero, not panic.
 
 use std::process::Command;

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Node agent (warmpath-agent): unit tests plus downloads against a real S3-compatible server (moto, from PyPI,
+# Node agent (warmpath-agent): unit tests, the node loop against the in-memory API, plus downloads against a real S3-compatible server (moto, from PyPI,
 # installed here into .venv idempotently) and a local HTTP server with Range support.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -9,3 +9,5 @@ if [ ! -x .venv/bin/moto_server ]; then
   .venv/bin/pip install -q --disable-pip-version-check 'moto[server]>=5,<6'
 fi
 cargo test -p warmpath-agent
+# The node loop against the in-memory API (its own cargo run: see tests/cluster/Cargo.toml).
+cargo test -p warmpath-cluster-tests --test node_agent

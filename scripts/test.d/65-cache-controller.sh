@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Cache warming in the controller: reconciler tests against the in-memory API (kube-fake-client),
+# Cache warming in the controller: reconciler tests against the in-memory API (kube-fake-client,
+# tests/cluster),
 # the timeline calculator's tests, the objects rendered for an InferenceEndpoint validated strictly
 # against the Kubernetes OpenAPI schemas (kubernetes-validate) and the custom resources against the
 # chart's CRD schemas (jsonschema), and `helm template` of the agent DaemonSet + RBAC.
@@ -12,7 +13,7 @@ pass=0; failn=0
 ok() { pass=$((pass + 1)); echo "[65-cache] ok: $*"; }
 bad() { failn=$((failn + 1)); echo "[65-cache] FAIL: $*" >&2; }
 
-cargo test -p warmpath-controller --test cache_warming
+cargo test -p warmpath-cluster-tests --test cache_warming
 cargo test -p warmpath-controller --lib -- timeline:: crd::model_cache
 ok "cargo tests (see the runner summaries above)"
 

@@ -122,11 +122,6 @@ fn fail(reason: &str, message: &str) -> ExitCode {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    // Two rustls crypto providers are compiled into this binary (kube: ring; jsonschema's reqwest
-    // via warmpath-controller: aws-lc-rs), so rustls cannot pick one by itself and panics on the
-    // first TLS client (the API server, S3, Hugging Face). Pick ring, kube's default. Err only
-    // means a provider is already installed.
-    let _ = rustls::crypto::ring::default_provider().install_default();
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
         .with_writer(std::io::stderr)

@@ -1,7 +1,7 @@
-//! The agent builds TLS clients without panicking. Two rustls crypto providers are compiled into
-//! the binary (kube: ring; jsonschema's reqwest, through warmpath-controller: aws-lc-rs), and rustls
-//! panics on the first TLS client unless the process picks one (`main` installs ring; without it
-//! the `run` test below panics). Both TLS paths are driven at 127.0.0.1 port 9, where nothing
+//! The agent builds TLS clients without panicking. rustls panics on the first TLS client when more
+//! than one crypto provider is compiled in and the process picked none; the binary must carry
+//! exactly one (ring — `cargo tree -e features -i rustls -p warmpath-agent`; the in-memory API
+//! client, whose jsonschema brings aws-lc-rs, lives in `tests/cluster` for that reason). Both TLS paths are driven at 127.0.0.1 port 9, where nothing
 //! listens: the API server client of `run` (kube), and an `https://` model source of `fetch`
 //! (object_store's reqwest, which picks its provider itself today — checked so it stays so). Each
 //! must fail or keep retrying, never panic.

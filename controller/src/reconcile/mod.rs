@@ -26,6 +26,7 @@ pub mod model_cache;
 pub mod program;
 pub mod route_annotations;
 pub mod routing_policy;
+pub mod source;
 
 /// Shared state handed to every reconciler.
 #[derive(Clone)]
@@ -99,6 +100,3 @@ impl Default for ControllerConfig {
         }
     }
 }
-
-#[cfg(test)]
-mod routing_tests;

@@ -4,16 +4,14 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use gateway_api::apis::standard::gatewayclasses::GatewayClass;
-use gateway_api::apis::standard::gateways::Gateway;
 use gateway_api::apis::standard::httproutes::HttpRoute;
-use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::core::DynamicObject;
 use kube::ResourceExt;
 
-use super::{Context, FeedSource};
+use super::source::Source;
+use super::{Context, ControllerConfig, FeedSource};
 use crate::conditions::{self, reason, ACCEPTED, PROGRAMMED, RESOLVED_REFS};
 use crate::crd::routing_policy::{AncestorRef, PolicyAncestorStatus, CONTROLLER_NAME, GATEWAY_API_GROUP, INFERENCE_POOL_GROUP};
 use crate::render::{self, GatewayRef, Owner, Provider, RenderInput, ResolvedBackend, LABEL_OWNER_UID};
@@ -98,7 +96,8 @@ fn not_programmed() -> (bool, &'static str, String) {
 /// error (missing route, Gateway, backend, unknown provider) becomes an ancestor condition.
 #[allow(clippy::too_many_arguments)]
 pub async fn resolve_and_render(
-    ctx: &Context,
+    src: Source<'_>,
+    config: &ControllerConfig,
     owner: &Owner,
     intent: &RoutingIntent,
     route_ns: &str,
@@ -108,7 +107,7 @@ pub async fn resolve_and_render(
     now: &Time,
 ) -> Result<TargetOutcome> {
     let mut out = TargetOutcome::default();
-    let Some(route) = Api::<HttpRoute>::namespaced(ctx.client.clone(), route_ns).get_opt(route_name).await? else {
+    let Some(route) = src.route(route_ns, route_name).await? else {
         out.ancestors.push(ancestor(
             route_ref(route_ns, route_name),
             [
@@ -134,9 +133,9 @@ pub async fn resolve_and_render(
     }
     for ((namespace, name), selectors) in parents {
         let mut gw = GatewayRef { namespace, name, listeners: vec![] };
-        let mut provider = provider_of(ctx, &gw).await?;
+        let mut provider = provider_of(src, config, &gw).await?;
         if provider == Ok(Provider::EnvoyGateway) {
-            match xds_listeners(ctx, &gw, &selectors).await? {
+            match xds_listeners(src, &gw, &selectors).await? {
                 Ok(l) => gw.listeners = l,
                 Err(msg) => provider = Err(msg),
             }
@@ -158,7 +157,7 @@ pub async fn resolve_and_render(
     }
 
     // Backend: explicit, else the route's first backendRef.
-    let backend = resolve_backend(ctx, intent, &route, route_ns).await?;
+    let backend = resolve_backend(src, intent, &route, route_ns).await?;
 
     for (gw, provider) in &gateways {
         let aref = gateway_ref(gw);
@@ -174,8 +173,8 @@ pub async fn resolve_and_render(
                     provider: *provider,
                     intent,
                     backend,
-                    wasm: &ctx.config.wasm,
-                    controller: &ctx.config.controller,
+                    wasm: &config.wasm,
+                    controller: &config.controller,
                     feed_path,
                 };
                 match render::render(&input) {
@@ -216,8 +215,8 @@ type ListenerSelector = (Option<String>, Option<i32>);
 /// Envoy Gateway merges the Gateway's listeners on one port into one xDS listener named after the
 /// first of them in spec order, so each attached port maps to that first listener's name. The
 /// patch setting `allow_on_headers_stop_iteration` is applied to these xDS listeners.
-async fn xds_listeners(ctx: &Context, gw: &GatewayRef, selectors: &[ListenerSelector]) -> Result<std::result::Result<Vec<String>, String>> {
-    let Some(gateway) = Api::<Gateway>::namespaced(ctx.client.clone(), &gw.namespace).get_opt(&gw.name).await? else {
+async fn xds_listeners(src: Source<'_>, gw: &GatewayRef, selectors: &[ListenerSelector]) -> Result<std::result::Result<Vec<String>, String>> {
+    let Some(gateway) = src.gateway(&gw.namespace, &gw.name).await? else {
         return Ok(Err(format!("Gateway {}/{} not found", gw.namespace, gw.name)));
     };
     let all = &gateway.spec.listeners;
@@ -240,19 +239,15 @@ async fn xds_listeners(ctx: &Context, gw: &GatewayRef, selectors: &[ListenerSele
     Ok(Ok(listeners))
 }
 
-async fn provider_of(ctx: &Context, gw: &GatewayRef) -> Result<std::result::Result<Provider, String>> {
-    if let Some(p) = ctx.config.provider {
+async fn provider_of(src: Source<'_>, config: &ControllerConfig, gw: &GatewayRef) -> Result<std::result::Result<Provider, String>> {
+    if let Some(p) = config.provider {
         return Ok(Ok(p));
     }
-    let Some(gateway) = Api::<Gateway>::namespaced(ctx.client.clone(), &gw.namespace).get_opt(&gw.name).await? else {
+    let Some(gateway) = src.gateway(&gw.namespace, &gw.name).await? else {
         return Ok(Err(format!("Gateway {}/{} not found", gw.namespace, gw.name)));
     };
     let class = &gateway.spec.gateway_class_name;
-    // A field-selected list rather than a get: same result on an API server, and the in-memory
-    // test client (kube-fake-client 0.3) registers every typed resource as namespaced, so a
-    // cluster-scoped get misses there.
-    let lp = ListParams::default().fields(&format!("metadata.name={class}"));
-    let Some(gc) = Api::<GatewayClass>::all(ctx.client.clone()).list(&lp).await?.items.into_iter().next() else {
+    let Some(gc) = src.gateway_class(class).await? else {
         return Ok(Err(format!("GatewayClass {class} not found")));
     };
     Ok(Provider::from_controller_name(&gc.spec.controller_name).ok_or_else(|| {
@@ -260,7 +255,7 @@ async fn provider_of(ctx: &Context, gw: &GatewayRef) -> Result<std::result::Resu
     }))
 }
 
-async fn resolve_backend(ctx: &Context, intent: &RoutingIntent, route: &HttpRoute, route_ns: &str) -> Result<std::result::Result<ResolvedBackend, String>> {
+async fn resolve_backend(src: Source<'_>, intent: &RoutingIntent, route: &HttpRoute, route_ns: &str) -> Result<std::result::Result<ResolvedBackend, String>> {
     let wanted = if let Some(b) = &intent.backend {
         match (&b.service, &b.inference_pool) {
             (Some(s), _) => ResolvedBackend::Service { namespace: route_ns.into(), name: s.name.clone(), port: s.port.clamp(1, 65535) as u16 },
@@ -282,15 +277,7 @@ async fn resolve_backend(ctx: &Context, intent: &RoutingIntent, route: &HttpRout
             (g, k) => return Ok(Err(format!("backendRef kind {k} (group {g:?}) is not a Service or InferencePool"))),
         }
     };
-    let exists = match &wanted {
-        ResolvedBackend::Service { namespace, name, .. } => {
-            Api::<Service>::namespaced(ctx.client.clone(), namespace).get_opt(name).await?.is_some()
-        }
-        ResolvedBackend::InferencePool { namespace, name } => {
-            Api::<DynamicObject>::namespaced_with(ctx.client.clone(), namespace, &foreign::inference_pool()).get_opt(name).await?.is_some()
-        }
-    };
-    Ok(if exists {
+    Ok(if src.backend_exists(&wanted).await? {
         Ok(wanted)
     } else {
         let (kind, ns, name) = match &wanted {

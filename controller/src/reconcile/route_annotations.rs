@@ -12,14 +12,14 @@ use std::time::Duration;
 
 use gateway_api::apis::standard::httproutes::HttpRoute;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{Api, ListParams};
+use kube::api::Api;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 
 use super::routing_policy::{publish, winner};
-use super::{finalizers, program, Context};
-use crate::crd::routing_policy::InferenceRoutingPolicy;
+use super::source::Source;
+use super::{finalizers, program, Context, ControllerConfig};
 use crate::render::Owner;
 use crate::routing::{feed_key, feed_path, RoutingIntent};
 use crate::{Error, Result};
@@ -75,28 +75,64 @@ fn owner_of(r: &HttpRoute) -> Result<Owner> {
     })
 }
 
-async fn apply(route: &HttpRoute, ctx: &Context) -> Result<Action> {
+/// What an annotated route asks for, decided from the objects `src` holds (no writes).
+#[derive(Debug)]
+pub enum RoutePlan {
+    /// Not annotated: nothing of ours should exist.
+    NotAnnotated,
+    /// A policy targets the route and takes precedence over its annotations.
+    Overridden {
+        /// Name of the winning InferenceRoutingPolicy.
+        policy: String,
+    },
+    /// The annotations are invalid (message); nothing changes.
+    Invalid(String),
+    /// Program the outcome's objects (everything else the route owns is swept).
+    Program {
+        /// Strategy named by the annotations (for events).
+        strategy: &'static str,
+        /// Resolution and rendering result.
+        outcome: program::TargetOutcome,
+    },
+}
+
+/// Decides what an annotated `route` programs. Reads only; API errors propagate.
+pub async fn plan(route: &HttpRoute, src: Source<'_>, config: &ControllerConfig, now: &Time) -> Result<RoutePlan> {
     let owner = owner_of(route)?;
     let key = feed_key("httproute", &owner.namespace, &owner.name);
     // Precedence: a policy targeting this route wins over its annotations.
-    let policies = Api::<InferenceRoutingPolicy>::namespaced(ctx.client.clone(), &owner.namespace).list(&ListParams::default()).await?;
-    if let Some(p) = winner(&policies.items, &owner.name) {
-        let removed = program::sweep(ctx, &owner.uid, &BTreeSet::new()).await?;
-        ctx.remove_feed(&key);
-        publish(ctx, route, EventType::Warning, "AnnotationsOverridden",
-            format!("InferenceRoutingPolicy {} targets this route and takes precedence over its warmpath.dev annotations (removed {removed} annotation-owned object(s))", p.name_any())).await;
-        return Ok(Action::requeue(Duration::from_secs(300)));
+    let policies = src.policies(&owner.namespace).await?;
+    if let Some(p) = winner(&policies, &owner.name) {
+        return Ok(RoutePlan::Overridden { policy: p.name_any() });
     }
     let intent = match RoutingIntent::from_annotations(route.annotations()) {
         Some(Ok(i)) => i,
-        Some(Err(msg)) => {
+        Some(Err(msg)) => return Ok(RoutePlan::Invalid(msg)),
+        None => return Ok(RoutePlan::NotAnnotated),
+    };
+    let outcome = program::resolve_and_render(src, config, &owner, &intent, &owner.namespace, &owner.name, &feed_path(&key), route.metadata.generation, now).await?;
+    Ok(RoutePlan::Program { strategy: intent.strategy.as_str(), outcome })
+}
+
+async fn apply(route: &HttpRoute, ctx: &Context) -> Result<Action> {
+    let owner = owner_of(route)?;
+    let key = feed_key("httproute", &owner.namespace, &owner.name);
+    let now = Time(k8s_openapi::jiff::Timestamp::now());
+    let (strategy, out) = match plan(route, Source::Api(&ctx.client), &ctx.config, &now).await? {
+        RoutePlan::Overridden { policy } => {
+            let removed = program::sweep(ctx, &owner.uid, &BTreeSet::new()).await?;
+            ctx.remove_feed(&key);
+            publish(ctx, route, EventType::Warning, "AnnotationsOverridden",
+                format!("InferenceRoutingPolicy {policy} targets this route and takes precedence over its warmpath.dev annotations (removed {removed} annotation-owned object(s))")).await;
+            return Ok(Action::requeue(Duration::from_secs(300)));
+        }
+        RoutePlan::Invalid(msg) => {
             publish(ctx, route, EventType::Warning, "InvalidAnnotation", format!("{msg}; nothing changed")).await;
             return Ok(Action::requeue(Duration::from_secs(300)));
         }
-        None => return Ok(Action::await_change()),
+        RoutePlan::NotAnnotated => return Ok(Action::await_change()),
+        RoutePlan::Program { strategy, outcome } => (strategy, outcome),
     };
-    let now = Time(k8s_openapi::jiff::Timestamp::now());
-    let out = program::resolve_and_render(ctx, &owner, &intent, &owner.namespace, &owner.name, &feed_path(&key), route.metadata.generation, &now).await?;
     program::apply_all(ctx, &out.objects).await?;
     let keep: BTreeSet<_> = out.objects.iter().map(program::key_of).collect();
     program::sweep(ctx, &owner.uid, &keep).await?;
@@ -110,7 +146,7 @@ async fn apply(route: &HttpRoute, ctx: &Context) -> Result<Action> {
         .flat_map(|a| a.conditions.iter().filter(|c| c.status == "False").map(move |c| format!("{}/{}: {} ({})", a.ancestor_ref.kind, a.ancestor_ref.name, c.reason, c.message)))
         .collect();
     if failing.is_empty() {
-        publish(ctx, route, EventType::Normal, "Programmed", format!("strategy {} via annotations: {} object(s)", intent.strategy.as_str(), out.objects.len())).await;
+        publish(ctx, route, EventType::Normal, "Programmed", format!("strategy {strategy} via annotations: {} object(s)", out.objects.len())).await;
     } else {
         publish(ctx, route, EventType::Warning, "NotProgrammed", failing.join("; ")).await;
     }

@@ -8,7 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::api::{Api, Patch, PatchParams};
+use kube::core::DynamicObject;
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType};
 use kube::{Resource, ResourceExt};
@@ -16,7 +17,8 @@ use serde_json::json;
 
 use super::program::{self, ancestor, route_ref};
 use super::finalizers;
-use super::{Context, FeedSource};
+use super::source::Source;
+use super::{Context, ControllerConfig, FeedSource};
 use crate::conditions::reason;
 use crate::crd::routing_policy::{InferenceRoutingPolicy, InferenceRoutingPolicyStatus, PolicyAncestorStatus};
 use crate::render::Owner;
@@ -88,10 +90,41 @@ pub fn winner<'a>(policies: &'a [InferenceRoutingPolicy], route: &str) -> Option
         })
 }
 
-async fn apply(policy: &InferenceRoutingPolicy, ctx: &Context) -> Result<Action> {
+/// What one policy asks for, decided from the objects `src` holds (no writes).
+#[derive(Debug)]
+pub enum PolicyPlan {
+    /// The spec is invalid: report it and touch nothing else (objects from the last good spec stay).
+    Invalid {
+        /// One entry per targeted route, naming the problem.
+        ancestors: Vec<PolicyAncestorStatus>,
+    },
+    /// Program these objects (everything else the policy owns is swept).
+    Program {
+        /// Objects to apply, merged per key.
+        objects: Vec<DynamicObject>,
+        /// Status entries.
+        ancestors: Vec<PolicyAncestorStatus>,
+        /// What the policy's feed scrapes, when a backend resolved.
+        feed: Option<FeedSource>,
+        /// The feed's path on the controller's HTTP server.
+        feed_path: String,
+    },
+}
+
+impl PolicyPlan {
+    /// The status entries, either way.
+    pub fn ancestors(&self) -> &[PolicyAncestorStatus] {
+        match self {
+            PolicyPlan::Invalid { ancestors } | PolicyPlan::Program { ancestors, .. } => ancestors,
+        }
+    }
+}
+
+/// Decides what `policy` programs: validates its spec, settles conflicts with older policies on the
+/// same routes, resolves and renders each targeted route. Reads only; API errors propagate.
+pub async fn plan(policy: &InferenceRoutingPolicy, src: Source<'_>, config: &ControllerConfig, now: &Time) -> Result<PolicyPlan> {
     let owner = owner_of(policy)?;
     let generation = policy.metadata.generation;
-    let now = now();
     let key = feed_key("policy", &owner.namespace, &owner.name);
     let path = feed_path(&key);
     let mut ancestors: Vec<PolicyAncestorStatus> = vec![];
@@ -100,36 +133,34 @@ async fn apply(policy: &InferenceRoutingPolicy, ctx: &Context) -> Result<Action>
     let intent = match RoutingIntent::from_policy(&policy.spec) {
         Ok(i) => i,
         Err(msg) => {
-            // Bad input: report it and touch nothing else (objects from the last good spec stay).
             for t in &targets {
                 ancestors.push(ancestor(
                     route_ref(&owner.namespace, t),
                     [(false, reason::INVALID, msg.clone()), (false, reason::INVALID, msg.clone()), (false, reason::INVALID, "not changed: the spec is invalid".into())],
                     generation,
-                    &now,
+                    now,
                 ));
             }
-            write_status(policy, ctx, ancestors, None).await?;
-            return Ok(Action::requeue(Duration::from_secs(300)));
+            return Ok(PolicyPlan::Invalid { ancestors });
         }
     };
 
-    let all = Api::<InferenceRoutingPolicy>::namespaced(ctx.client.clone(), &owner.namespace).list(&ListParams::default()).await?;
+    let all = src.policies(&owner.namespace).await?;
     let mut objects = vec![];
     let mut feed: Option<FeedSource> = None;
     for route in &targets {
-        let w = winner(&all.items, route);
+        let w = winner(&all, route);
         if let Some(w) = w.filter(|w| w.uid() != policy.uid()) {
             let msg = format!("HTTPRoute {route} is already routed by InferenceRoutingPolicy {} (older)", w.name_any());
             ancestors.push(ancestor(
                 route_ref(&owner.namespace, route),
                 [(false, reason::CONFLICTED, msg.clone()), (true, reason::RESOLVED, String::new()), (false, reason::CONFLICTED, msg)],
                 generation,
-                &now,
+                now,
             ));
             continue;
         }
-        let out = program::resolve_and_render(ctx, &owner, &intent, &owner.namespace, route, &path, generation, &now).await?;
+        let out = program::resolve_and_render(src, config, &owner, &intent, &owner.namespace, route, &path, generation, now).await?;
         // One policy, one feed: every route it programs must route the same backend's endpoints.
         if let (Some(first), Some(this)) = (&feed, &out.feed) {
             if first.backend != this.backend {
@@ -141,7 +172,7 @@ async fn apply(policy: &InferenceRoutingPolicy, ctx: &Context) -> Result<Action>
                     route_ref(&owner.namespace, route),
                     [(true, reason::ACCEPTED, "policy accepted".into()), (false, reason::BACKEND_MISMATCH, msg.clone()), (false, reason::BACKEND_MISMATCH, msg)],
                     generation,
-                    &now,
+                    now,
                 ));
                 continue;
             }
@@ -152,8 +183,19 @@ async fn apply(policy: &InferenceRoutingPolicy, ctx: &Context) -> Result<Action>
             feed = out.feed;
         }
     }
-    let objects = program::merge_same_key(objects);
+    Ok(PolicyPlan::Program { objects: program::merge_same_key(objects), ancestors, feed, feed_path: path })
+}
 
+async fn apply(policy: &InferenceRoutingPolicy, ctx: &Context) -> Result<Action> {
+    let owner = owner_of(policy)?;
+    let key = feed_key("policy", &owner.namespace, &owner.name);
+    let (objects, ancestors, feed, path) = match plan(policy, Source::Api(&ctx.client), &ctx.config, &now()).await? {
+        PolicyPlan::Invalid { ancestors } => {
+            write_status(policy, ctx, ancestors, None).await?;
+            return Ok(Action::requeue(Duration::from_secs(300)));
+        }
+        PolicyPlan::Program { objects, ancestors, feed, feed_path } => (objects, ancestors, feed, feed_path),
+    };
     program::apply_all(ctx, &objects).await?;
     let keep: BTreeSet<_> = objects.iter().map(program::key_of).collect();
     let removed = program::sweep(ctx, &owner.uid, &keep).await?;

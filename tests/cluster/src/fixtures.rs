@@ -1,16 +1,16 @@
 //! Test fixtures: object builders (as JSON, the way users write manifests) and an in-memory API
 //! client (`kube-fake-client`) that knows every kind the controller reads or writes.
-//! Only compiled for tests.
+//! Used by the tests of this crate only.
 
 use kube::api::{Api, PostParams};
 use kube::core::DynamicObject;
 use kube::Client;
 use serde_json::{json, Value};
 
-use crate::crd::routing_policy::InferenceRoutingPolicy;
-use crate::foreign::handles::*;
-use crate::reconcile::{Context, ControllerConfig};
-use crate::render::WasmModule;
+use warmpath_controller::crd::routing_policy::InferenceRoutingPolicy;
+use warmpath_controller::foreign::handles::*;
+use warmpath_controller::reconcile::{Context, ControllerConfig};
+use warmpath_controller::render::WasmModule;
 
 /// Envoy Gateway's GatewayClass controller name.
 pub const EG_CONTROLLER: &str = "gateway.envoyproxy.io/gatewayclass-controller";
@@ -113,7 +113,7 @@ where
 /// Every object of the rendered kinds, as `(Kind, namespace, name)`, sorted.
 pub async fn owned_objects(client: &Client) -> Vec<(String, String, String)> {
     let mut out = vec![];
-    for ar in crate::foreign::owned_kinds() {
+    for ar in warmpath_controller::foreign::owned_kinds() {
         let list = Api::<DynamicObject>::all_with(client.clone(), &ar).list(&Default::default()).await.expect("list");
         for o in list.items {
             out.push((ar.kind.clone(), o.metadata.namespace.unwrap_or_default(), o.metadata.name.unwrap_or_default()));
@@ -125,7 +125,7 @@ pub async fn owned_objects(client: &Client) -> Vec<(String, String, String)> {
 
 /// Fetches one rendered object by kind.
 pub async fn get_owned(client: &Client, kind: &str, ns: &str, name: &str) -> Option<DynamicObject> {
-    let ar = crate::foreign::owned_kinds().into_iter().find(|a| a.kind == kind)?;
+    let ar = warmpath_controller::foreign::owned_kinds().into_iter().find(|a| a.kind == kind)?;
     Api::<DynamicObject>::namespaced_with(client.clone(), ns, &ar).get_opt(name).await.expect("get")
 }
 

@@ -3,6 +3,7 @@
 //! labels and reports on its own Node exactly as the controller reads it, reports failures with their
 //! reason, and removes a cache (files, label, report) once it is deleted or no longer targets the node.
 
+#[path = "../../../controller/agent/tests/common/mod.rs"]
 mod common;
 
 use std::{collections::BTreeMap, sync::Arc};

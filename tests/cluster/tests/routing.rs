@@ -9,10 +9,10 @@ use kube::core::DynamicObject;
 use kube::ResourceExt;
 use serde_json::json;
 
-use super::{route_annotations, routing_policy, Context};
-use crate::conditions;
-use crate::crd::routing_policy::InferenceRoutingPolicy;
-use crate::fixtures::{self, *};
+use warmpath_cluster_tests::fixtures::{self, *};
+use warmpath_controller::conditions;
+use warmpath_controller::crd::routing_policy::InferenceRoutingPolicy;
+use warmpath_controller::reconcile::{route_annotations, routing_policy, Context};
 
 const NS: &str = "llm";
 const GW_NS: &str = "gateways";
@@ -79,7 +79,7 @@ async fn envoy_gateway_create_switch_restart_delete() {
     // An unrelated, user-owned object of a kind we also write: must survive everything below.
     let foreign = json!({"apiVersion": "gateway.envoyproxy.io/v1alpha1", "kind": "BackendTrafficPolicy",
         "metadata": {"name": "users-own", "namespace": NS}, "spec": {"targetRefs": []}});
-    let ar = crate::foreign::backend_traffic_policy();
+    let ar = warmpath_controller::foreign::backend_traffic_policy();
     Api::<DynamicObject>::namespaced_with(client.clone(), NS, &ar)
         .create(&PostParams::default(), &serde_json::from_value(foreign).unwrap())
         .await

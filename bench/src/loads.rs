@@ -3,7 +3,6 @@
 
 use std::time::Duration;
 
-use prometheus_parse::{Scrape, Value};
 use warmpath_core::endpoint::ServerLoad;
 
 /// Counters and gauges of one server, summed over label sets.
@@ -24,40 +23,20 @@ pub struct ServerMetrics {
 }
 
 impl ServerMetrics {
-    /// Parses Prometheus/OpenMetrics text.
+    /// Parses Prometheus/OpenMetrics text with the parser the controller's feed uses
+    /// (`warmpath-server-metrics`); counters a server does not export read as 0.
     ///
-    /// prometheus-parse 0.2 matches metric names with `\w+`, which omits the `:` the exposition format allows
-    /// (and vLLM uses), so `:` in names is mapped to `_` before parsing; label values are untouched.
+    /// Errors: the text is not exposition format, or has none of the known model-server metrics.
     pub fn parse(text: &str) -> anyhow::Result<Self> {
-        let lines = text.lines().map(|l| {
-            let name_end = l.find(['{', ' ']).unwrap_or(l.len());
-            let fixed = if l.starts_with('#') {
-                l.replace(':', "_")
-            } else {
-                format!("{}{}", l[..name_end].replace(':', "_"), &l[name_end..])
-            };
-            Ok(fixed)
-        });
-        let scrape = Scrape::parse(lines)?;
-        let mut m = ServerMetrics::default();
-        for s in scrape.samples {
-            let v = match s.value {
-                Value::Counter(v) | Value::Gauge(v) | Value::Untyped(v) => v,
-                _ => continue,
-            };
-            let metric = s.metric.as_str();
-            let slot = match metric.strip_suffix("_total").unwrap_or(metric) {
-                "vllm_num_requests_running" => &mut m.running,
-                "vllm_num_requests_waiting" => &mut m.waiting,
-                "vllm_kv_cache_usage_perc" | "vllm_gpu_cache_usage_perc" => &mut m.kv_usage,
-                "vllm_prefix_cache_queries" => &mut m.prefix_queries,
-                "vllm_prefix_cache_hits" => &mut m.prefix_hits,
-                "vllm_request_success" => &mut m.requests,
-                _ => continue,
-            };
-            *slot += v;
-        }
-        Ok(m)
+        let m = warmpath_server_metrics::ServerMetrics::parse(text).map_err(anyhow::Error::msg)?;
+        Ok(ServerMetrics {
+            running: m.running,
+            waiting: m.waiting,
+            kv_usage: m.kv_cache_usage.unwrap_or(0.0),
+            prefix_queries: m.prefix_cache_queries.unwrap_or(0.0),
+            prefix_hits: m.prefix_cache_hits.unwrap_or(0.0),
+            requests: m.requests_completed.unwrap_or(0.0),
+        })
     }
 
     /// The load part, as the core's [`ServerLoad`].

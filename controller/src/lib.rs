@@ -1,24 +1,29 @@
-//! warmpath-controller: a kube-rs controller that turns routing intent (the `InferenceRoutingPolicy`
-//! CRD or HTTPRoute annotations) into Envoy Gateway / Istio configuration, serves the endpoint/load
-//! feed the filter polls, and manages cache warming (issue 6).
+//! warmpath-controller: a kube-rs controller with two products.
 //!
-//! Layout: `crd/` holds one file per custom resource (types + schema), `reconcile/` one reconciler
-//! per resource, `conditions`/`error`/`metrics` are shared by all reconcilers, `fixtures` builds
-//! objects and an in-memory API client for tests.
+//! - [`gateway`]: routing. Routing intent (an `InferenceRoutingPolicy` or HTTPRoute annotations) →
+//!   Envoy Gateway / Istio objects → server-side apply; and the endpoint/load feed the filter polls.
+//! - [`warming`]: cache warming. `InferenceEndpoint`, `ModelCache` and `ImageCache` reconcilers
+//!   (weights on node-local disk, image pre-pull) working with the node agent.
+//!
+//! Shared by both: [`reconcile`] (the context every reconciler gets, the finalizer helper),
+//! [`error`], [`metrics`], [`offline`] (the `render` command: what both would create, offline),
+//! [`run`] (the `run` command). The custom resources, conditions and the node contract are the
+//! `warmpath-api` crate, which the node agent uses too.
 
-pub mod conditions;
-pub mod crd;
+/// The shared API (custom resources, conditions, node contract) lives in `warmpath-api`; these
+/// aliases keep the controller's paths short (`crate::crd::model_cache`, `crate::conditions`).
+pub use warmpath_api as crd;
+pub use warmpath_api::conditions;
 pub mod error;
-pub mod feed;
+pub mod gateway;
 pub mod metrics;
 pub mod offline;
-pub mod foreign;
 pub mod reconcile;
-pub mod render;
-pub mod routing;
 pub mod run;
-/// Scale-out timeline calculator for cache warming (issue 6).
-pub mod timeline;
+pub mod warming;
+
+/// Short paths to the routing modules most code names (`crate::render`, `crate::routing`, ...).
+pub use gateway::{feed, foreign, render, routing};
 
 pub use error::{Error, Result};
 
@@ -26,5 +31,4 @@ pub use error::{Error, Result};
 /// controller owns (and re-applies) exactly the fields its predecessor wrote: no duplicates.
 pub const FIELD_MANAGER: &str = "warmpath-controller";
 
-/// API group of every warmpath custom resource.
-pub const API_GROUP: &str = "warmpath.dev";
+pub use warmpath_api::API_GROUP;

@@ -51,10 +51,11 @@ enum Cmd {
         #[arg(long, env = "WARMPATH_METRICS_ADDR", default_value = "0.0.0.0:9090")]
         metrics_addr: SocketAddr,
     },
-    /// Print every object the controller would create for the given manifests (YAML, offline).
-    /// Policy conditions go to stderr.
+    /// Print every object the controller would create for the given manifests (YAML, offline):
+    /// routing (policies, annotated HTTPRoutes) and cache warming (InferenceEndpoints). Policy
+    /// conditions go to stderr.
     Render {
-        /// Manifest files (multi-document YAML): policies, HTTPRoutes, Gateways, GatewayClasses, Services, ...
+        /// Manifest files (multi-document YAML): policies, HTTPRoutes, Gateways, GatewayClasses, Services, InferenceEndpoints, ...
         #[arg(short = 'f', long = "filename", required = true)]
         files: Vec<PathBuf>,
         #[command(flatten)]

@@ -1,6 +1,7 @@
-//! `warmpath-controller render -f FILE...`: the routing reconcilers' plans (what each policy and
-//! annotated HTTPRoute resolves to, the objects they would apply and the policies' status) computed
-//! from the given manifests alone — like `helm template`, for review and golden tests. No API
+//! `warmpath-controller render -f FILE...`: what the controller would create for the given
+//! manifests — the routing reconcilers' plans (what each policy and annotated HTTPRoute resolves
+//! to, the objects they would apply and the policies' status) and the cache-warming objects of each
+//! InferenceEndpoint — computed from the manifests alone — like `helm template`, for review and golden tests. No API
 //! client: the plans read the manifests through [`Source::Manifests`], and nothing leaves the
 //! process.
 //!
@@ -13,11 +14,16 @@ use kube::core::DynamicObject;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-use crate::reconcile::route_annotations::{self, RoutePlan};
-use crate::reconcile::routing_policy::{self, PolicyPlan};
-use crate::reconcile::source::{Manifests, Source};
+use crate::gateway::route_annotations::{self, RoutePlan};
+use crate::gateway::routing_policy::{self, PolicyPlan};
+use crate::gateway::source::{Manifests, Source};
+use crate::crd::image_cache::{image_cache_name, ImageCache, ImageCacheSpec};
+use crate::crd::inference_endpoint::InferenceEndpoint;
+use crate::crd::model_cache::ModelCache;
 use crate::reconcile::ControllerConfig;
 use crate::routing::ANNOTATION_STRATEGY;
+use crate::warming::{image_cache, inference_endpoint as ie};
+use kube::ResourceExt;
 
 /// Result of an offline render.
 #[derive(Debug, Default)]
@@ -111,6 +117,56 @@ pub async fn render(manifests: Vec<Value>, config: ControllerConfig) -> Result<R
             out.objects.extend(outcome.objects);
         }
     }
-    out.objects.sort_by_key(crate::reconcile::program::key_of);
+    for e in &m.endpoints {
+        out.objects.extend(warming_objects(e).map_err(|e| e.to_string())?);
+    }
+    out.objects.sort_by_key(crate::gateway::program::key_of);
     Ok(out)
+}
+
+/// What the cache-warming reconcilers create for one InferenceEndpoint: the ModelCache, the shared
+/// ImageCache and its pre-pull DaemonSet, the Deployment (as created once the weights are ready),
+/// the Service and the InferenceRoutingPolicy.
+///
+/// Errors: an object that cannot be built from the spec (as the reconciler would report it).
+fn warming_objects(e: &InferenceEndpoint) -> crate::Result<Vec<DynamicObject>> {
+    let mut e = e.clone();
+    // Owner references need a uid (`normalise` derived one); the API server assigns the real one.
+    let uid = fake_uid("InferenceEndpoint", &e.namespace().unwrap_or_default(), &e.name_any());
+    e.metadata.uid.get_or_insert(uid);
+    let cache = ie::desired_cache_spec(&e).filter(|_| e.spec.model.volume.is_none()).map(|spec| {
+        let mut mc = ModelCache::new(&ie::cache_name(&e.name_any(), &spec), spec);
+        mc.metadata.namespace = e.namespace();
+        mc
+    });
+    let image = e.spec.model_cache_config.image_cache.enabled.then(|| {
+        let mut ic = ImageCache::new(
+            &image_cache_name(&e.spec.image),
+            ImageCacheSpec {
+                image: e.spec.image.clone(),
+                image_pull_secrets: e.spec.image_pull_secrets.clone(),
+                node_selector: e.spec.node_selector.clone(),
+                command: vec![],
+            },
+        );
+        ic.metadata.namespace = e.namespace();
+        ic.metadata.uid = Some(fake_uid("ImageCache", &e.namespace().unwrap_or_default(), &ic.name_any()));
+        ic
+    });
+    let mut out: Vec<Value> = vec![];
+    let json = |v: serde_json::Result<Value>| v.map_err(|err| crate::Error::InvalidSpec(err.to_string()));
+    if let Some(mc) = &cache {
+        out.push(json(serde_json::to_value(mc))?);
+    }
+    if let Some(ic) = &image {
+        out.push(json(serde_json::to_value(ic))?);
+        out.push(json(serde_json::to_value(image_cache::prepull_daemonset(ic)))?);
+    }
+    let d = ie::deployment(&e, cache.as_ref().map(|m| m.name_any()).as_deref(), image.as_ref().map(|i| i.name_any()).as_deref())?;
+    out.push(json(serde_json::to_value(d))?);
+    out.push(json(serde_json::to_value(ie::service(&e)?))?);
+    if let Some(p) = ie::routing_policy(&e)? {
+        out.push(json(serde_json::to_value(p))?);
+    }
+    out.into_iter().map(|v| serde_json::from_value::<DynamicObject>(v).map_err(|err| crate::Error::InvalidSpec(err.to_string()))).collect()
 }

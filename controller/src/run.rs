@@ -16,7 +16,9 @@ use kube::{Client, ResourceExt};
 
 use crate::crd::routing_policy::InferenceRoutingPolicy;
 use crate::feed::server::{self, WasmBlob};
-use crate::reconcile::{feed_loop, route_annotations, routing_policy, Context, ControllerConfig};
+use crate::feed::refresh;
+use crate::gateway::{route_annotations, routing_policy};
+use crate::reconcile::{Context, ControllerConfig};
 use crate::render::{ControllerEndpoint, Provider, WasmModule};
 
 /// Settings of `run` (command-line flags; the Helm chart fills them from values).
@@ -96,11 +98,10 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         .for_each(|_| futures::future::ready(()));
 
     tokio::select! {
-        // Cache warming (issue 6): InferenceEndpoint, ModelCache and ImageCache controllers.
-        _ = async { tokio::join!(policies, routes, crate::reconcile::inference_endpoint::run_cache_controllers(Arc::new(ctx.clone()))) } => {}
+        _ = async { tokio::join!(policies, routes, crate::warming::run(Arc::new(ctx.clone()))) } => {}
         r = http_srv => r?,
         r = metrics_srv => r?,
-        _ = feed_loop::run(ctx.clone()) => {}
+        _ = refresh::run(ctx.clone()) => {}
     }
     Ok(())
 }

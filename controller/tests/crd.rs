@@ -67,3 +67,17 @@ fn cel_rules() {
     assert!(e.contains("loadFactor must be 0"), "{e}");
     assert_eq!(cel(json!({"targetRefs": target(), "loadFactor": 0.0})), Ok(()));
 }
+
+/// The policy schema's ranges are the filter's own constants (`warmpath_core::config`), so the API
+/// server cannot accept a value the filter refuses, or refuse one it accepts.
+#[test]
+fn policy_schema_ranges_are_the_filters() {
+    use warmpath_core::config::{BLOCK_SIZE_RANGE, CONCURRENCY_THRESHOLD_RANGE, MAX_HEADER_NAME_BYTES, PREFIX_LENGTH_RANGE};
+    let crd = serde_json::to_value(<warmpath_controller::crd::routing_policy::InferenceRoutingPolicy as kube::CustomResourceExt>::crd()).unwrap();
+    let spec = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"];
+    let range = |f: &str| (spec[f]["minimum"].as_f64().unwrap() as u64, spec[f]["maximum"].as_f64().unwrap() as u64);
+    assert_eq!(range("prefixLength"), PREFIX_LENGTH_RANGE);
+    assert_eq!(range("blockSize"), BLOCK_SIZE_RANGE);
+    assert_eq!(range("concurrencyThreshold"), CONCURRENCY_THRESHOLD_RANGE);
+    assert_eq!(spec["tenantHeader"]["maxLength"].as_u64(), Some(MAX_HEADER_NAME_BYTES as u64));
+}

@@ -100,3 +100,19 @@ fn render_refuses_bad_yaml_and_bad_sha() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("64 hex"));
 }
+
+/// The one `render` command covers cache warming too: an InferenceEndpoint renders what the
+/// cache-warming reconcilers create for it, and nothing of the routing kinds by itself.
+#[tokio::test]
+async fn inference_endpoints_render_their_cache_warming_objects() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/cache/endpoint.yaml");
+    let manifests = warmpath_controller::offline::parse_manifests(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let out = warmpath_controller::offline::render(manifests, config()).await.unwrap();
+    let mut kinds: Vec<String> = out.objects.iter().map(|o| o.types.as_ref().unwrap().kind.clone()).collect();
+    kinds.sort();
+    assert_eq!(kinds, ["DaemonSet", "Deployment", "ImageCache", "InferenceRoutingPolicy", "ModelCache", "Service"]);
+    let dep = out.objects.iter().find(|o| o.types.as_ref().unwrap().kind == "Deployment").unwrap();
+    let owner = &dep.metadata.owner_references.as_ref().unwrap()[0];
+    assert_eq!((owner.kind.as_str(), owner.uid.is_empty()), ("InferenceEndpoint", false), "owned by its endpoint");
+    assert!(out.status.is_empty(), "no policy among the inputs: {:?}", out.status);
+}

@@ -16,7 +16,7 @@
 # Agent image:
 #   - config: user 0 = the DaemonSet's runAsUser (hostPath is root-owned), entrypoint + the DaemonSet's
 #     args (`run ...`, no command), tag = the DaemonSet's and the controller's WARMPATH_AGENT_IMAGE;
-#     the init container the controller renders (warmpath-cache-render) uses that image, no command,
+#     the init container the controller renders (`warmpath-controller render`) uses that image, no command,
 #     args `fetch ...` and no securityContext, so it runs as the image user;
 #   - content: exactly the binary and the CA bundle; the binary is the musl build and static;
 #   - behaviour: --version/--help; `fetch` with the rendered init-container args from a loopback
@@ -459,12 +459,9 @@ start_fileserver "$AR/http.log" "$AR/http.port"
 http_pid=$srv_pid
 http_port=$(cat "$AR/http.port")
 
-# The init container as the controller renders it: warmpath-cache-render (the controller's offline
-# renderer, same crate and feature set as the image binaries) on an InferenceEndpoint whose weights
-# are the file above, with the chart's WARMPATH_AGENT_IMAGE.
-log_build=$(mktemp "$AR/cargo.XXXX")
-nice -n "${IMAGE_NICE:-10}" cargo build --locked -q -p warmpath-controller -p warmpath-agent --bin warmpath-cache-render \
-  --target x86_64-unknown-linux-musl --profile image 2>"$log_build" || { cat "$log_build" >&2; fail "cargo build warmpath-cache-render"; }
+# The init container as the controller renders it: `warmpath-controller render` (the image's own
+# controller build) on an InferenceEndpoint whose weights are the file above, with the chart's
+# WARMPATH_AGENT_IMAGE. (The wasm sha256 only matters for routing objects; none are rendered here.)
 cat >"$AR/endpoint.yaml" <<EOF
 apiVersion: warmpath.dev/v1alpha1
 kind: InferenceEndpoint
@@ -480,8 +477,8 @@ EOF
 (
   # shellcheck disable=SC1091
   . "$tmp/chart-env.sh"
-  "$TARGET_DIR/x86_64-unknown-linux-musl/image/warmpath-cache-render" -f "$AR/endpoint.yaml"
-) >"$AR/rendered.yaml" || fail "warmpath-cache-render"
+  "$TARGET_DIR/x86_64-unknown-linux-musl/image/warmpath-controller" render -f "$AR/endpoint.yaml" --wasm-sha256 "0000000000000000000000000000000000000000000000000000000000000000"
+) >"$AR/rendered.yaml" || fail "warmpath-controller render (InferenceEndpoint)"
 "$PY" - "$AR/rendered.yaml" "ghcr.io/warmpath/warmpath-agent:$TAG" >"$AR/init.sh" <<'PY' || fail "rendered init container"
 import shlex, sys, yaml
 docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d]

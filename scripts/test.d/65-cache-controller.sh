@@ -14,16 +14,18 @@ ok() { pass=$((pass + 1)); echo "[65-cache] ok: $*"; }
 bad() { failn=$((failn + 1)); echo "[65-cache] FAIL: $*" >&2; }
 
 cargo test -p warmpath-cluster-tests --test cache_warming
-cargo test -p warmpath-controller --lib -- timeline:: crd::model_cache
+cargo test -p warmpath-api
+cargo test -p warmpath-timeline
 ok "cargo tests (see the runner summaries above)"
 
 if [ ! -x .venv/bin/kubernetes-validate ]; then
   [ -x .venv/bin/pip ] || python3 -m venv .venv
   .venv/bin/pip install -q --disable-pip-version-check 'kubernetes-validate==1.37.0'
 fi
-cargo build -q -p warmpath-controller --bin warmpath-cache-render --bin warmpath-timeline
+cargo build -q -p warmpath-controller
+cargo build -q -p warmpath-timeline
 BIN="${CARGO_TARGET_DIR:-target}/debug"
-"$BIN/warmpath-cache-render" -f controller/testdata/cache/endpoint.yaml >"$tmp/rendered.yaml"
+"$BIN/warmpath-controller" render -f controller/testdata/cache/endpoint.yaml --wasm-sha256 0000000000000000000000000000000000000000000000000000000000000000 >"$tmp/rendered.yaml"
 .venv/bin/python - "$tmp/rendered.yaml" "$tmp" <<'PY'
 import sys, yaml
 docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d]

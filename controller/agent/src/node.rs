@@ -1,5 +1,5 @@
 //! The DaemonSet's node loop: which ModelCaches this node must hold, syncing them, and reporting on
-//! the node's own Node object (contract in `warmpath_controller::crd::model_cache`).
+//! the node's own Node object (contract in `warmpath_api::model_cache`).
 //!
 //! Each pass ([`NodeAgent::reconcile_once`]) lists ModelCaches and reads its Node; a cache that targets
 //! the node gets a background sync task (one per cache; all share the agent-wide range-read permits),
@@ -20,12 +20,12 @@ use kube::{
 use serde_json::json;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use warmpath_controller::{
-    crd::model_cache::{
+use warmpath_api::{
+    model_cache::{
         cache_dir_name, cache_ready_label, parse_reports, phase, report_key, ModelCache, ModelSource,
         NodeCacheReport, CACHE_READY_PREFIX, NODE_CACHE_STATES,
     },
-    reconcile::model_cache::is_target,
+    nodes::is_target,
 };
 
 use crate::{

@@ -1,10 +1,6 @@
-//! Reconcilers, one module per custom resource, sharing one [`Context`].
-//!
-//! - [`routing_policy`]: `InferenceRoutingPolicy` → provider objects + status.
-//! - [`route_annotations`]: the HTTPRoute annotation shortcut.
-//! - [`program`]: the pipeline both share (resolve refs, render, apply, sweep).
-//! - [`feed_loop`]: keeps every registered feed's snapshot fresh.
-//! - [`inference_endpoint`], [`model_cache`], [`image_cache`]: cache warming (weights on node-local disk, image pre-pull).
+//! What every reconciler shares: one [`Context`] (client, events, metrics, settings, feeds) and the
+//! [`finalizers`] helper. The reconcilers themselves live by product: [`crate::gateway`] (routing)
+//! and [`crate::warming`] (cache warming).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -17,16 +13,7 @@ use crate::feed::store::FeedStore;
 use crate::metrics::Metrics;
 use crate::render::{ControllerEndpoint, Provider, ResolvedBackend, WasmModule};
 
-pub mod feed_loop;
 pub mod finalizers;
-// Cache warming (issue 6): InferenceEndpoint, ModelCache, ImageCache reconcilers.
-pub mod image_cache;
-pub mod inference_endpoint;
-pub mod model_cache;
-pub mod program;
-pub mod route_annotations;
-pub mod routing_policy;
-pub mod source;
 
 /// Shared state handed to every reconciler.
 #[derive(Clone)]

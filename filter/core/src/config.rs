@@ -100,6 +100,8 @@ pub const MAX_UPSTREAM_CLUSTERS: usize = 64;
 /// Longest Envoy cluster name accepted in `upstream_clusters`, in bytes (Istio names such as
 /// `outbound|8000||vllm.llm.svc.cluster.local` stay far below it).
 pub const MAX_CLUSTER_NAME_BYTES: usize = 512;
+/// Longest `tenant_header` name accepted, in bytes (an HTTP field-name token; real names stay far below it).
+pub const MAX_HEADER_NAME_BYTES: usize = 128;
 
 /// Validated settings. Construct with [`Settings::from_json`] (or [`Settings::default`] plus field edits in tests).
 #[derive(Debug, Clone, PartialEq)]
@@ -207,7 +209,7 @@ fn in_range(field: &'static str, v: u64, (lo, hi): (u64, u64), allowed: &'static
 /// True for an HTTP field-name token (RFC 9110 §5.1 / §5.6.2 `tchar`).
 fn is_header_name(s: &str) -> bool {
     !s.is_empty()
-        && s.len() <= 128
+        && s.len() <= MAX_HEADER_NAME_BYTES
         && s.bytes().all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
 }
 

@@ -23,7 +23,8 @@ use warmpath_controller::crd::model_cache::{
     cache_ready_label, phase as mc_phase, report_key, ModelCache, ModelSource, NodeCacheReport, S3Source, NODE_CACHE_STATES,
 };
 use warmpath_controller::crd::routing_policy::InferenceRoutingPolicy;
-use warmpath_controller::reconcile::{image_cache, inference_endpoint, model_cache, Context, ControllerConfig};
+use warmpath_controller::reconcile::{Context, ControllerConfig};
+use warmpath_controller::warming::{image_cache, inference_endpoint, model_cache};
 
 const NS: &str = "ml";
 

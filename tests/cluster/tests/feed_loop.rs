@@ -5,7 +5,7 @@ use serde_json::json;
 use warmpath_cluster_tests::fixtures;
 use warmpath_controller::crd::routing_policy::LoadSource;
 use warmpath_controller::feed::discovery;
-use warmpath_controller::reconcile::feed_loop::refresh;
+use warmpath_controller::feed::refresh::refresh;
 use warmpath_controller::reconcile::FeedSource;
 use warmpath_controller::render::ResolvedBackend;
 

@@ -17,7 +17,7 @@ use kube::{
 use kube_fake_client::ClientBuilder;
 use tokio::sync::Semaphore;
 use warmpath_agent::{disk::FixedFreeSpace, node::NodeAgent, SyncOptions};
-use warmpath_controller::crd::model_cache::{
+use warmpath_api::model_cache::{
     cache_ready_label, parse_reports, phase, report_key, ModelCache, ModelCacheSpec, ModelSource, S3Source, NODE_CACHE_STATES,
 };
 

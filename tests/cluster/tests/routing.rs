@@ -12,7 +12,8 @@ use serde_json::json;
 use warmpath_cluster_tests::fixtures::{self, *};
 use warmpath_controller::conditions;
 use warmpath_controller::crd::routing_policy::InferenceRoutingPolicy;
-use warmpath_controller::reconcile::{route_annotations, routing_policy, Context};
+use warmpath_controller::gateway::{route_annotations, routing_policy};
+use warmpath_controller::reconcile::Context;
 
 const NS: &str = "llm";
 const GW_NS: &str = "gateways";

@@ -1,9 +1,9 @@
 //! `warmpath-timeline`: prints time-to-serve of a scale-out with and without the image and weights
-//! caches (model in `warmpath_controller::timeline`). Presets: `--preset hyperpod` (145 GB) and
+//! caches (model in the `warmpath_timeline` library). Presets: `--preset hyperpod` (145 GB) and
 //! `--preset hyperpod-600gb`; every input can be overridden.
 
 use clap::Parser;
-use warmpath_controller::timeline::{compute, render_table, TimelineInputs};
+use warmpath_timeline::{compute, render_table, TimelineInputs};
 
 #[derive(Parser)]
 #[command(name = "warmpath-timeline", about = "Scale-out time-to-serve with/without image and weights caches")]

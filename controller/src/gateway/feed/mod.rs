@@ -6,9 +6,12 @@
 //! - [`scrape`]: concurrent, bounded scrapes of a set of endpoints.
 //! - [`discovery`]: a backend's ready endpoints from EndpointSlices or InferencePool pods.
 //! - [`server`]: the axum HTTP server (feed, wasm module, health, metrics).
+//! - [`refresh`]: the loop that keeps every registered feed fresh.
 
 pub mod discovery;
-pub mod metrics;
+/// The model-server metrics parser (shared with the benchmark).
+pub use warmpath_server_metrics as metrics;
+pub mod refresh;
 pub mod scrape;
 pub mod server;
 pub mod store;

@@ -11,6 +11,7 @@ use kube::CustomResource;
 use kube::KubeSchema;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
+use warmpath_core::config::{BLOCK_SIZE_RANGE, CONCURRENCY_THRESHOLD_RANGE, MAX_HEADER_NAME_BYTES, PREFIX_LENGTH_RANGE};
 
 /// Group of Gateway API resources (`gateway.networking.k8s.io`).
 pub const GATEWAY_API_GROUP: &str = "gateway.networking.k8s.io";
@@ -55,18 +56,18 @@ pub struct InferenceRoutingPolicySpec {
     /// Characters of extracted prompt text (bytes for raw bodies) hashed for the prefix key;
     /// 1024–65536. Unset: the filter's default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1024, max = 65536))]
+    #[schemars(range(min = PREFIX_LENGTH_RANGE.0, max = PREFIX_LENGTH_RANGE.1))]
     pub prefix_length: Option<i64>,
 
     /// UTF-8 bytes of extracted text per hashed block (the unit of longest-prefix matching);
     /// 16–8192 and at most `prefixLength`. Unset: the filter's default (128).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 16, max = 8192))]
+    #[schemars(range(min = BLOCK_SIZE_RANGE.0, max = BLOCK_SIZE_RANGE.1))]
     pub block_size: Option<i64>,
 
     /// In-flight requests on the preferred endpoint above which a request overflows; 1–1024.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1, max = 1024))]
+    #[schemars(range(min = CONCURRENCY_THRESHOLD_RANGE.0, max = CONCURRENCY_THRESHOLD_RANGE.1))]
     pub concurrency_threshold: Option<i64>,
 
     /// Bounded-load factor c: an endpoint is overloaded above c × mean load
@@ -92,9 +93,9 @@ pub struct InferenceRoutingPolicySpec {
     pub miss_load_margin: Option<i64>,
 
     /// Request header holding the tenant id that namespaces prefix keys (HTTP header name,
-    /// lower case, at most 64 characters). Unset: the filter's default `x-warmpath-prefix-id`.
+    /// lower case, at most 128 characters). Unset: the filter's default `x-warmpath-prefix-id`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(min = 1, max = 64), regex(pattern = r"^[a-z0-9!#$%&'*+.^_`|~-]+$"))]
+    #[schemars(length(min = 1, max = MAX_HEADER_NAME_BYTES), regex(pattern = r"^[a-z0-9!#$%&'*+.^_`|~-]+$"))]
     pub tenant_header: Option<String>,
 
     /// What the gateway does when the filter cannot run: `FailOpen` (default; route with the

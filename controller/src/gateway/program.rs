@@ -11,7 +11,7 @@ use kube::core::DynamicObject;
 use kube::ResourceExt;
 
 use super::source::Source;
-use super::{Context, ControllerConfig, FeedSource};
+use crate::reconcile::{Context, ControllerConfig, FeedSource};
 use crate::conditions::{self, reason, ACCEPTED, PROGRAMMED, RESOLVED_REFS};
 use crate::crd::routing_policy::{AncestorRef, PolicyAncestorStatus, CONTROLLER_NAME, GATEWAY_API_GROUP, INFERENCE_POOL_GROUP};
 use crate::render::{self, GatewayRef, Owner, Provider, RenderInput, ResolvedBackend, LABEL_OWNER_UID};

@@ -242,7 +242,7 @@ pub fn service(ie: &InferenceEndpoint) -> Result<Service> {
     })
 }
 
-/// The InferenceRoutingPolicy for `spec.routing` (issue 5's CRD), backend = the endpoint's Service.
+/// The InferenceRoutingPolicy for `spec.routing`, backend = the endpoint's Service.
 pub fn routing_policy(ie: &InferenceEndpoint) -> Result<Option<InferenceRoutingPolicy>> {
     let Some(r) = &ie.spec.routing else { return Ok(None) };
     let mut p = InferenceRoutingPolicy::new(
@@ -533,9 +533,4 @@ pub async fn run(ctx: Arc<Context>) {
         .run(reconcile, error_policy, ctx)
         .for_each(|_| async {})
         .await;
-}
-
-/// Runs the three cache-warming controllers together (for `warmpath-controller run`).
-pub async fn run_cache_controllers(ctx: Arc<Context>) {
-    tokio::join!(run(ctx.clone()), super::model_cache::run(ctx.clone()), super::image_cache::run(ctx));
 }

@@ -18,8 +18,9 @@ use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 
 use super::routing_policy::{publish, winner};
+use super::program;
 use super::source::Source;
-use super::{finalizers, program, Context, ControllerConfig};
+use crate::reconcile::{finalizers, Context, ControllerConfig};
 use crate::render::Owner;
 use crate::routing::{feed_key, feed_path, RoutingIntent};
 use crate::{Error, Result};

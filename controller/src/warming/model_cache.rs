@@ -20,7 +20,7 @@ use serde_json::json;
 
 use crate::conditions;
 use crate::crd::model_cache::{
-    cache_ready_label, parse_reports, phase, report_key, ModelCache, ModelCacheSpec, ModelCacheStatus, NodeCacheStatus,
+    cache_ready_label, parse_reports, phase, report_key, ModelCache, ModelCacheStatus, NodeCacheStatus,
     FINALIZER, NODE_CACHE_STATES,
 };
 use crate::reconcile::{finalizers, Context};
@@ -28,27 +28,7 @@ use crate::{Error, Result, FIELD_MANAGER};
 
 /// Name used in metrics and logs.
 pub const CONTROLLER: &str = "model-cache";
-/// Node label holding the instance type (well-known label).
-pub const INSTANCE_TYPE_LABEL: &str = "node.kubernetes.io/instance-type";
-
-/// True when the node is a target of the cache: all selector labels match, the instance type is
-/// allowed, and the node is not lost (its `Ready` condition is not False/Unknown) or being deleted.
-pub fn is_target(spec: &ModelCacheSpec, node: &Node) -> bool {
-    let labels = node.labels();
-    let selected = spec.node_selector.iter().all(|(k, v)| labels.get(k) == Some(v));
-    let typed = spec.instance_types.is_empty()
-        || labels.get(INSTANCE_TYPE_LABEL).is_some_and(|t| spec.instance_types.contains(t));
-    selected && typed && node.meta().deletion_timestamp.is_none() && !node_lost(node)
-}
-
-/// A node whose `Ready` condition is `False` or `Unknown` (kubelet stopped reporting) counts as lost.
-pub fn node_lost(node: &Node) -> bool {
-    node.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready"))
-        .is_some_and(|c| c.status != "True")
-}
+pub use warmpath_api::nodes::{is_target, node_lost, INSTANCE_TYPE_LABEL};
 
 /// Status from the target nodes' labels and reports (pure; `now` stamps changed conditions).
 pub fn compute_status(mc: &ModelCache, nodes: &[Node], now: &Time) -> ModelCacheStatus {

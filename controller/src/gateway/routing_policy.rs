@@ -16,9 +16,8 @@ use kube::{Resource, ResourceExt};
 use serde_json::json;
 
 use super::program::{self, ancestor, route_ref};
-use super::finalizers;
 use super::source::Source;
-use super::{Context, ControllerConfig, FeedSource};
+use crate::reconcile::{finalizers, Context, ControllerConfig, FeedSource};
 use crate::conditions::reason;
 use crate::crd::routing_policy::{InferenceRoutingPolicy, InferenceRoutingPolicyStatus, PolicyAncestorStatus};
 use crate::render::Owner;
@@ -34,21 +33,7 @@ pub const CONTROLLER: &str = "routing-policy";
 pub async fn reconcile(policy: Arc<InferenceRoutingPolicy>, ctx: Arc<Context>) -> Result<Action> {
     let ns = policy.namespace().ok_or(Error::MissingField("metadata.namespace"))?;
     let api: Api<InferenceRoutingPolicy> = Api::namespaced(ctx.client.clone(), &ns);
-    let res = async {
-        if policy.metadata.deletion_timestamp.is_some() {
-            if finalizers::has(&*policy, FINALIZER) {
-                cleanup(&policy, &ctx).await?;
-                finalizers::remove(&api, &*policy, FINALIZER).await?;
-            }
-            return Ok(Action::await_change());
-        }
-        let policy = match finalizers::add(&api, &*policy, FINALIZER).await? {
-            Some(updated) => updated,
-            None => (*policy).clone(),
-        };
-        apply(&policy, &ctx).await
-    }
-    .await;
+    let res = finalizers::guard(&api, &*policy, FINALIZER, async |p| cleanup(p, &ctx).await, async |p| apply(p, &ctx).await).await;
     match &res {
         Ok(_) => ctx.metrics.reconcile_ok(CONTROLLER),
         Err(e) => ctx.metrics.reconcile_error(CONTROLLER, e),

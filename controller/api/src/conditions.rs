@@ -9,7 +9,7 @@ pub const ACCEPTED: &str = "Accepted";
 pub const RESOLVED_REFS: &str = "ResolvedRefs";
 /// The data-plane objects were written to the API server.
 pub const PROGRAMMED: &str = "Programmed";
-/// Ready (used by the cache-warming resources of issue 6).
+/// Ready (used by the cache-warming resources: InferenceEndpoint, ModelCache, ImageCache).
 pub const READY: &str = "Ready";
 
 /// Reasons, named as in Gateway API where one exists (`PolicyReasonAccepted`, `...Conflicted`,

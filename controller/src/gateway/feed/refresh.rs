@@ -1,3 +1,4 @@
+//! The feed loop (not a reconciler: a timer over the feeds the routing reconcilers registered).
 //! Keeps every registered feed fresh: on each feed's interval, list the backend's ready endpoints
 //! and scrape their metrics, then update the snapshot (its version grows only on change).
 
@@ -6,8 +7,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::Context;
-use crate::feed::{discovery, scrape};
+use super::{discovery, scrape};
+use crate::reconcile::Context;
 use crate::metrics::ScrapeLabels;
 
 /// Refreshes one feed now. Errors (backend gone, API failure) leave the last snapshot in place.

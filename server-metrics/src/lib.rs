@@ -1,4 +1,5 @@
-//! Model-server load from Prometheus text exposition, for vLLM, SGLang and llama.cpp.
+//! warmpath-server-metrics: model-server load from Prometheus text exposition, for vLLM, SGLang and
+//! llama.cpp — the one parser the controller's feed and the benchmark's replay both use.
 //!
 //! Metric names (summed over label sets, e.g. SGLang's per-rank series; KV usage takes the max):
 //!
@@ -8,6 +9,7 @@
 //! | running | `vllm:num_requests_running` | `sglang:num_running_reqs` | `llamacpp:requests_processing` |
 //! | KV cache usage (0–1) | `vllm:kv_cache_usage_perc` (V1), `vllm:gpu_cache_usage_perc` (V0) | `sglang:token_usage` | `llamacpp:kv_cache_usage_ratio` (some builds only) |
 //! | prefix-cache hits | `vllm:prefix_cache_hits_total` / `vllm:prefix_cache_queries_total` (tokens) | `sglang:cache_hit_rate` (ratio) | `llamacpp:prompt_tokens_cached_total` / (that + `llamacpp:prompt_tokens_total`) (tokens) |
+//! | completed requests | `vllm:request_success_total` | | |
 //!
 //! Parsing uses the `prometheus-parse` crate. Its 0.2 name pattern (`\w+`) does not accept the `:`
 //! the exposition format allows in names, so `:` in a metric name is mapped to `_` before parsing
@@ -16,7 +18,7 @@
 use prometheus_parse::{Scrape, Value};
 use warmpath_core::feed::FeedLoad;
 
-/// What the controller reads from one model server's `/metrics`.
+/// What one model server's `/metrics` says about its load and cache.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct ServerMetrics {
     /// Queued requests (count).
@@ -28,6 +30,12 @@ pub struct ServerMetrics {
     /// Prefix-cache hit ratio 0–1 (vLLM: hits/queries in tokens since start; SGLang: its own
     /// gauge), when exported.
     pub prefix_cache_hit_ratio: Option<f64>,
+    /// vLLM's prefix-cache hits since start, in tokens (`vllm:prefix_cache_hits_total`), when exported.
+    pub prefix_cache_hits: Option<f64>,
+    /// vLLM's prefix-cache lookups since start, in tokens (`vllm:prefix_cache_queries_total`), when exported.
+    pub prefix_cache_queries: Option<f64>,
+    /// Requests completed since start (`vllm:request_success_total`), when exported.
+    pub requests_completed: Option<f64>,
     /// Which server family the metrics came from (`vllm`, `sglang`, `llamacpp`), if recognised.
     pub server: Option<&'static str>,
 }
@@ -75,6 +83,7 @@ impl ServerMetrics {
                 "sglang_cache_hit_rate" => m.prefix_cache_hit_ratio = Some(v),
                 "llamacpp_prompt_tokens_cached" => *llama_cached.get_or_insert(0.0) += v,
                 "llamacpp_prompt_tokens" => *llama_computed.get_or_insert(0.0) += v,
+                "vllm_request_success" => *m.requests_completed.get_or_insert(0.0) += v,
                 _ => seen = false,
             }
             if seen && m.server.is_none() {
@@ -86,6 +95,7 @@ impl ServerMetrics {
                 };
             }
         }
+        (m.prefix_cache_hits, m.prefix_cache_queries) = (hits, queries);
         if let (Some(h), Some(q)) = (hits, queries) {
             m.prefix_cache_hit_ratio = Some(if q > 0.0 { (h / q).clamp(0.0, 1.0) } else { 0.0 });
         } else if let (Some(c), Some(p)) = (llama_cached, llama_computed) {
@@ -125,6 +135,7 @@ vllm:prefix_cache_hits_total{engine=\"0\",model_name=\"m\"} 400.0\n";
         assert_eq!(m.server, Some("vllm"));
         assert_eq!(m.load(), FeedLoad { waiting: 3, running: 5, kv_cache_usage: 0.25 });
         assert!((m.prefix_cache_hit_ratio.unwrap() - 0.4).abs() < 1e-9);
+        assert_eq!((m.prefix_cache_hits, m.prefix_cache_queries, m.requests_completed), (Some(400.0), Some(1000.0), None));
     }
 
     #[test]
@@ -148,10 +159,10 @@ llamacpp:requests_processing 2\n# TYPE llamacpp:requests_deferred gauge\nllamacp
         assert_eq!(m.load(), FeedLoad { waiting: 7, running: 2, kv_cache_usage: 0.0 });
     }
 
-    /// A real `llama-server --metrics` scrape captured by the real-server tests (issue 4).
+    /// A real `llama-server --metrics` scrape captured by the real-server tests.
     #[test]
     fn llamacpp_captured_scrape() {
-        let text = include_str!("../../../realserver/testdata/llamacpp-metrics.prom");
+        let text = include_str!("../../realserver/testdata/llamacpp-metrics.prom");
         let m = ServerMetrics::parse(text).unwrap();
         assert_eq!(m.server, Some("llamacpp"));
         assert_eq!(m.load(), FeedLoad { waiting: 0, running: 1, kv_cache_usage: 0.0 });

@@ -49,21 +49,16 @@ pub fn error_policy(route: Arc<HttpRoute>, err: &Error, _ctx: Arc<Context>) -> A
 async fn reconcile_inner(route: Arc<HttpRoute>, ctx: &Context) -> Result<Action> {
     let ns = route.namespace().ok_or(Error::MissingField("metadata.namespace"))?;
     let api: Api<HttpRoute> = Api::namespaced(ctx.client.clone(), &ns);
-    let annotated = RoutingIntent::from_annotations(route.annotations()).is_some();
-    let ours = finalizers::has(&*route, FINALIZER);
-    if annotated && route.metadata.deletion_timestamp.is_none() {
-        let route = match finalizers::add(&api, &*route, FINALIZER).await? {
-            Some(updated) => updated,
-            None => (*route).clone(),
-        };
-        return apply(&route, ctx).await;
+    if RoutingIntent::from_annotations(route.annotations()).is_none() {
+        // Annotation removed: delete what it created, then release the route.
+        if finalizers::has(&*route, FINALIZER) {
+            cleanup(&route, ctx).await?;
+            finalizers::remove(&api, &*route, FINALIZER).await?;
+        }
+        return Ok(Action::await_change());
     }
-    if ours {
-        // Annotation removed or route deleted: delete what it created, then release the route.
-        cleanup(&route, ctx).await?;
-        finalizers::remove(&api, &*route, FINALIZER).await?;
-    }
-    Ok(Action::await_change())
+    // Annotated: the same finalizer flow as every other reconciler (route deleted → clean up first).
+    finalizers::guard(&api, &*route, FINALIZER, async |r| cleanup(r, ctx).await, async |r| apply(r, ctx).await).await
 }
 
 fn owner_of(r: &HttpRoute) -> Result<Owner> {

@@ -7,6 +7,7 @@
 //!   the per-VM router, the tick (in-flight gauges, feed polling);
 //! - `http`: per request — strip client-sent destination headers, buffer the body up to `max_body_bytes`, extract
 //!   the key, pick, set the header; fail open on anything unusable;
+//! - `stream`: the per-stream state machine (hold, route, slot taken and released once), natively tested;
 //! - `shared`: the only compare-and-swap code: in-flight counters per endpoint in proxy-wasm shared data;
 //! - `metrics`: the proxy-wasm metrics Envoy exports;
 //! - `feed`: the endpoint/load feed poller.
@@ -19,6 +20,7 @@ mod http;
 mod metrics;
 mod root;
 mod shared;
+pub mod stream;
 
 /// The request header carrying the pick (Gateway API Inference Extension endpoint-picker protocol).
 pub const DESTINATION_HEADER: &str = "x-gateway-destination-endpoint";

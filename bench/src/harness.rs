@@ -1,8 +1,9 @@
 //! Runs one strategy end to end: fresh simulated servers on loopback, then either a real Envoy with the warmpath
-//! filter (RANDOM / LEAST_OUTSTANDING_REQUESTS / PREFIX_AWARE) or client-side routing by a baseline policy, an
+//! filter (RANDOM / LEAST_OUTSTANDING_REQUESTS / PREFIX_AWARE), a peer's real router as its own process
+//! (SMG_CACHE_AWARE, VLLM_ROUTER_CACHE_AWARE), or client-side routing (a baseline policy, DYNAMO_KV, ORACLE), an
 //! open-loop replay of the workload, and the server-side truth collected afterwards.
 //!
-//! Every child (Envoy) is killed on drop, and servers stop on drop, so an error or Ctrl-C cleans up.
+//! Every child (Envoy, peer router) is killed on drop, and servers stop on drop, so an error or Ctrl-C cleans up.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -15,7 +16,9 @@ use warmpath_e2e::{filter_wasm, EnvoyConfig, EnvoyProcess, FILTER_STAT_PREFIX};
 use warmpath_sim::{SimConfig, SimServer};
 
 use crate::baselines::Baseline;
-use crate::client::{send, Outcome};
+use crate::client::{send, send_observed, Outcome};
+use crate::kvcost::{CostKind, CostRouter};
+use crate::peers::{Peer, PeerProcess};
 use crate::loads::{scrape, ServerMetrics};
 use crate::router::ClientRouter;
 use crate::workload::Request;
@@ -30,6 +33,10 @@ pub enum Strategy {
     Filter(String),
     /// A baseline routed client-side.
     Baseline(Baseline),
+    /// A peer's real router, run as its own process.
+    Peer(Peer),
+    /// KV-block cost routing client-side: Dynamo-style, or the exact-state reference.
+    Cost(CostKind),
 }
 
 impl Strategy {
@@ -39,15 +46,17 @@ impl Strategy {
         if FILTER_STRATEGIES.contains(&up.as_str()) {
             return Ok(Strategy::Filter(up));
         }
-        Baseline::ALL
+        let named = Baseline::ALL
             .into_iter()
-            .find(|b| b.label() == up)
             .map(Strategy::Baseline)
-            .ok_or_else(|| {
-                let all: Vec<&str> =
-                    FILTER_STRATEGIES.iter().copied().chain(Baseline::ALL.iter().map(|b| b.label())).collect();
-                anyhow::anyhow!("unknown strategy {s:?}; choose from {}", all.join(", "))
-            })
+            .chain(Peer::ALL.into_iter().map(Strategy::Peer))
+            .chain(CostKind::ALL.into_iter().map(Strategy::Cost));
+        let mut all = named.clone().map(|s| s.label());
+        named.clone().find(|x| x.label() == up).ok_or_else(|| {
+            let filters = FILTER_STRATEGIES.iter().map(|s| s.to_string());
+            let names: Vec<String> = filters.chain(all.by_ref()).collect();
+            anyhow::anyhow!("unknown strategy {s:?}; choose from {}", names.join(", "))
+        })
     }
 
     /// The report label.
@@ -55,12 +64,24 @@ impl Strategy {
         match self {
             Strategy::Filter(s) => s.clone(),
             Strategy::Baseline(b) => b.label().to_string(),
+            Strategy::Peer(p) => p.label().to_string(),
+            Strategy::Cost(c) => c.label().to_string(),
         }
     }
 
     /// True when requests go through Envoy and the filter.
     pub fn via_envoy(&self) -> bool {
         matches!(self, Strategy::Filter(_))
+    }
+
+    /// The report's path column: `envoy`, the peer's process (`smg`, `vllm-router`), or `direct` (routed by the
+    /// harness itself, no proxy hop).
+    pub fn path(&self) -> &'static str {
+        match self {
+            Strategy::Filter(_) => "envoy",
+            Strategy::Peer(p) => p.binary(),
+            Strategy::Baseline(_) | Strategy::Cost(_) => "direct",
+        }
     }
 }
 
@@ -139,6 +160,8 @@ pub struct StrategyRun {
     pub label: String,
     /// Whether requests went through Envoy.
     pub via_envoy: bool,
+    /// The path column ([`Strategy::path`]).
+    pub path: &'static str,
     /// One outcome per request sent.
     pub outcomes: Vec<Outcome>,
     /// Requests of the workload not sent within the wall budget.
@@ -156,9 +179,14 @@ pub struct StrategyRun {
 }
 
 enum Target {
-    Envoy(String),
+    /// A proxy's base URL: Envoy with the filter, or a peer router.
+    Proxy(String),
     Direct(Arc<ClientRouter>),
+    Cost(Arc<CostRouter>),
 }
+
+/// How long a peer router may take to come up (it health-checks every server first).
+const PEER_START_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Runs `strategy` over `reqs` with fresh servers (and a fresh Envoy for filter strategies).
 pub async fn run_strategy(strategy: &Strategy, reqs: &[Request], s: &RunSettings) -> anyhow::Result<StrategyRun> {
@@ -169,6 +197,7 @@ pub async fn run_strategy(strategy: &Strategy, reqs: &[Request], s: &RunSettings
     }
     let addrs: Vec<String> = servers.iter().map(|x| x.addr().to_string()).collect();
     let mut envoy = None;
+    let mut peer = None;
     let mut scraper = None;
     let target = match strategy {
         Strategy::Filter(name) => {
@@ -178,7 +207,19 @@ pub async fn run_strategy(strategy: &Strategy, reqs: &[Request], s: &RunSettings
             let e = EnvoyProcess::start(cfg, s.envoy_concurrency).await?;
             let url = e.url();
             envoy = Some(e);
-            Target::Envoy(url)
+            Target::Proxy(url)
+        }
+        Strategy::Peer(p) => {
+            let upstreams: Vec<std::net::SocketAddr> = servers.iter().map(|x| x.addr()).collect();
+            let proc = PeerProcess::start(*p, &upstreams, &s.model, PEER_START_TIMEOUT).await?;
+            let url = proc.url();
+            peer = Some(proc);
+            Target::Proxy(url)
+        }
+        Strategy::Cost(kind) => {
+            let probes = servers.iter().map(|x| x.probe()).collect();
+            let r = CostRouter::new(*kind, addrs.clone(), probes, s.sim.block_tokens, s.sim.latency.time_scale);
+            Target::Cost(Arc::new(r))
         }
         Strategy::Baseline(b) => {
             let r = ClientRouter::new(b.create(), &addrs, s.prefix_length);
@@ -219,7 +260,7 @@ pub async fn run_strategy(strategy: &Strategy, reqs: &[Request], s: &RunSettings
         let sent_ms = start.elapsed().as_secs_f64() * 1000.0;
         let (client, id, path) = (client.clone(), r.id, r.path());
         match &target {
-            Target::Envoy(base) => {
+            Target::Proxy(base) => {
                 let url = format!("{base}{path}");
                 tasks.spawn(async move { send(&client, &url, body, id, sent_ms).await });
             }
@@ -229,6 +270,16 @@ pub async fn run_strategy(strategy: &Strategy, reqs: &[Request], s: &RunSettings
                     let (addr, guard) = router.route(path, &body);
                     let o = send(&client, &format!("http://{addr}{path}"), body, id, sent_ms).await;
                     drop(guard);
+                    o
+                });
+            }
+            Target::Cost(router) => {
+                let (router, prompt) = (router.clone(), r.server_prompt());
+                tasks.spawn(async move {
+                    let (addr, ticket) = router.route(&prompt);
+                    let url = format!("http://{addr}{path}");
+                    let o = send_observed(&client, &url, body, id, sent_ms, || ticket.first_token()).await;
+                    drop(ticket);
                     o
                 });
             }
@@ -263,7 +314,7 @@ pub async fn run_strategy(strategy: &Strategy, reqs: &[Request], s: &RunSettings
         server_metrics.push((a.clone(), scrape(&client, a).await?));
     }
     let (overflows, filter_stats) = match (&target, &envoy) {
-        (Target::Envoy(_), Some(e)) => {
+        (Target::Proxy(_), Some(e)) => {
             let stats = e.stats().await?;
             let fs: Vec<(String, u64)> =
                 stats.with_prefix(FILTER_STAT_PREFIX).map(|(k, v)| (k.to_string(), v)).collect();
@@ -277,6 +328,7 @@ pub async fn run_strategy(strategy: &Strategy, reqs: &[Request], s: &RunSettings
         t.abort();
     }
     drop(envoy);
+    drop(peer);
     for srv in servers {
         srv.stop().await;
     }
@@ -287,6 +339,7 @@ pub async fn run_strategy(strategy: &Strategy, reqs: &[Request], s: &RunSettings
     Ok(StrategyRun {
         label,
         via_envoy: strategy.via_envoy(),
+        path: strategy.path(),
         outcomes,
         not_sent: reqs.len() - sent,
         servers: server_metrics,

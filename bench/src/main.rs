@@ -45,9 +45,14 @@ struct Args {
     /// Wall-clock budget per strategy for sending requests, seconds (later arrivals are not sent and count as errors).
     #[arg(long, default_value_t = 60.0)]
     max_wall_s: f64,
-    /// Strategies, comma-separated: RANDOM, LEAST_OUTSTANDING_REQUESTS, PREFIX_AWARE, SAGEMAKER_PREFIX, GIE_SCORERS,
-    /// SGLANG_CACHE_AWARE.
-    #[arg(long, value_delimiter = ',', default_value = "RANDOM,LEAST_OUTSTANDING_REQUESTS,PREFIX_AWARE,SAGEMAKER_PREFIX,GIE_SCORERS,SGLANG_CACHE_AWARE")]
+    /// Strategies, comma-separated: RANDOM, LEAST_OUTSTANDING_REQUESTS, PREFIX_AWARE (Envoy + the filter);
+    /// SMG_CACHE_AWARE, VLLM_ROUTER_CACHE_AWARE (the peers' real routers, from .venv); SAGEMAKER_PREFIX,
+    /// GIE_SCORERS, SGLANG_CACHE_AWARE, DYNAMO_KV (re-implementations, client-side); ORACLE (exact-state reference).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "RANDOM,LEAST_OUTSTANDING_REQUESTS,PREFIX_AWARE,SMG_CACHE_AWARE,VLLM_ROUTER_CACHE_AWARE,SAGEMAKER_PREFIX,GIE_SCORERS,SGLANG_CACHE_AWARE,DYNAMO_KV,ORACLE"
+    )]
     strategies: Vec<String>,
     /// Output folder for CSV and PNG files.
     #[arg(long, default_value = "out/bench")]

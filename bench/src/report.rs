@@ -15,7 +15,7 @@ use crate::harness::StrategyRun;
 pub struct Summary {
     /// Strategy label.
     pub label: String,
-    /// "envoy" or "direct" (client-side baseline).
+    /// "envoy", a peer router's process name, or "direct" (routed client-side).
     pub path: &'static str,
     /// Requests sent.
     pub requests: usize,
@@ -63,7 +63,7 @@ impl Summary {
         let sim_s = run.wall_s / run.time_scale.max(1e-9);
         Summary {
             label: run.label.clone(),
-            path: if run.via_envoy { "envoy" } else { "direct" },
+            path: run.path,
             requests: run.outcomes.len(),
             errors: run.outcomes.len() - ok.len() + run.not_sent,
             hit_ratio: if queries > 0.0 { hits / queries } else { 0.0 },
@@ -113,7 +113,7 @@ pub fn table(rows: &[Summary], pooled: Option<f64>) -> String {
     if let Some(p) = pooled {
         let _ = writeln!(s, "\npooled-cache bound (one cache holding the whole fleet's capacity): hit ratio {p:.3}");
     }
-    let _ = writeln!(s, "latencies in simulated ms; hit ratio = server-side cached prompt tokens / prompt tokens; \"direct\" = baseline routed client-side (no Envoy hop)");
+    let _ = writeln!(s, "latencies in simulated ms; hit ratio = server-side cached prompt tokens / prompt tokens; \"direct\" = routed client-side by the harness (no proxy hop); smg / vllm-router = the peer's real router process");
     s
 }
 

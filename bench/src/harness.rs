@@ -147,10 +147,36 @@ pub struct RunSettings {
     pub prefix_length: usize,
     /// Envoy worker threads.
     pub envoy_concurrency: u32,
+    /// Envoy processes (gateway replicas) for filter strategies, each with the same plugin configuration and
+    /// `envoy_concurrency` workers. At least 1.
+    pub gateways: usize,
+    /// How the client spreads requests over the gateways.
+    pub spread: Spread,
     /// Model name sent in requests.
     pub model: String,
     /// Print a progress line every this often (None = quiet).
     pub progress_every: Option<Duration>,
+}
+
+/// How the client spreads requests over several gateways.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum Spread {
+    /// Each request to a gateway chosen at random (by a hash of its id).
+    #[default]
+    Random,
+    /// Every request of one conversation to the same gateway ([`Request::session_key`]).
+    Session,
+}
+
+impl Spread {
+    /// The gateway (0..n) for request `r`.
+    pub fn gateway(self, r: &Request, n: usize) -> usize {
+        let h = match self {
+            Spread::Random => xxhash_rust::xxh3::xxh3_64(&(r.id as u64).to_le_bytes()),
+            Spread::Session => r.session_key(),
+        };
+        (h % n.max(1) as u64) as usize
+    }
 }
 
 /// Everything measured for one strategy.
@@ -179,8 +205,8 @@ pub struct StrategyRun {
 }
 
 enum Target {
-    /// A proxy's base URL: Envoy with the filter, or a peer router.
-    Proxy(String),
+    /// Proxies' base URLs: the Envoy gateways with the filter, or one peer router.
+    Proxy(Vec<String>),
     Direct(Arc<ClientRouter>),
     Cost(Arc<CostRouter>),
 }
@@ -196,7 +222,7 @@ pub async fn run_strategy(strategy: &Strategy, reqs: &[Request], s: &RunSettings
         servers.push(SimServer::start(s.sim.clone(), "127.0.0.1:0".parse()?).await?);
     }
     let addrs: Vec<String> = servers.iter().map(|x| x.addr().to_string()).collect();
-    let mut envoy = None;
+    let mut envoys = Vec::new();
     let mut peer = None;
     let mut scraper = None;
     let target = match strategy {
@@ -204,17 +230,17 @@ pub async fn run_strategy(strategy: &Strategy, reqs: &[Request], s: &RunSettings
             let upstreams: Vec<std::net::SocketAddr> = servers.iter().map(|x| x.addr()).collect();
             let plugin = filter_plugin_config(name, &upstreams, &s.filter_extra);
             let cfg = EnvoyConfig::new(upstreams, plugin).with_wasm(filter_wasm()?);
-            let e = EnvoyProcess::start(cfg, s.envoy_concurrency).await?;
-            let url = e.url();
-            envoy = Some(e);
-            Target::Proxy(url)
+            for _ in 0..s.gateways.max(1) {
+                envoys.push(EnvoyProcess::start(cfg.clone(), s.envoy_concurrency).await?);
+            }
+            Target::Proxy(envoys.iter().map(|e| e.url()).collect())
         }
         Strategy::Peer(p) => {
             let upstreams: Vec<std::net::SocketAddr> = servers.iter().map(|x| x.addr()).collect();
             let proc = PeerProcess::start(*p, &upstreams, &s.model, PEER_START_TIMEOUT).await?;
             let url = proc.url();
             peer = Some(proc);
-            Target::Proxy(url)
+            Target::Proxy(vec![url])
         }
         Strategy::Cost(kind) => {
             let probes = servers.iter().map(|x| x.probe()).collect();
@@ -260,8 +286,8 @@ pub async fn run_strategy(strategy: &Strategy, reqs: &[Request], s: &RunSettings
         let sent_ms = start.elapsed().as_secs_f64() * 1000.0;
         let (client, id, path) = (client.clone(), r.id, r.path());
         match &target {
-            Target::Proxy(base) => {
-                let url = format!("{base}{path}");
+            Target::Proxy(bases) => {
+                let url = format!("{}{path}", bases[s.spread.gateway(r, bases.len())]);
                 tasks.spawn(async move { send(&client, &url, body, id, sent_ms).await });
             }
             Target::Direct(router) => {
@@ -313,21 +339,36 @@ pub async fn run_strategy(strategy: &Strategy, reqs: &[Request], s: &RunSettings
     for a in &addrs {
         server_metrics.push((a.clone(), scrape(&client, a).await?));
     }
-    let (overflows, filter_stats) = match (&target, &envoy) {
-        (Target::Proxy(_), Some(e)) => {
-            let stats = e.stats().await?;
-            let fs: Vec<(String, u64)> =
-                stats.with_prefix(FILTER_STAT_PREFIX).map(|(k, v)| (k.to_string(), v)).collect();
+    let (overflows, filter_stats) = match &target {
+        Target::Proxy(_) if !envoys.is_empty() => {
+            // Summed over the gateways: each Envoy counts its own decisions. The filter hands its counters to
+            // Envoy once per tick (500 ms by default), so wait (bounded) until every sent request's decision shows.
+            let settle = Instant::now() + Duration::from_secs(3);
+            let sum = loop {
+                let mut sum: std::collections::BTreeMap<String, u64> = Default::default();
+                for e in &envoys {
+                    let stats = e.stats().await?;
+                    for (k, v) in stats.with_prefix(FILTER_STAT_PREFIX) {
+                        *sum.entry(k.to_string()).or_default() += v;
+                    }
+                }
+                let decided: u64 = sum.iter().filter(|(k, _)| k.contains(".decisions.")).map(|(_, v)| *v).sum();
+                if decided >= sent as u64 || Instant::now() > settle {
+                    break sum;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            };
+            let fs: Vec<(String, u64)> = sum.into_iter().collect();
             let ov = fs.iter().filter(|(k, _)| k.contains("overflow")).map(|(_, v)| *v).sum();
             (ov, fs)
         }
-        (Target::Direct(r), _) => (r.overflows.load(std::sync::atomic::Ordering::Relaxed), Vec::new()),
+        Target::Direct(r) => (r.overflows.load(std::sync::atomic::Ordering::Relaxed), Vec::new()),
         _ => (0, Vec::new()),
     };
     if let Some(t) = scraper {
         t.abort();
     }
-    drop(envoy);
+    drop(envoys);
     drop(peer);
     for srv in servers {
         srv.stop().await;

@@ -4,7 +4,7 @@
 mod common;
 
 use common::{assert_balanced, settings};
-use warmpath_bench::harness::{run_strategy, Strategy};
+use warmpath_bench::harness::{run_strategy, RunSettings, Spread, Strategy};
 use warmpath_bench::report::Summary;
 use warmpath_bench::workload::{generate, GenParams, WorkloadKind};
 
@@ -34,5 +34,18 @@ async fn baselines_run_in_the_same_harness_and_balance() {
         let hit = Summary::of(&run).hit_ratio;
         eprintln!("{b}: hit ratio {hit:.3}");
         assert!(hit > 0.2, "{b} on RAG must reuse the shared documents: {hit:.3}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_gateways_answer_every_request_and_each_request_is_decided_once() {
+    let reqs = generate(WorkloadKind::Chat, GenParams { requests: 60, rate_per_s: 8.0, seed: 6 });
+    for spread in [Spread::Random, Spread::Session] {
+        let s = RunSettings { gateways: 2, spread, ..settings() };
+        let run = run_strategy(&Strategy::Filter("PREFIX_AWARE".into()), &reqs, &s).await.expect("2 gateways");
+        assert_balanced(&run);
+        // The decision counters are summed over both Envoys: one decision per request, none lost or doubled.
+        let decided: u64 = run.filter_stats.iter().filter(|(k, _)| k.contains(".decisions.")).map(|(_, v)| v).sum();
+        assert_eq!(decided, reqs.len() as u64, "{spread:?}: {:?}", run.filter_stats);
     }
 }

@@ -24,6 +24,8 @@ pub fn settings() -> RunSettings {
         filter_extra: json!({}),
         prefix_length: 65536,
         envoy_concurrency: 2,
+        gateways: 1,
+        spread: Default::default(),
         model: "sim-model".into(),
         progress_every: None,
     }

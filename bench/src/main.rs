@@ -89,7 +89,8 @@ struct Args {
     #[arg(long, value_enum, default_value = "random")]
     spread: Spread,
     /// Repetitions: run k uses seed --seed + k (generated workloads) or the k-th stretch of --requests requests of
-    /// the trace; the table shows each column's mean and min–max, and run k's files go to <out>/run<k>.
+    /// the trace (evenly spaced, overlapping stretches when the trace is shorter than --runs × --requests); the
+    /// table shows each column's mean and min–max, and run k's files go to <out>/run<k>.
     #[arg(long, default_value_t = 1, value_parser = at_least_one)]
     runs: usize,
     /// Exit with status 1 unless every request was answered and client and server counts balance.
@@ -151,18 +152,23 @@ async fn run(a: Args) -> anyhow::Result<()> {
                 eprintln!("trace: {} bad line(s) skipped ({} shown)", t.bad_lines, t.errors.len());
             }
             anyhow::ensure!(!t.requests.is_empty(), "{}: no usable requests", path.display());
+            // Successive stretches when the trace is long enough, else stretches at evenly spaced offsets
+            // (overlapping), so every run replays --requests requests.
+            let (n, len) = (a.requests.min(t.requests.len()), t.requests.len());
+            let offset = |k: usize| {
+                if n * a.runs <= len || a.runs == 1 {
+                    k * n
+                } else {
+                    k * (len - n) / (a.runs - 1)
+                }
+            };
+            if n * a.runs > len && a.runs > 1 {
+                eprintln!("trace: {len} usable requests, fewer than --runs × --requests: runs start at evenly spaced offsets");
+            }
             let mut w = Vec::new();
             for k in 0..a.runs {
-                let part = window(&t.requests, k * a.requests, a.requests);
-                anyhow::ensure!(
-                    !part.is_empty(),
-                    "{}: {} usable requests, too few for --runs {} × --requests {}",
-                    path.display(),
-                    t.requests.len(),
-                    a.runs,
-                    a.requests
-                );
-                w.push((part, format!("trace {} (requests {}..)", path.display(), k * a.requests)));
+                let part = window(&t.requests, offset(k), n);
+                w.push((part, format!("trace {} (requests {}..{})", path.display(), offset(k), offset(k) + n)));
             }
             w
         }

@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
 # Full comparison on real llama.cpp servers through Envoy with the warmpath filter (docs/real-servers.md):
-# RANDOM, LEAST_OUTSTANDING_REQUESTS, PREFIX_AWARE (defaults of envoy/plugin-config.json) and PREFIX_AWARE
-# with the bounded-load factor 1.25 (the overload guard the default leaves off),
+# RANDOM, LEAST_OUTSTANDING_REQUESTS and PREFIX_AWARE (defaults of envoy/plugin-config.json),
 # 3 servers, the multi-turn shared-prefix workload, 2 client threads. Bounded: each strategy stops issuing
 # requests after --time-limit-s (default 130 s here), so the whole run takes about 10 minutes at most.
 # Writes the table to out/real/compare.md and per-request records to out/real/compare.json.
@@ -19,7 +18,7 @@ if [ $rc -ne 0 ]; then
 fi
 mkdir -p out/real
 exec env PYTHONPATH=realserver timeout --signal=TERM --kill-after=30 780 .venv/bin/python -m warmpath_real.compare \
-  --strategies 'RANDOM;LEAST_OUTSTANDING_REQUESTS;PREFIX_AWARE;PREFIX_AWARE:{"load_factor":1.25}' \
+  --strategies 'RANDOM;LEAST_OUTSTANDING_REQUESTS;PREFIX_AWARE' \
   --servers 3 --concurrency 2 --time-limit-s 130 \
   --prefixes 6 --prefix-words 900 --conversations-per-prefix 2 --turns 3 \
   --markdown out/real/compare.md --json out/real/compare.json "$@"

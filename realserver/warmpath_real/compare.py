@@ -217,6 +217,11 @@ def markdown_common(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
+def unattributed(row: dict) -> str:
+    """` (+N unattributed)` when N requests carried no endpoint (peer routers send no decision header)."""
+    return f" (+{row['unattributed']} unattributed)" if row["unattributed"] else ""
+
+
 def markdown(rows: list[dict]) -> str:
     """A Markdown table of `summarize` rows."""
     def f(v, nd=0):
@@ -230,7 +235,7 @@ def markdown(rows: list[dict]) -> str:
         out.append(f"| {r['label']} | {r['requests']} ({r['errors']}/{r['skipped']}) | {f(r['ttft_p50_ms'])} | "
                    f"{f(r['ttft_p90_ms'])} | {f(r['cached_tokens_per_request'])} | {f(r['cached_share'], 2)} | "
                    f"{' / '.join(map(str, r['per_server']))}"
-                   f"{f' (+{r["unattributed"]} unattributed)' if r['unattributed'] else ''} | "
+                   f"{unattributed(r)} | "
                    f"{' / '.join(f(v) for v in r['server_cached_tokens'])} | {reasons} | {f(r['wall_s'])} | "
                    f"{r['loadavg'][0]:.1f}→{r['loadavg'][1]:.1f} |")
     return "\n".join(out)

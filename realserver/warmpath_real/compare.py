@@ -284,7 +284,8 @@ def main(argv: list[str] | None = None) -> int:
     except FileNotFoundError as e:
         print(f"compare: {e}", file=sys.stderr)
         return 1
-    build_launcher()
+    if any(strategy not in PEERS for _, strategy, _ in variants):
+        build_launcher()  # Envoy and the filter are needed only for the filter strategies
     runs = []
     try:
         for label, strategy, overrides in variants:

@@ -6,6 +6,7 @@
 //! per resource, `conditions`/`error`/`metrics` are shared by all reconcilers, `fixtures` builds
 //! objects and an in-memory API client for tests.
 
+pub mod cleanup;
 pub mod conditions;
 pub mod crd;
 pub mod error;
@@ -13,6 +14,7 @@ pub mod feed;
 pub mod metrics;
 pub mod offline;
 pub mod foreign;
+pub mod leader;
 pub mod reconcile;
 pub mod render;
 pub mod routing;

@@ -240,12 +240,37 @@ async fn xds_listeners(ctx: &Context, gw: &GatewayRef, selectors: &[ListenerSele
     Ok(Ok(listeners))
 }
 
+/// The provider of Gateway `gw`, from its GatewayClass's `controllerName`. An explicit `provider`
+/// setting is still checked against it: a class implemented by the *other* supported provider is
+/// refused (its data plane would ignore the objects); a controllerName warmpath does not know (e.g. an
+/// Envoy Gateway configured with its own `controllerName`) is what the explicit setting is for.
 async fn provider_of(ctx: &Context, gw: &GatewayRef) -> Result<std::result::Result<Provider, String>> {
-    if let Some(p) = ctx.config.provider {
-        return Ok(Ok(p));
-    }
+    Ok(match (ctx.config.provider, class_provider(ctx, gw).await?) {
+        (_, ClassProvider::Missing(msg)) => Err(msg),
+        (None, ClassProvider::Known(d)) => Ok(d),
+        (None, ClassProvider::Foreign(msg)) => Err(msg),
+        (Some(p), ClassProvider::Known(d)) if d != p => Err(format!(
+            "Gateway {}/{} is served by {d:?} (its GatewayClass's controllerName), but the controller is set to provider {p:?}: \
+             nothing would program this gateway; set the chart value provider to auto or to that gateway's provider",
+            gw.namespace, gw.name
+        )),
+        (Some(p), _) => Ok(p),
+    })
+}
+
+/// What a Gateway's GatewayClass says about its provider.
+enum ClassProvider {
+    /// Envoy Gateway or Istio, by `controllerName`.
+    Known(Provider),
+    /// A `controllerName` warmpath does not know (message says which).
+    Foreign(String),
+    /// The Gateway or its GatewayClass does not exist (message says which).
+    Missing(String),
+}
+
+async fn class_provider(ctx: &Context, gw: &GatewayRef) -> Result<ClassProvider> {
     let Some(gateway) = Api::<Gateway>::namespaced(ctx.client.clone(), &gw.namespace).get_opt(&gw.name).await? else {
-        return Ok(Err(format!("Gateway {}/{} not found", gw.namespace, gw.name)));
+        return Ok(ClassProvider::Missing(format!("Gateway {}/{} not found", gw.namespace, gw.name)));
     };
     let class = &gateway.spec.gateway_class_name;
     // A field-selected list rather than a get: same result on an API server, and the in-memory
@@ -253,11 +278,15 @@ async fn provider_of(ctx: &Context, gw: &GatewayRef) -> Result<std::result::Resu
     // cluster-scoped get misses there.
     let lp = ListParams::default().fields(&format!("metadata.name={class}"));
     let Some(gc) = Api::<GatewayClass>::all(ctx.client.clone()).list(&lp).await?.items.into_iter().next() else {
-        return Ok(Err(format!("GatewayClass {class} not found")));
+        return Ok(ClassProvider::Missing(format!("GatewayClass {class} not found")));
     };
-    Ok(Provider::from_controller_name(&gc.spec.controller_name).ok_or_else(|| {
-        format!("GatewayClass {class} is implemented by {:?}; warmpath supports Envoy Gateway and Istio", gc.spec.controller_name)
-    }))
+    Ok(match Provider::from_controller_name(&gc.spec.controller_name) {
+        Some(p) => ClassProvider::Known(p),
+        None => ClassProvider::Foreign(format!(
+            "GatewayClass {class} is implemented by {:?}; warmpath supports Envoy Gateway and Istio (set the chart value provider to use it anyway)",
+            gc.spec.controller_name
+        )),
+    })
 }
 
 async fn resolve_backend(ctx: &Context, intent: &RoutingIntent, route: &HttpRoute, route_ns: &str) -> Result<std::result::Result<ResolvedBackend, String>> {

@@ -84,7 +84,7 @@ if "$BIN/warmpath-timeline" --nvme-gbps 0 >/dev/null 2>&1; then bad "timeline ac
 # Chart: agent DaemonSet and RBAC render, and are valid.
 HELM="$TOOLS/bin/helm"
 if [ -x "$HELM" ]; then
-  "$HELM" template wp charts/warmpath --namespace warmpath-system --show-only templates/agent-daemonset.yaml \
+  "$HELM" template wp charts/warmpath --namespace warmpath-system --set agent.enabled=true --show-only templates/agent-daemonset.yaml \
      --show-only templates/agent-rbac.yaml --show-only templates/cache-controller-rbac.yaml \
      --set agent.huggingFace.tokenSecret=hf >"$tmp/agent.yaml"
   if .venv/bin/kubernetes-validate --strict --quiet -k 1.35.0 "$tmp/agent.yaml"; then ok "agent DaemonSet + RBAC render and validate"; else bad "agent chart objects"; fi
@@ -99,7 +99,7 @@ PY
     bad "agent.enabled=false still renders the DaemonSet"
   else ok "agent.enabled=false renders no DaemonSet"; fi
   # An overridden agent image reaches both the DaemonSet and the controller (cold-node fallback init container).
-  "$HELM" template wp charts/warmpath --set agent.image.tag=t1 \
+  "$HELM" template wp charts/warmpath --set agent.enabled=true --set agent.image.tag=t1 \
      --show-only templates/agent-daemonset.yaml --show-only templates/controller-deployment.yaml >"$tmp/img.yaml"
   .venv/bin/python - "$tmp/img.yaml" <<'PY' && ok "agent image override reaches DaemonSet and WARMPATH_AGENT_IMAGE" || bad "agent image override"
 import sys, yaml

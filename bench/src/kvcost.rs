@@ -23,6 +23,10 @@
 //!   prefill (admitted requests' uncached tokens plus the prompts still waiting for a batch slot) and pinned blocks
 //!   from its queue. It is what a router fed by exact engine KV events can at best know — a yardstick for the
 //!   other strategies, not a competitor.
+//! - [`CostKind::OracleTtft`] reads the same truth but drops the decode term (cost = prefill tokens the server
+//!   would owe, i.e. its predicted prefill-lane wait plus this request's uncached prefill). In the simulated
+//!   servers decode does not slow down with the batch (`warmpath_sim::latency`), so this is the exact-state
+//!   TTFT-greedy placement there; Dynamo's decode term trades TTFT for decode balance.
 //!
 //! Prompts are tokenized as the servers do ([`warmpath_sim::tokens`]): the harness hands the router the rendered
 //! prompt, which for a real router is the tokenizer plus chat template.
@@ -45,19 +49,30 @@ pub const APPROX_INDEX_TTL_S: f64 = 120.0;
 pub enum CostKind {
     /// Dynamo-style: its own routing history.
     Dynamo,
-    /// Exact state of every simulated server.
+    /// Exact state of every simulated server, Dynamo's cost.
     Oracle,
+    /// Exact state of every simulated server, prefill work only (predicted TTFT).
+    OracleTtft,
 }
 
 impl CostKind {
     /// Every kind, in report order.
-    pub const ALL: [CostKind; 2] = [CostKind::Dynamo, CostKind::Oracle];
+    pub const ALL: [CostKind; 3] = [CostKind::Dynamo, CostKind::Oracle, CostKind::OracleTtft];
 
     /// The strategy label (command-line name).
     pub fn label(self) -> &'static str {
         match self {
             CostKind::Dynamo => "DYNAMO_KV",
             CostKind::Oracle => "ORACLE",
+            CostKind::OracleTtft => "ORACLE_TTFT",
+        }
+    }
+
+    /// Weight of the decode-blocks term: 1 in Dynamo's cost, 0 for the TTFT-only reference.
+    pub fn decode_weight(self) -> f64 {
+        match self {
+            CostKind::Dynamo | CostKind::Oracle => 1.0,
+            CostKind::OracleTtft => 0.0,
         }
     }
 }
@@ -75,14 +90,15 @@ pub struct WorkerView {
     pub shared_active_blocks: usize,
 }
 
-/// Dynamo's cost of sending a `prompt_tokens`-token prompt to a worker in state `w`, in blocks of `block_tokens`.
-pub fn cost(prefill_load_scale: f64, prompt_tokens: u64, block_tokens: usize, w: &WorkerView) -> f64 {
+/// Dynamo's cost of sending a `prompt_tokens`-token prompt to a worker in state `w`, in blocks of `block_tokens`,
+/// with the decode term weighted by `decode_weight` (Dynamo: 1).
+pub fn cost(prefill_load_scale: f64, decode_weight: f64, prompt_tokens: u64, block_tokens: usize, w: &WorkerView) -> f64 {
     let bt = block_tokens.max(1) as u64;
     let cached = w.overlap_blocks as u64 * bt;
     let prefill_tokens = (w.active_prefill_tokens + prompt_tokens).saturating_sub(cached);
     let request_blocks = prompt_tokens.div_ceil(bt) as usize;
     let decode_blocks = w.active_blocks + request_blocks.saturating_sub(w.shared_active_blocks);
-    prefill_load_scale * prefill_tokens as f64 / bt as f64 + decode_blocks as f64
+    prefill_load_scale * prefill_tokens as f64 / bt as f64 + decode_weight * decode_blocks as f64
 }
 
 /// Index of the lowest cost; ties go to the first one at or after `tiebreak % n` (so equal costs spread).
@@ -217,7 +233,7 @@ impl CostRouter {
     fn views(&self, prompt: &str, hashes: &[u64], now_ms: f64) -> Vec<WorkerView> {
         match self.kind {
             CostKind::Dynamo => self.lock().iter().map(|w| w.view(hashes, now_ms)).collect(),
-            CostKind::Oracle => self
+            CostKind::Oracle | CostKind::OracleTtft => self
                 .probes
                 .iter()
                 .map(|p| {
@@ -242,7 +258,9 @@ impl CostRouter {
         let hashes = block_hashes(prompt.as_bytes(), self.block_tokens);
         let tokens = token_count(prompt.len());
         let views = self.views(prompt, &hashes, now_ms);
-        let costs: Vec<f64> = views.iter().map(|v| cost(self.prefill_load_scale, tokens, self.block_tokens, v)).collect();
+        let dw = self.kind.decode_weight();
+        let costs: Vec<f64> =
+            views.iter().map(|v| cost(self.prefill_load_scale, dw, tokens, self.block_tokens, v)).collect();
         let tiebreak = xxhash_rust::xxh3::xxh3_64(&id.to_le_bytes());
         let worker = lowest(&costs, tiebreak).expect("at least one server");
         if self.kind == CostKind::Dynamo {
@@ -264,11 +282,12 @@ mod tests {
         // 160-token prompt = 10 blocks of 16; 4 cached; 32 tokens of other prefill queued; 5 blocks active.
         let w = WorkerView { overlap_blocks: 4, active_prefill_tokens: 32, active_blocks: 5, shared_active_blocks: 0 };
         // prefill (32 + 160 − 64) / 16 = 8 blocks; decode 5 + 10 = 15.
-        assert_eq!(cost(1.0, 160, 16, &w), 23.0);
-        assert_eq!(cost(2.0, 160, 16, &w), 31.0);
+        assert_eq!(cost(1.0, 1.0, 160, 16, &w), 23.0);
+        assert_eq!(cost(2.0, 1.0, 160, 16, &w), 31.0);
+        assert_eq!(cost(1.0, 0.0, 160, 16, &w), 8.0, "the TTFT-only reference counts prefill work alone");
         // Overlap beyond the queued work never makes prefill negative.
         let all = WorkerView { overlap_blocks: 20, ..Default::default() };
-        assert_eq!(cost(1.0, 160, 16, &all), 10.0);
+        assert_eq!(cost(1.0, 1.0, 160, 16, &all), 10.0);
     }
 
     #[test]

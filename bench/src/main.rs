@@ -47,11 +47,12 @@ struct Args {
     max_wall_s: f64,
     /// Strategies, comma-separated: RANDOM, LEAST_OUTSTANDING_REQUESTS, PREFIX_AWARE (Envoy + the filter);
     /// SMG_CACHE_AWARE, VLLM_ROUTER_CACHE_AWARE (the peers' real routers, from .venv); SAGEMAKER_PREFIX,
-    /// GIE_SCORERS, SGLANG_CACHE_AWARE, DYNAMO_KV (re-implementations, client-side); ORACLE (exact-state reference).
+    /// GIE_SCORERS, SGLANG_CACHE_AWARE, DYNAMO_KV (re-implementations, client-side); ORACLE, ORACLE_TTFT (exact-state
+    /// references: Dynamo's cost, and prefill work only).
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "RANDOM,LEAST_OUTSTANDING_REQUESTS,PREFIX_AWARE,SMG_CACHE_AWARE,VLLM_ROUTER_CACHE_AWARE,SAGEMAKER_PREFIX,GIE_SCORERS,SGLANG_CACHE_AWARE,DYNAMO_KV,ORACLE"
+        default_value = "RANDOM,LEAST_OUTSTANDING_REQUESTS,PREFIX_AWARE,SMG_CACHE_AWARE,VLLM_ROUTER_CACHE_AWARE,SAGEMAKER_PREFIX,GIE_SCORERS,SGLANG_CACHE_AWARE,DYNAMO_KV,ORACLE,ORACLE_TTFT"
     )]
     strategies: Vec<String>,
     /// Output folder for CSV and PNG files.

@@ -33,7 +33,7 @@ async fn real_peers_answer_every_request_and_smg_reuses_repeated_prefixes() {
 async fn kv_cost_routers_answer_every_request_and_reuse_prefixes() {
     let reqs = generate(WorkloadKind::Rag, GenParams { requests: 60, rate_per_s: 8.0, seed: 4 });
     let s = settings();
-    for name in ["DYNAMO_KV", "ORACLE"] {
+    for name in ["DYNAMO_KV", "ORACLE", "ORACLE_TTFT"] {
         let run = run_strategy(&Strategy::parse(name).unwrap(), &reqs, &s).await.expect(name);
         assert_eq!(run.path, "direct");
         assert_balanced(&run);

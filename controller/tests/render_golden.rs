@@ -33,6 +33,7 @@ fn config() -> ControllerConfig {
             sha256: SHA.into(),
         },
         controller,
+        read_back_status: false,
     }
 }
 

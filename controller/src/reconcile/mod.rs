@@ -26,6 +26,7 @@ pub mod model_cache;
 pub mod program;
 pub mod route_annotations;
 pub mod routing_policy;
+pub mod status_readback;
 
 /// Shared state handed to every reconciler.
 #[derive(Clone)]
@@ -88,6 +89,9 @@ pub struct ControllerConfig {
     pub controller: ControllerEndpoint,
     /// Where gateways fetch the wasm module, and its sha256.
     pub wasm: WasmModule,
+    /// Mirror the gateway's own status on the written objects into `Programmed` (see
+    /// [`status_readback`]); off for the offline `render`, where no gateway runs.
+    pub read_back_status: bool,
 }
 
 impl Default for ControllerConfig {
@@ -96,6 +100,7 @@ impl Default for ControllerConfig {
             provider: None,
             controller: ControllerEndpoint { service: "warmpath-controller".into(), namespace: "warmpath-system".into(), port: 8080 },
             wasm: WasmModule { url: String::new(), sha256: String::new() },
+            read_back_status: true,
         }
     }
 }

@@ -157,14 +157,48 @@ pub async fn resolve_and_render(
         return Ok(out);
     }
 
+    // Several backends (a weighted canary split): one feed cannot cover them, and the route-wide
+    // load-balancer policy would change the canary's traffic too. Refused, with what to do.
+    if let Some(msg) = several_backends(&route, route_ns) {
+        for (gw, _) in &gateways {
+            out.ancestors.push(ancestor(
+                gateway_ref(gw),
+                [(true, reason::ACCEPTED, "policy accepted".into()), (false, reason::MULTIPLE_BACKENDS, msg.clone()), not_programmed()],
+                generation,
+                now,
+            ));
+        }
+        return Ok(out);
+    }
     // Backend: explicit, else the route's first backendRef.
     let backend = resolve_backend(ctx, intent, &route, route_ns).await?;
+    // Envoy Gateway attaches one BackendTrafficPolicy and one EnvoyExtensionPolicy per route: a
+    // user's own on this route would lose to ours or displace it, silently. Refused, with what to do.
+    let user_policies = if gateways.iter().any(|(_, p)| *p == Ok(Provider::EnvoyGateway)) {
+        super::status_readback::user_policies_on_route(ctx, route_ns, route_name).await?
+    } else {
+        vec![]
+    };
+    let resolved = |b: &std::result::Result<ResolvedBackend, String>| match b {
+        Ok(_) => (true, reason::RESOLVED, "route, gateway and backend resolved".to_string()),
+        Err(msg) => (false, reason::BACKEND_NOT_FOUND, msg.clone()),
+    };
 
     for (gw, provider) in &gateways {
         let aref = gateway_ref(gw);
         let entry = match (provider, &backend) {
-            (Err(msg), _) => ancestor(aref, [(false, reason::UNSUPPORTED_PROVIDER, msg.clone()), (true, reason::RESOLVED, String::new()), not_programmed()], generation, now),
+            (Err(msg), _) => ancestor(aref, [(false, reason::UNSUPPORTED_PROVIDER, msg.clone()), resolved(&backend), not_programmed()], generation, now),
             (_, Err(msg)) => ancestor(aref, [(true, reason::ACCEPTED, "policy accepted".into()), (false, reason::BACKEND_NOT_FOUND, msg.clone()), not_programmed()], generation, now),
+            (Ok(Provider::EnvoyGateway), Ok(_)) if !user_policies.is_empty() => {
+                let msg = format!(
+                    "HTTPRoute {route_ns}/{route_name} already has {}: Envoy Gateway attaches one BackendTrafficPolicy and one EnvoyExtensionPolicy per route \
+                     (the older wins), so warmpath writes nothing here. Merge: add warmpath's settings to yours (BackendTrafficPolicy \
+                     spec.loadBalancer with endpointOverride from header x-gateway-destination-endpoint; see docs/controller.md), or move \
+                     your settings to a policy targeting the Gateway",
+                    user_policies.join(", ")
+                );
+                ancestor(aref, [(false, reason::CONFLICTED, msg), resolved(&backend), not_programmed()], generation, now)
+            }
             (Ok(provider), Ok(backend)) => {
                 let input = RenderInput {
                     owner,
@@ -192,7 +226,7 @@ pub async fn resolve_and_render(
                             now,
                         )
                     }
-                    Err(msg) => ancestor(aref, [(false, reason::INVALID, msg), (true, reason::RESOLVED, String::new()), not_programmed()], generation, now),
+                    Err(msg) => ancestor(aref, [(false, reason::INVALID, msg), resolved(&Ok(backend.clone())), not_programmed()], generation, now),
                 }
             }
         };
@@ -205,6 +239,31 @@ pub async fn resolve_and_render(
         out.feed = Some(FeedSource { backend, load: intent.load.clone() });
     }
     Ok(out)
+}
+
+/// `Some(message)` when the route's rules name more than one distinct backend.
+fn several_backends(route: &HttpRoute, route_ns: &str) -> Option<String> {
+    let mut seen: Vec<String> = vec![];
+    for br in route.spec.rules.iter().flatten().flat_map(|r| r.backend_refs.iter().flatten()) {
+        let id = format!(
+            "{} {}/{}{}",
+            br.kind.as_deref().unwrap_or("Service"),
+            br.namespace.as_deref().unwrap_or(route_ns),
+            br.name,
+            br.port.map(|p| format!(":{p}")).unwrap_or_default()
+        );
+        if !seen.contains(&id) {
+            seen.push(id);
+        }
+    }
+    (seen.len() > 1).then(|| {
+        format!(
+            "the HTTPRoute names {} backends ({}); warmpath routes one backend per route (one endpoint feed, one load-balancer policy for the whole route, \
+             which would also change the other backends' traffic). Put the other backends (e.g. a canary) on their own HTTPRoute, or drop them",
+            seen.len(),
+            seen.join(", ")
+        )
+    })
 }
 
 /// A parentRef's listener selection: (`sectionName`, `port`); `None` matches any listener.

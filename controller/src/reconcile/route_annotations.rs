@@ -104,8 +104,9 @@ async fn apply(route: &HttpRoute, ctx: &Context) -> Result<Action> {
         Some(f) => ctx.set_feed_source(&key, f),
         None => ctx.remove_feed(&key),
     }
-    let failing: Vec<String> = out
-        .ancestors
+    let mut ancestors = out.ancestors;
+    let recheck = super::status_readback::mirror(ctx, &out.objects, &mut ancestors, route.metadata.generation, &now).await?;
+    let failing: Vec<String> = ancestors
         .iter()
         .flat_map(|a| a.conditions.iter().filter(|c| c.status == "False").map(move |c| format!("{}/{}: {} ({})", a.ancestor_ref.kind, a.ancestor_ref.name, c.reason, c.message)))
         .collect();
@@ -114,7 +115,7 @@ async fn apply(route: &HttpRoute, ctx: &Context) -> Result<Action> {
     } else {
         publish(ctx, route, EventType::Warning, "NotProgrammed", failing.join("; ")).await;
     }
-    Ok(Action::requeue(Duration::from_secs(300)))
+    Ok(Action::requeue(recheck.unwrap_or(Duration::from_secs(300))))
 }
 
 async fn cleanup(route: &HttpRoute, ctx: &Context) -> Result<Action> {

@@ -123,7 +123,11 @@ async fn apply(policy: &InferenceRoutingPolicy, ctx: &Context) -> Result<Action>
             let msg = format!("HTTPRoute {route} is already routed by InferenceRoutingPolicy {} (older)", w.name_any());
             ancestors.push(ancestor(
                 route_ref(&owner.namespace, route),
-                [(false, reason::CONFLICTED, msg.clone()), (true, reason::RESOLVED, String::new()), (false, reason::CONFLICTED, msg)],
+                [
+                    (false, reason::CONFLICTED, msg.clone()),
+                    (false, reason::CONFLICTED, format!("references not resolved: InferenceRoutingPolicy {} decides routing for HTTPRoute {route}", w.name_any())),
+                    (false, reason::CONFLICTED, msg),
+                ],
                 generation,
                 &now,
             ));
@@ -164,8 +168,10 @@ async fn apply(policy: &InferenceRoutingPolicy, ctx: &Context) -> Result<Action>
     if removed > 0 {
         publish(ctx, policy, EventType::Normal, "Pruned", format!("deleted {removed} object(s) no longer wanted")).await;
     }
+    // Programmed only once the gateway says so (Envoy Gateway's status on what we wrote).
+    let recheck = super::status_readback::mirror(ctx, &objects, &mut ancestors, generation, &now).await?;
     write_status(policy, ctx, ancestors, Some(path)).await?;
-    Ok(Action::requeue(Duration::from_secs(300)))
+    Ok(Action::requeue(recheck.unwrap_or(Duration::from_secs(300))))
 }
 
 async fn cleanup(policy: &InferenceRoutingPolicy, ctx: &Context) -> Result<Action> {

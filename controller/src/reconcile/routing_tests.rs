@@ -121,6 +121,11 @@ async fn envoy_gateway_create_switch_restart_delete() {
     assert_eq!((owner_refs[0].kind.as_str(), owner_refs[0].name.as_str()), ("InferenceRoutingPolicy", "chat-routing"));
     assert_eq!(btp.data["spec"]["loadBalancer"]["endpointOverride"]["extractFrom"][0]["header"], "x-gateway-destination-endpoint");
 
+    // Programmed only once Envoy Gateway reports it (status read back), then True.
+    let p = get_policy(&client, "chat-routing").await;
+    assert_eq!(condition(&p, conditions::PROGRAMMED).reason, "AwaitingGatewayStatus");
+    fixtures::eg_reports_programmed(&client, (GW_NS, "inference-gw")).await;
+    reconcile_policy(&client, &ctx, "chat-routing").await;
     let p = get_policy(&client, "chat-routing").await;
     assert!(p.finalizers().contains(&routing_policy::FINALIZER.to_string()));
     assert_eq!(condition(&p, conditions::ACCEPTED).status, "True");
@@ -439,5 +444,5 @@ async fn explicit_provider_is_checked_against_the_gateway_class() {
     reconcile_policy(&client, &auto, "chat-routing").await;
     assert_eq!(condition(&*get_policy(&client, "chat-routing").await, conditions::ACCEPTED).reason, "UnsupportedProvider");
     reconcile_policy(&client, &with_provider(&client, Provider::EnvoyGateway), "chat-routing").await;
-    assert_eq!(condition(&*get_policy(&client, "chat-routing").await, conditions::PROGRAMMED).status, "True");
+    assert_eq!(condition(&*get_policy(&client, "chat-routing").await, conditions::ACCEPTED).status, "True");
 }

@@ -16,8 +16,20 @@ use proxy_wasm::types::{Action, BufferType, MapType};
 use warmpath_core::{extract_key, EndpointLoad, PickInput, Reason, RequestKey, Strategy};
 
 use crate::stream::{Mode, RouteOn, Step, Stream};
+use crate::outcome::Outcome;
 use crate::root::{now_ms, random_u64, Shared};
-use crate::{feed, shared, DEBUG_HEADER, DESTINATION_HEADER, ORIGINAL_DST_HEADER};
+use crate::{feed, health, shared, DEBUG_HEADER, DESTINATION_HEADER, ORIGINAL_DST_HEADER};
+
+/// Counters of passive failure learning (`health`).
+mod metric {
+    /// Picks that landed on an endpoint in back-off and went to the least-loaded endpoint that is up instead.
+    pub const PICKS_AVOIDED_DOWN: &str = "warmpath.picks_avoided_down";
+    /// Requests whose picked endpoint failed them before answering (connect failure, reset, 502/503/504, or a
+    /// retry elsewhere): each starts or extends that endpoint's back-off.
+    pub const ENDPOINT_FAILURES: &str = "warmpath.endpoint_failures";
+    /// Requests Envoy sent to another host on the only attempt: the pick was not honoured (not a cluster member).
+    pub const PICKS_NOT_HONOURED: &str = "warmpath.picks_not_honoured";
+}
 
 /// Fail-open causes decided by the shell (the core's `ExtractError::as_str` labels cover bad bodies).
 mod cause {
@@ -156,12 +168,17 @@ impl FilterHttp {
             .collect();
         let input = PickInput { key, random: random_u64(u64::from(self.context_id)), now_ms: now_ms(), ..PickInput::default() };
         let strategy = router.settings().strategy;
-        let Some(decision) = router.route(&input, &loads) else {
+        let Some(mut decision) = router.route(&input, &loads) else {
             // No endpoints known yet (feed not delivered): leave the header unset so Envoy's fallback policy routes.
             shared.metrics.fail_open("no_endpoints");
             shared.metrics.decision(strategy, Reason::FailOpen, None);
             return;
         };
+        // Passive failure learning: a pick on an endpoint in back-off goes to the least-loaded endpoint that is up.
+        if let Some(address) = health::avoid_down(router.endpoints(), &loads, decision.endpoint, now_ms()) {
+            shared.metrics.count(metric::PICKS_AVOIDED_DOWN, 1);
+            decision.address = address;
+        }
         drop(router);
         if let Some(c) = cause {
             shared.metrics.fail_open(c);
@@ -263,6 +280,14 @@ impl HttpContext for FilterHttp {
         // Runs once for every stream that ends — finished, reset by either side, or aborted by the client.
         let Some(ended) = self.stream.on_end() else { return };
         if let Some(address) = ended.slot {
+            let outcome = health::learn(&address, now_ms());
+            if let Some(shared) = &self.shared {
+                match outcome {
+                    Outcome::Failed => shared.metrics.count(metric::ENDPOINT_FAILURES, 1),
+                    Outcome::NotHonoured => shared.metrics.count(metric::PICKS_NOT_HONOURED, 1),
+                    Outcome::Succeeded | Outcome::Unknown => {}
+                }
+            }
             if shared::add(&address, -1, None).is_none() {
                 if let Some(shared) = &self.shared {
                     shared.metrics.count("warmpath.cas_failures", 1);

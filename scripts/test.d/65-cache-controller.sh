@@ -66,6 +66,15 @@ try:
     raise SystemExit("typo accepted")
 except jsonschema.ValidationError:
     pass
+# A sha256 that is not 64 hex characters is refused by the schema (before any download).
+bad = dict(docs[0]); bad["spec"] = dict(bad["spec"], sha256={"model.safetensors": "not-a-checksum"})
+try:
+    jsonschema.validate(bad, schemas[bad["kind"]])
+    raise SystemExit("non-hex sha256 accepted")
+except jsonschema.ValidationError:
+    pass
+good = dict(docs[0]); good["spec"] = dict(good["spec"], sha256={"model.safetensors": "ab" * 32})
+jsonschema.validate(good, schemas[good["kind"]])
 PY
 then ok "rendered ModelCache/ImageCache/InferenceRoutingPolicy valid against the chart CRDs"; else bad "CR schema validation"; fi
 

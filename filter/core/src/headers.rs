@@ -13,7 +13,7 @@ pub const ORIGINAL_DST_HEADER: &str = "x-envoy-original-dst-host";
 /// wasm filter in every shipped or rendered configuration, and by the filter itself.
 pub const CLIENT_DESTINATION_HEADERS: [&str; 2] = [DESTINATION_HEADER, ORIGINAL_DST_HEADER];
 
-/// Opt-in response header (`debug_header: true`) describing how the request was handled, from the client's own
-/// request only: `<strategy>;<keyed|fail_open:<cause>>`. It never names the endpoint, the matched prefix length or a
-/// reason that depends on other clients' traffic (those go to the operator's log).
+/// Opt-in response header (`debug_header: true`, off in every shipped configuration):
+/// `<IP:port>;<reason>;matched=<n>`, `n` the matched prefix length in characters (bytes for raw bodies). For test
+/// rigs only: it names the backend and tells a client how much of its prompt other clients already sent.
 pub const DEBUG_HEADER: &str = "x-warmpath-decision";

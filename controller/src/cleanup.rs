@@ -52,8 +52,10 @@ pub async fn remove_all(ctx: &Context) -> Result<Report> {
         if let Some(uid) = route.uid() {
             report.objects_deleted += program::sweep(ctx, &uid, &none).await?;
         }
-        let api: Api<HttpRoute> = Api::namespaced(ctx.client.clone(), &route.namespace().unwrap_or_default());
+        let ns = route.namespace().unwrap_or_default();
+        let api: Api<HttpRoute> = Api::namespaced(ctx.client.clone(), &ns);
         finalizers::remove(&api, &route, route_annotations::FINALIZER).await?;
+        crate::reconcile::route_status::write(ctx, &ns, &route.name_any(), vec![]).await?;
         report.routes_released += 1;
     }
     for policy in Api::<InferenceRoutingPolicy>::all(ctx.client.clone()).list(&ListParams::default()).await?.items {

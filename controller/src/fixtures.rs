@@ -24,6 +24,7 @@ pub async fn client(objects: Vec<Value>) -> Client {
         .with_resource::<InferenceRoutingPolicy>()
         .with_status_subresource::<InferenceRoutingPolicy>()
         .with_resource::<HttpRoute>()
+        .with_status_subresource::<HttpRoute>()
         .with_resource::<Gateway>()
         .with_resource::<GatewayClass>()
         .with_resource::<EnvoyExtensionPolicy>()

@@ -230,7 +230,7 @@ async fn render(files: Vec<PathBuf>, common: Common, wasm_file: Option<PathBuf>,
         provider: Provider::parse(&common.provider),
         wasm: WasmModule { url: format!("http://{}:{}{}", controller.host(), controller.port, path), sha256 },
         controller,
-        read_back_status: false,
+        live_status: false,
     };
     let out = warmpath_controller::offline::render(manifests, config).await.map_err(anyhow::Error::msg)?;
     for line in &out.status {

@@ -99,7 +99,7 @@ pub async fn client(objects: Vec<Value>) -> Result<Client, String> {
 /// Errors: manifests that cannot be loaded, or an API error inside the in-memory server.
 pub async fn render(manifests: Vec<Value>, config: ControllerConfig) -> Result<Rendered, String> {
     // No gateway runs offline: nothing to read its status back from.
-    let config = ControllerConfig { read_back_status: false, ..config };
+    let config = ControllerConfig { live_status: false, ..config };
     let client = client(normalise(manifests)).await?;
     let ctx = Arc::new(Context::new(client.clone(), config));
     let err = |e: crate::Error| e.to_string();

@@ -60,7 +60,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         provider: Provider::parse(&args.provider),
         wasm: WasmModule { url: format!("http://{}:{}{}", controller.host(), controller.port, blob.path()), sha256: blob.sha256.clone() },
         controller,
-        read_back_status: true,
+        live_status: true,
     };
     tracing::info!(wasm = %config.wasm.url, sha256 = %config.wasm.sha256, provider = ?config.provider, "starting");
     let ctx = Context::new(client.clone(), config);

@@ -33,7 +33,7 @@ fn config() -> ControllerConfig {
             sha256: SHA.into(),
         },
         controller,
-        read_back_status: false,
+        live_status: false,
     }
 }
 

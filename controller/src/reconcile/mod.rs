@@ -25,8 +25,10 @@ pub mod inference_endpoint;
 pub mod model_cache;
 pub mod program;
 pub mod route_annotations;
+pub mod route_status;
 pub mod routing_policy;
 pub mod status_readback;
+pub mod unknown_annotations;
 
 /// Shared state handed to every reconciler.
 #[derive(Clone)]
@@ -89,9 +91,10 @@ pub struct ControllerConfig {
     pub controller: ControllerEndpoint,
     /// Where gateways fetch the wasm module, and its sha256.
     pub wasm: WasmModule,
-    /// Mirror the gateway's own status on the written objects into `Programmed` (see
-    /// [`status_readback`]); off for the offline `render`, where no gateway runs.
-    pub read_back_status: bool,
+    /// Status that only a live cluster has: read the gateway's own status on the written objects
+    /// back into `Programmed` ([`status_readback`]) and write annotated routes' status
+    /// ([`route_status`]); off for the offline `render`, where no gateway runs.
+    pub live_status: bool,
 }
 
 impl Default for ControllerConfig {
@@ -100,7 +103,7 @@ impl Default for ControllerConfig {
             provider: None,
             controller: ControllerEndpoint { service: "warmpath-controller".into(), namespace: "warmpath-system".into(), port: 8080 },
             wasm: WasmModule { url: String::new(), sha256: String::new() },
-            read_back_status: true,
+            live_status: true,
         }
     }
 }

@@ -4,7 +4,8 @@
 //! with the route as owner (owner references in its namespace, a finalizer on the route for the
 //! objects in Gateway namespaces). Removing the annotation, or a policy starting to target the
 //! route (policies take precedence), removes exactly those objects. Outcomes are reported as
-//! Events on the HTTPRoute (the route's status belongs to the gateway implementation).
+//! Events on the HTTPRoute and, durably, in warmpath's own entries of its `status.parents`
+//! ([`super::route_status`]); unknown `warmpath.dev/*` keys are reported in both.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -18,7 +19,7 @@ use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 
 use super::routing_policy::{publish, winner};
-use super::{finalizers, program, Context};
+use super::{finalizers, program, route_status, unknown_annotations, Context};
 use crate::crd::routing_policy::InferenceRoutingPolicy;
 use crate::render::Owner;
 use crate::routing::{feed_key, feed_path, RoutingIntent};
@@ -50,17 +51,27 @@ async fn reconcile_inner(route: Arc<HttpRoute>, ctx: &Context) -> Result<Action>
     let api: Api<HttpRoute> = Api::namespaced(ctx.client.clone(), &ns);
     let annotated = RoutingIntent::from_annotations(route.annotations()).is_some();
     let ours = finalizers::has(&*route, FINALIZER);
-    if annotated && route.metadata.deletion_timestamp.is_none() {
+    let deleting = route.metadata.deletion_timestamp.is_some();
+    let unknown = unknown_annotations::message(route.annotations());
+    if let Some(msg) = unknown.as_ref().filter(|_| !deleting) {
+        publish(ctx, &*route, EventType::Warning, "UnknownAnnotation", msg.clone()).await;
+    }
+    if annotated && !deleting {
         let route = match finalizers::add(&api, &*route, FINALIZER).await? {
             Some(updated) => updated,
             None => (*route).clone(),
         };
-        return apply(&route, ctx).await;
+        return apply(&route, ctx, unknown.as_deref()).await;
     }
     if ours {
         // Annotation removed or route deleted: delete what it created, then release the route.
         cleanup(&route, ctx).await?;
         finalizers::remove(&api, &*route, FINALIZER).await?;
+    }
+    if !deleting {
+        // Only misspelled keys (routing stays off), or none left: say so, or clear our entries.
+        let now = Time(k8s_openapi::jiff::Timestamp::now());
+        route_status::write(ctx, &ns, &route.name_any(), route_status::entries(&route, &[], unknown.as_deref(), route.metadata.generation, &now)).await?;
     }
     Ok(Action::await_change())
 }
@@ -75,14 +86,16 @@ fn owner_of(r: &HttpRoute) -> Result<Owner> {
     })
 }
 
-async fn apply(route: &HttpRoute, ctx: &Context) -> Result<Action> {
+async fn apply(route: &HttpRoute, ctx: &Context, unknown: Option<&str>) -> Result<Action> {
     let owner = owner_of(route)?;
+    let now = Time(k8s_openapi::jiff::Timestamp::now());
     let key = feed_key("httproute", &owner.namespace, &owner.name);
     // Precedence: a policy targeting this route wins over its annotations.
     let policies = Api::<InferenceRoutingPolicy>::namespaced(ctx.client.clone(), &owner.namespace).list(&ListParams::default()).await?;
     if let Some(p) = winner(&policies.items, &owner.name) {
         let removed = program::sweep(ctx, &owner.uid, &BTreeSet::new()).await?;
         ctx.remove_feed(&key);
+        route_status::write(ctx, &owner.namespace, &owner.name, route_status::entries(route, &[], unknown, route.metadata.generation, &now)).await?;
         publish(ctx, route, EventType::Warning, "AnnotationsOverridden",
             format!("InferenceRoutingPolicy {} targets this route and takes precedence over its warmpath.dev annotations (removed {removed} annotation-owned object(s))", p.name_any())).await;
         return Ok(Action::requeue(Duration::from_secs(300)));
@@ -91,11 +104,18 @@ async fn apply(route: &HttpRoute, ctx: &Context) -> Result<Action> {
         Some(Ok(i)) => i,
         Some(Err(msg)) => {
             publish(ctx, route, EventType::Warning, "InvalidAnnotation", format!("{msg}; nothing changed")).await;
+            let invalid = (false, crate::conditions::reason::INVALID, msg.clone());
+            let a = program::ancestor(
+                program::route_ref(&owner.namespace, &owner.name),
+                [invalid.clone(), invalid, (false, crate::conditions::reason::INVALID, "not changed: the annotations are invalid".into())],
+                route.metadata.generation,
+                &now,
+            );
+            route_status::write(ctx, &owner.namespace, &owner.name, route_status::entries(route, &[a], unknown, route.metadata.generation, &now)).await?;
             return Ok(Action::requeue(Duration::from_secs(300)));
         }
         None => return Ok(Action::await_change()),
     };
-    let now = Time(k8s_openapi::jiff::Timestamp::now());
     let out = program::resolve_and_render(ctx, &owner, &intent, &owner.namespace, &owner.name, &feed_path(&key), route.metadata.generation, &now).await?;
     program::apply_all(ctx, &out.objects).await?;
     let keep: BTreeSet<_> = out.objects.iter().map(program::key_of).collect();
@@ -106,6 +126,7 @@ async fn apply(route: &HttpRoute, ctx: &Context) -> Result<Action> {
     }
     let mut ancestors = out.ancestors;
     let recheck = super::status_readback::mirror(ctx, &out.objects, &mut ancestors, route.metadata.generation, &now).await?;
+    route_status::write(ctx, &owner.namespace, &owner.name, route_status::entries(route, &ancestors, unknown, route.metadata.generation, &now)).await?;
     let failing: Vec<String> = ancestors
         .iter()
         .flat_map(|a| a.conditions.iter().filter(|c| c.status == "False").map(move |c| format!("{}/{}: {} ({})", a.ancestor_ref.kind, a.ancestor_ref.name, c.reason, c.message)))

@@ -56,7 +56,7 @@ pub type Verdict = (bool, String, String);
 /// every Gateway ancestor that was programmed (`Programmed=True` from the render step) with what
 /// Envoy Gateway reports. Returns how soon to look again (`Some` while a report is pending).
 pub async fn mirror(ctx: &Context, applied: &[DynamicObject], ancestors: &mut [PolicyAncestorStatus], generation: Option<i64>, now: &Time) -> Result<Option<Duration>> {
-    if !ctx.config.read_back_status {
+    if !ctx.config.live_status {
         return Ok(None);
     }
     let mut live = vec![];

@@ -477,9 +477,10 @@ fn server_image(d: &Deployment) -> String {
 
 /// What the ImageCache reconciler writes once the kubelets of both target nodes have pulled `image`.
 async fn image_pulled_everywhere(c: &Client, image: &str) {
-    let name = warmpath_controller::crd::image_cache::image_cache_name(image);
+    let api = Api::<ImageCache>::namespaced(c.clone(), NS);
+    let name = api.list(&ListParams::default()).await.unwrap().items.into_iter().find(|i| i.spec.image == image).unwrap().name_any();
     let st = json!({"status": {"phase": "Cached", "target": 2, "cached": 2, "references": 1}});
-    Api::<ImageCache>::namespaced(c.clone(), NS).patch_status(&name, &PatchParams::default(), &Patch::Merge(st)).await.unwrap();
+    api.patch_status(&name, &PatchParams::default(), &Patch::Merge(st)).await.unwrap();
 }
 
 /// Creates `ie`, makes its weights ready on both GPU nodes and completes the first rollout.
@@ -641,5 +642,31 @@ fn crd_schema_requires_hex_sha256_values() {
         let schema = serde_json::to_value(&crd.spec.versions[0].schema.as_ref().unwrap().open_api_v3_schema).unwrap();
         let sha = &schema["properties"]["spec"]["properties"]["sha256"];
         assert_eq!(sha["additionalProperties"]["pattern"], warmpath_controller::crd::model_cache::SHA256_PATTERN, "{sha}");
+    }
+}
+
+#[tokio::test]
+async fn endpoints_on_different_nodes_get_their_own_image_cache() {
+    let c = client(gpu_nodes()).await;
+    let ctx = ctx(&c);
+    let ies: Api<InferenceEndpoint> = Api::namespaced(c.clone(), NS);
+    ies.create(&PostParams::default(), &endpoint("gpu", "a/", "vllm:1")).await.unwrap();
+    let mut on_cpu = endpoint("cpu", "b/", "vllm:1");
+    on_cpu.spec.node_selector = BTreeMap::from([("pool".to_string(), "cpu".to_string())]);
+    ies.create(&PostParams::default(), &on_cpu).await.unwrap();
+    let mut same = endpoint("gpu2", "c/", "vllm:1");
+    same.spec.args.push("--other".into());
+    ies.create(&PostParams::default(), &same).await.unwrap();
+    for n in ["gpu", "cpu", "gpu2"] {
+        reconcile_ie(&ctx, n, 2).await;
+    }
+    let (gpu, cpu, gpu2) = (ie_status(&c, "gpu").await.image_cache.unwrap(), ie_status(&c, "cpu").await.image_cache.unwrap(), ie_status(&c, "gpu2").await.image_cache.unwrap());
+    assert_eq!(gpu, gpu2, "same image on the same nodes: shared");
+    assert_ne!(gpu, cpu, "same image on other nodes: its own cache");
+    for (ic, pool) in [(&gpu, "gpu"), (&cpu, "cpu")] {
+        reconcile_ic(&ctx, ic).await;
+        let ds = Api::<DaemonSet>::namespaced(c.clone(), NS).get(&image_cache::daemonset_name(ic)).await.unwrap();
+        let sel = ds.spec.unwrap().template.spec.unwrap().node_selector.unwrap();
+        assert_eq!(sel.get("pool").map(String::as_str), Some(pool), "{ic} pre-pulls on the {pool} nodes");
     }
 }

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use clap::Parser;
 use kube::ResourceExt;
-use warmpath_controller::crd::image_cache::{image_cache_name, ImageCache, ImageCacheSpec};
+use warmpath_controller::crd::image_cache::ImageCache;
 use warmpath_controller::crd::inference_endpoint::InferenceEndpoint;
 use warmpath_controller::crd::model_cache::ModelCache;
 use warmpath_controller::reconcile::{image_cache, inference_endpoint as ie};
@@ -41,15 +41,8 @@ fn main() -> anyhow::Result<()> {
                 mc
             });
             let image = e.spec.model_cache_config.image_cache.enabled.then(|| {
-                let mut ic = ImageCache::new(
-                    &image_cache_name(&e.spec.image),
-                    ImageCacheSpec {
-                        image: e.spec.image.clone(),
-                        image_pull_secrets: e.spec.image_pull_secrets.clone(),
-                        node_selector: e.spec.node_selector.clone(),
-                        command: vec![],
-                    },
-                );
+                let (name, spec) = ie::endpoint_image_cache(&e);
+                let mut ic = ImageCache::new(&name, spec);
                 ic.metadata.namespace = e.namespace();
                 ic.metadata.uid = Some("00000000-0000-0000-0000-000000000001".into());
                 ic

@@ -402,7 +402,8 @@ async fn apply(api: &Api<InferenceEndpoint>, ie: &InferenceEndpoint, ctx: &Conte
             let mut e = ie.clone();
             e.spec.image = old.clone();
             held = e;
-            (&held, Some(image_cache_name(old)))
+            let ic = endpoint_image_cache(&held).0;
+            (&held, Some(ic))
         }
         None => (ie, image_cache.clone()),
     };
@@ -506,27 +507,37 @@ async fn apply_deployment(
     Ok(api.patch(&ie.name_any(), &ssa(), &Patch::Apply(&d)).await?)
 }
 
+/// The shared ImageCache an endpoint uses: keyed by image *and* target node set (node selector, pull
+/// secrets), so endpoints that run the same image on different nodes each get their nodes pre-pulled.
+/// `img-<16 hex>` of sha256(image) alone when the endpoint has neither, else of the three together.
+pub fn endpoint_image_cache(ie: &InferenceEndpoint) -> (String, ImageCacheSpec) {
+    let spec = ImageCacheSpec {
+        image: ie.spec.image.clone(),
+        image_pull_secrets: ie.spec.image_pull_secrets.clone(),
+        node_selector: ie.spec.node_selector.clone(),
+        command: vec![],
+    };
+    let key = if spec.node_selector.is_empty() && spec.image_pull_secrets.is_empty() {
+        spec.image.clone()
+    } else {
+        json!({"image": spec.image, "nodeSelector": spec.node_selector, "imagePullSecrets": spec.image_pull_secrets}).to_string()
+    };
+    (image_cache_name(&key), spec)
+}
+
 /// Ensures the ImageCache for the endpoint's image exists and lists the endpoint as an owner
 /// (non-controller) reference. Returns its name.
 async fn reference_image_cache(ie: &InferenceEndpoint, ctx: &Context) -> Result<String> {
     let ns = ie.namespace().unwrap_or_default();
     let api: Api<ImageCache> = Api::namespaced(ctx.client.clone(), &ns);
-    let name = image_cache_name(&ie.spec.image);
+    let (name, spec) = endpoint_image_cache(ie);
     let mut me = owner(ie)?;
     me.controller = Some(false);
     me.block_owner_deletion = Some(false);
     for _attempt in 0..5 {
         match api.get_opt(&name).await? {
             None => {
-                let mut ic = ImageCache::new(
-                    &name,
-                    ImageCacheSpec {
-                        image: ie.spec.image.clone(),
-                        image_pull_secrets: ie.spec.image_pull_secrets.clone(),
-                        node_selector: ie.spec.node_selector.clone(),
-                        command: vec![],
-                    },
-                );
+                let mut ic = ImageCache::new(&name, spec.clone());
                 ic.metadata.namespace = Some(ns.clone());
                 ic.metadata.labels = Some(BTreeMap::from([(MANAGED_LABEL.to_string(), MANAGED_BY_ENDPOINTS.to_string())]));
                 ic.metadata.owner_references = Some(vec![me.clone()]);

@@ -346,6 +346,57 @@ mod tests {
         assert_ne!(a, b, "the busy worker costs 40 prefill + 40 decode blocks more");
     }
 
+    /// Two live simulated servers at real time with 1 ms of prefill per token, so a request's prefill can be
+    /// watched while it runs.
+    async fn two_servers() -> (Vec<warmpath_sim::SimServer>, CostRouter, CostRouter) {
+        let cfg = warmpath_sim::SimConfig {
+            latency: warmpath_sim::LatencyProfile { prefill_ms_per_token: 1.0, overhead_ms: 0.0, itl_ms: 1.0, ..Default::default() },
+            ..Default::default()
+        };
+        let mut servers = Vec::new();
+        for _ in 0..2 {
+            servers.push(warmpath_sim::SimServer::start(cfg.clone(), "127.0.0.1:0".parse().unwrap()).await.unwrap());
+        }
+        let addrs: Vec<String> = servers.iter().map(|s| s.addr().to_string()).collect();
+        let probes = || servers.iter().map(|s| s.probe()).collect();
+        let oracle = CostRouter::new(CostKind::Oracle, addrs.clone(), probes(), 16, 1.0);
+        let ttft = CostRouter::new(CostKind::OracleTtft, addrs, probes(), 16, 1.0);
+        (servers, oracle, ttft)
+    }
+
+    async fn complete(addr: &std::net::SocketAddr, prompt: &str) -> reqwest::Response {
+        let body = serde_json::json!({"model": "m", "prompt": prompt, "max_tokens": 1});
+        reqwest::Client::new().post(format!("http://{addr}/v1/completions")).json(&body).send().await.unwrap()
+    }
+
+    #[tokio::test]
+    async fn oracles_follow_the_true_cache_and_avoid_the_true_queue() {
+        let (servers, oracle, ttft) = two_servers().await;
+        let shared = warmpath_sim::tokens::filler_text(3, 320); // 20 blocks
+        complete(&servers[1].addr(), &shared).await.bytes().await.unwrap();
+        let holder = servers[1].addr().to_string();
+        // Idle fleet: both references go where the prefix truly is (no routing history involved).
+        assert_eq!(oracle.route(&format!("{shared}a")).0, holder);
+        assert_eq!(ttft.route(&format!("{shared}b")).0, holder);
+        // A 1,000-token prefill now runs on the holder: it owes 1,000 tokens, more than the 321 this prompt
+        // costs cold on the idle server, so the prefill-work reference goes to the idle one.
+        let long = warmpath_sim::tokens::filler_text(4, 1000);
+        let busy = tokio::spawn({
+            let a = servers[1].addr();
+            async move { complete(&a, &long).await.bytes().await.unwrap() }
+        });
+        let start = std::time::Instant::now();
+        while servers[1].probe().truth("").pending_prefill_tokens == 0 {
+            assert!(start.elapsed() < std::time::Duration::from_secs(5), "the long prefill never started");
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        assert_eq!(ttft.route(&format!("{shared}c")).0, servers[0].addr().to_string());
+        busy.await.unwrap();
+        for s in servers {
+            s.stop().await;
+        }
+    }
+
     #[test]
     fn approximate_index_forgets_after_its_ttl() {
         let mut w = WorkerHistory::default();

@@ -236,6 +236,14 @@ async fn render(files: Vec<PathBuf>, common: Common, wasm_file: Option<PathBuf>,
     for line in &out.status {
         eprintln!("{line}");
     }
+    if out.objects.is_empty() {
+        // Say why instead of printing nothing: the conditions above name each route's reason (e.g. its Gateway,
+        // GatewayClass or backend Service is not among the inputs).
+        if out.status.is_empty() {
+            anyhow::bail!("nothing rendered: no InferenceRoutingPolicy and no HTTPRoute with a warmpath.dev annotation among the inputs");
+        }
+        anyhow::bail!("nothing rendered (see the conditions above)");
+    }
     if output == "json" {
         println!("{}", serde_json::to_string_pretty(&out.objects)?);
     } else {

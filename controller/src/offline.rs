@@ -26,7 +26,10 @@ use crate::routing::ANNOTATION_STRATEGY;
 pub struct Rendered {
     /// Objects the controller would create, sorted by (kind, namespace, name), server fields removed.
     pub objects: Vec<DynamicObject>,
-    /// One line per policy condition: `InferenceRoutingPolicy ns/name ancestor: Type=Status (Reason): message`.
+    /// What the controller would report: one line per policy condition
+    /// (`InferenceRoutingPolicy ns/name <ancestor kind> <name>: Type=Status (Reason): message`), and one per event
+    /// published for an annotated route (`HTTPRoute ns/name: <type> <reason>: <note>`, e.g. `NotProgrammed` with
+    /// each parent's reason).
     pub status: Vec<String>,
 }
 
@@ -158,5 +161,27 @@ pub async fn render(manifests: Vec<Value>, config: ControllerConfig) -> Result<R
             }
         }
     }
+    // Annotated routes: their status is only written on a live cluster, so report the events the
+    // reconciler published for them (Programmed / NotProgrammed with each ancestor's reason, …).
+    let events = Api::<k8s_openapi::api::events::v1::Event>::all(client.clone()).list(&ListParams::default()).await.map_err(|e| e.to_string())?;
+    let mut lines: Vec<String> = events
+        .items
+        .iter()
+        .filter(|e| e.regarding.as_ref().is_some_and(|r| r.kind.as_deref() == Some("HTTPRoute")))
+        .map(|e| {
+            let r = e.regarding.as_ref();
+            format!(
+                "HTTPRoute {}/{}: {} {}: {}",
+                r.and_then(|r| r.namespace.as_deref()).unwrap_or_default(),
+                r.and_then(|r| r.name.as_deref()).unwrap_or_default(),
+                e.type_.as_deref().unwrap_or_default(),
+                e.reason.as_deref().unwrap_or_default(),
+                e.note.as_deref().unwrap_or_default()
+            )
+        })
+        .collect();
+    lines.sort();
+    lines.dedup();
+    out.status.extend(lines);
     Ok(out)
 }

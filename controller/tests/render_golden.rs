@@ -84,9 +84,30 @@ fn the_binary_prints_the_same_objects() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let stdout = String::from_utf8(out.stdout).unwrap();
     let stderr = String::from_utf8(out.stderr).unwrap();
-    let status: Vec<String> = stderr.lines().filter(|l| l.starts_with("InferenceRoutingPolicy ")).map(String::from).collect();
+    let status: Vec<String> =
+        stderr.lines().filter(|l| l.starts_with("InferenceRoutingPolicy ") || l.starts_with("HTTPRoute ")).map(String::from).collect();
     let want = std::fs::read_to_string(case.with_extension("expected.yaml")).unwrap();
     assert_eq!(golden_text(&stdout, &status), want);
+}
+
+/// The README's annotated HTTPRoute alone (its Gateway, GatewayClass and backend Service not among the inputs):
+/// nothing can be rendered, and the command says why — per route, the reasons the controller publishes in the
+/// route's events — and exits non-zero.
+#[test]
+fn render_of_a_route_alone_says_why_nothing_was_rendered() {
+    let text = std::fs::read_to_string(cases().into_iter().find(|c| c.ends_with("docs-annotated-route.yaml")).unwrap()).unwrap();
+    let route = text.split("\n---\n").find(|d| d.contains("kind: HTTPRoute")).expect("the case has the route");
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("route.yaml");
+    std::fs::write(&file, route).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_warmpath-controller")).args(["render", "-f"]).arg(&file).args(["--wasm-sha256", SHA]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "exit 0 with nothing rendered; stderr: {stderr}");
+    assert!(out.stdout.is_empty(), "{}", String::from_utf8_lossy(&out.stdout));
+    assert!(stderr.contains("HTTPRoute llm/chat: Warning NotProgrammed"), "{stderr}");
+    assert!(stderr.contains("Gateway gateways/inference-gateway not found"), "{stderr}");
+    assert!(stderr.contains("backend Service llm/vllm-llama not found"), "{stderr}");
+    assert!(stderr.contains("nothing rendered"), "{stderr}");
 }
 
 #[test]

@@ -166,7 +166,7 @@ for f in controller/testdata/render/*.yaml; do
   name=$(basename "$f" .yaml)
   cp "$f" "$R/in/$name.yaml"
   "${IN[@]}" render -f "/in/$name.yaml" --wasm-sha256 $SHA >"$tmp/$name.out" 2>"$tmp/$name.err" || { cat "$tmp/$name.err" >&2; fail "render $name"; }
-  grep '^InferenceRoutingPolicy ' "$tmp/$name.err" | sed 's/^/# /' >>"$tmp/$name.out" || true
+  grep -E '^(InferenceRoutingPolicy|HTTPRoute) ' "$tmp/$name.err" | sed 's/^/# /' >>"$tmp/$name.out" || true
   diff -u "controller/testdata/render/$name.expected.yaml" "$tmp/$name.out" >&2 || fail "render $name differs from its golden"
   cases=$((cases + 1))
 done

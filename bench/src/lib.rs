@@ -6,7 +6,7 @@
 //! - [`harness`]: one strategy end to end (fresh servers, Envoy + filter or a client-side baseline, replay).
 //! - [`baselines`]: SageMaker-, GIE- and SGLang-router-style policies behind the core's `Policy` trait.
 //! - [`peers`]: the real SGLang Model Gateway and vLLM router, run as their own processes.
-//! - [`kvcost`]: Dynamo-style KV-block cost routing and the exact-state reference `ORACLE`.
+//! - [`kvcost`]: Dynamo-style KV-block cost routing and the exact-state references `ORACLE`, `ORACLE_TTFT`.
 //! - [`router`], [`loads`]: client-side routing state and the `/metrics` reader.
 //! - [`report`], [`plot`], [`pooled`]: the table, CSV, PNG charts and the pooled-cache bound.
 

@@ -670,3 +670,32 @@ async fn endpoints_on_different_nodes_get_their_own_image_cache() {
         assert_eq!(sel.get("pool").map(String::as_str), Some(pool), "{ic} pre-pulls on the {pool} nodes");
     }
 }
+
+/// `warmpath-cache-render` checks its input like the API server: the CRD schema (ranges, patterns,
+/// unknown fields) and its CEL rules; a bad endpoint is a clear error and a non-zero exit.
+#[test]
+fn cache_render_refuses_endpoints_the_api_server_would_refuse() {
+    let good = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/testdata/cache/endpoint.yaml")).unwrap();
+    let render = |text: &str| {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("ie.yaml");
+        std::fs::write(&f, text).unwrap();
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_warmpath-cache-render")).arg("-f").arg(&f).output().unwrap();
+        (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let (ok, err) = render(&good);
+    assert!(ok, "{err}");
+    for (what, from, to, needle) in [
+        ("negative replicas", "replicas: 2", "replicas: -5", "replicas"),
+        ("port out of range", "port: 8000", "port: 70000", "port"),
+        ("relative hostPath", "weightsCache: {enabled: true}", "weightsCache: {enabled: true, hostPath: models}", "hostPath"),
+        ("unknown key", "replicas: 2", "replicas: 2\n  replica: 3", "replica"),
+        ("two sources", "    huggingFace:", "    http: {url: \"https://h/m.gguf\"}\n    huggingFace:", "exactly one of s3, http, huggingFace, volume"),
+        ("non-hex sha256", "replicas: 2", "replicas: 2\n  sha256: {model.safetensors: nothex}", "sha256"),
+    ] {
+        assert!(good.contains(from), "{what}: fixture changed");
+        let (ok, err) = render(&good.replacen(from, to, 1));
+        assert!(!ok, "{what} accepted");
+        assert!(err.contains(needle), "{what}: {err}");
+    }
+}

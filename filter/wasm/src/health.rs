@@ -157,9 +157,28 @@ pub fn learn(picked: &str, now_ms: u64) -> Outcome {
         Outcome::Succeeded => {
             update(picked, Health::succeeded);
         }
-        Outcome::NotHonoured | Outcome::Unknown => {}
+        Outcome::NotHonoured => warn_not_honoured_once(picked, upstream.as_deref()),
+        Outcome::Unknown => {}
     }
     outcome
+}
+
+thread_local! {
+    // Endpoints already reported as not honoured by this VM (bounded by the endpoint count).
+    static WARNED: std::cell::RefCell<std::collections::BTreeSet<String>> = const { std::cell::RefCell::new(std::collections::BTreeSet::new()) };
+}
+
+/// Logs, once per endpoint and VM, that Envoy sent a request picked for `picked` elsewhere: what cannot be checked
+/// at configure time — the endpoint is not a member of the Envoy cluster (the counter keeps counting).
+fn warn_not_honoured_once(picked: &str, upstream: Option<&str>) {
+    let first = WARNED.with(|w| w.borrow_mut().insert(picked.to_string()));
+    if first {
+        log::warn!(
+            "Envoy did not honour the pick {picked} (the request went to {}): is it a member of the route's cluster? \
+             Counted in warmpath.picks_not_honoured; logged once per endpoint",
+            upstream.unwrap_or("no upstream")
+        );
+    }
 }
 
 #[cfg(test)]

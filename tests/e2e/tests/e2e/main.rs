@@ -10,6 +10,7 @@ mod config;
 mod feed;
 mod failopen;
 mod failover;
+mod honoured;
 mod inflight;
 mod module_failure;
 mod reconfigure;

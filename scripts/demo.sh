@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The README's "run" command: a local comparison of routing strategies, no cluster needed.
-#   - installs what is missing (scripts/setup.sh: Envoy 1.40 into .venv, wasm target),
+#   - installs what is missing (scripts/setup.sh: Envoy 1.40 and the peers' routers smg / vllm-router into .venv,
+#     wasm target),
 #   - builds the warmpath wasm filter and the replay harness (release),
-#   - starts N simulated OpenAI model servers on 127.0.0.1 and, per strategy, a real Envoy with the filter,
+#   - starts N simulated OpenAI model servers on 127.0.0.1 and, per strategy, a real Envoy with the filter or the
+#     peer's real router process (SMG_CACHE_AWARE, VLLM_ROUTER_CACHE_AWARE),
 #   - replays the default workload once per strategy and prints the table; CSV + PNG go to out/bench/.
 # Extra arguments go to warmpath-bench (see `scripts/demo.sh --help` and docs/demo.md), e.g.
 #   scripts/demo.sh --workload rag --endpoints 8

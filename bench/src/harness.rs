@@ -1,8 +1,9 @@
 //! Runs one strategy end to end: fresh simulated servers on loopback, then either a real Envoy with the warmpath
-//! filter (RANDOM / LEAST_OUTSTANDING_REQUESTS / PREFIX_AWARE) or client-side routing by a baseline policy, an
+//! filter (RANDOM / LEAST_OUTSTANDING_REQUESTS / PREFIX_AWARE), a peer's real router as its own process
+//! (SMG_CACHE_AWARE, VLLM_ROUTER_CACHE_AWARE), or client-side routing (a baseline policy, DYNAMO_KV, ORACLE), an
 //! open-loop replay of the workload, and the server-side truth collected afterwards.
 //!
-//! Every child (Envoy) is killed on drop, and servers stop on drop, so an error or Ctrl-C cleans up.
+//! Every child (Envoy, peer router) is killed on drop, and servers stop on drop, so an error or Ctrl-C cleans up.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -15,7 +16,9 @@ use warmpath_harness::{filter_wasm, EnvoyConfig, EnvoyProcess, FILTER_STAT_PREFI
 use warmpath_sim::{SimConfig, SimServer};
 
 use crate::baselines::Baseline;
-use crate::client::{send, Outcome};
+use crate::client::{send, send_observed, Outcome};
+use crate::kvcost::{CostKind, CostRouter};
+use crate::peers::{Peer, PeerProcess};
 use crate::loads::{scrape, ServerMetrics};
 use crate::router::ClientRouter;
 use crate::workload::Request;
@@ -30,6 +33,10 @@ pub enum Strategy {
     Filter(String),
     /// A baseline routed client-side.
     Baseline(Baseline),
+    /// A peer's real router, run as its own process.
+    Peer(Peer),
+    /// KV-block cost routing client-side: Dynamo-style, or the exact-state reference.
+    Cost(CostKind),
 }
 
 impl Strategy {
@@ -39,15 +46,17 @@ impl Strategy {
         if FILTER_STRATEGIES.contains(&up.as_str()) {
             return Ok(Strategy::Filter(up));
         }
-        Baseline::ALL
+        let named = Baseline::ALL
             .into_iter()
-            .find(|b| b.label() == up)
             .map(Strategy::Baseline)
-            .ok_or_else(|| {
-                let all: Vec<&str> =
-                    FILTER_STRATEGIES.iter().copied().chain(Baseline::ALL.iter().map(|b| b.label())).collect();
-                anyhow::anyhow!("unknown strategy {s:?}; choose from {}", all.join(", "))
-            })
+            .chain(Peer::ALL.into_iter().map(Strategy::Peer))
+            .chain(CostKind::ALL.into_iter().map(Strategy::Cost));
+        let mut all = named.clone().map(|s| s.label());
+        named.clone().find(|x| x.label() == up).ok_or_else(|| {
+            let filters = FILTER_STRATEGIES.iter().map(|s| s.to_string());
+            let names: Vec<String> = filters.chain(all.by_ref()).collect();
+            anyhow::anyhow!("unknown strategy {s:?}; choose from {}", names.join(", "))
+        })
     }
 
     /// The report label.
@@ -55,12 +64,24 @@ impl Strategy {
         match self {
             Strategy::Filter(s) => s.clone(),
             Strategy::Baseline(b) => b.label().to_string(),
+            Strategy::Peer(p) => p.label().to_string(),
+            Strategy::Cost(c) => c.label().to_string(),
         }
     }
 
     /// True when requests go through Envoy and the filter.
     pub fn via_envoy(&self) -> bool {
         matches!(self, Strategy::Filter(_))
+    }
+
+    /// The report's path column: `envoy`, the peer's process (`smg`, `vllm-router`), or `direct` (routed by the
+    /// harness itself, no proxy hop).
+    pub fn path(&self) -> &'static str {
+        match self {
+            Strategy::Filter(_) => "envoy",
+            Strategy::Peer(p) => p.binary(),
+            Strategy::Baseline(_) | Strategy::Cost(_) => "direct",
+        }
     }
 }
 
@@ -126,10 +147,36 @@ pub struct RunSettings {
     pub prefix_length: usize,
     /// Envoy worker threads.
     pub envoy_concurrency: u32,
+    /// Envoy processes (gateway replicas) for filter strategies, each with the same plugin configuration and
+    /// `envoy_concurrency` workers. At least 1.
+    pub gateways: usize,
+    /// How the client spreads requests over the gateways.
+    pub spread: Spread,
     /// Model name sent in requests.
     pub model: String,
     /// Print a progress line every this often (None = quiet).
     pub progress_every: Option<Duration>,
+}
+
+/// How the client spreads requests over several gateways.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum Spread {
+    /// Each request to a gateway chosen at random (by a hash of its id).
+    #[default]
+    Random,
+    /// Every request of one conversation to the same gateway ([`Request::session_key`]).
+    Session,
+}
+
+impl Spread {
+    /// The gateway (0..n) for request `r`.
+    pub fn gateway(self, r: &Request, n: usize) -> usize {
+        let h = match self {
+            Spread::Random => xxhash_rust::xxh3::xxh3_64(&(r.id as u64).to_le_bytes()),
+            Spread::Session => r.session_key(),
+        };
+        (h % n.max(1) as u64) as usize
+    }
 }
 
 /// Everything measured for one strategy.
@@ -139,6 +186,8 @@ pub struct StrategyRun {
     pub label: String,
     /// Whether requests went through Envoy.
     pub via_envoy: bool,
+    /// The path column ([`Strategy::path`]).
+    pub path: &'static str,
     /// One outcome per request sent.
     pub outcomes: Vec<Outcome>,
     /// Requests of the workload not sent within the wall budget.
@@ -156,9 +205,14 @@ pub struct StrategyRun {
 }
 
 enum Target {
-    Envoy(String),
+    /// Proxies' base URLs: the Envoy gateways with the filter, or one peer router.
+    Proxy(Vec<String>),
     Direct(Arc<ClientRouter>),
+    Cost(Arc<CostRouter>),
 }
+
+/// How long a peer router may take to come up (it health-checks every server first).
+const PEER_START_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Runs `strategy` over `reqs` with fresh servers (and a fresh Envoy for filter strategies).
 pub async fn run_strategy(strategy: &Strategy, reqs: &[Request], s: &RunSettings) -> anyhow::Result<StrategyRun> {
@@ -168,17 +222,30 @@ pub async fn run_strategy(strategy: &Strategy, reqs: &[Request], s: &RunSettings
         servers.push(SimServer::start(s.sim.clone(), "127.0.0.1:0".parse()?).await?);
     }
     let addrs: Vec<String> = servers.iter().map(|x| x.addr().to_string()).collect();
-    let mut envoy = None;
+    let mut envoys = Vec::new();
+    let mut peer = None;
     let mut scraper = None;
     let target = match strategy {
         Strategy::Filter(name) => {
             let upstreams: Vec<std::net::SocketAddr> = servers.iter().map(|x| x.addr()).collect();
             let plugin = filter_plugin_config(name, &upstreams, &s.filter_extra);
             let cfg = EnvoyConfig::new(upstreams, plugin).with_wasm(filter_wasm()?);
-            let e = EnvoyProcess::start(cfg, s.envoy_concurrency).await?;
-            let url = e.url();
-            envoy = Some(e);
-            Target::Envoy(url)
+            for _ in 0..s.gateways.max(1) {
+                envoys.push(EnvoyProcess::start(cfg.clone(), s.envoy_concurrency).await?);
+            }
+            Target::Proxy(envoys.iter().map(|e| e.url()).collect())
+        }
+        Strategy::Peer(p) => {
+            let upstreams: Vec<std::net::SocketAddr> = servers.iter().map(|x| x.addr()).collect();
+            let proc = PeerProcess::start(*p, &upstreams, &s.model, PEER_START_TIMEOUT).await?;
+            let url = proc.url();
+            peer = Some(proc);
+            Target::Proxy(vec![url])
+        }
+        Strategy::Cost(kind) => {
+            let probes = servers.iter().map(|x| x.probe()).collect();
+            let r = CostRouter::new(*kind, addrs.clone(), probes, s.sim.block_tokens, s.sim.latency.time_scale);
+            Target::Cost(Arc::new(r))
         }
         Strategy::Baseline(b) => {
             let r = ClientRouter::new(b.create(), &addrs, s.prefix_length);
@@ -219,8 +286,8 @@ pub async fn run_strategy(strategy: &Strategy, reqs: &[Request], s: &RunSettings
         let sent_ms = start.elapsed().as_secs_f64() * 1000.0;
         let (client, id, path) = (client.clone(), r.id, r.path());
         match &target {
-            Target::Envoy(base) => {
-                let url = format!("{base}{path}");
+            Target::Proxy(bases) => {
+                let url = format!("{}{path}", bases[s.spread.gateway(r, bases.len())]);
                 tasks.spawn(async move { send(&client, &url, body, id, sent_ms).await });
             }
             Target::Direct(router) => {
@@ -229,6 +296,16 @@ pub async fn run_strategy(strategy: &Strategy, reqs: &[Request], s: &RunSettings
                     let (addr, guard) = router.route(path, &body);
                     let o = send(&client, &format!("http://{addr}{path}"), body, id, sent_ms).await;
                     drop(guard);
+                    o
+                });
+            }
+            Target::Cost(router) => {
+                let (router, prompt) = (router.clone(), r.server_prompt());
+                tasks.spawn(async move {
+                    let (addr, ticket) = router.route(&prompt);
+                    let url = format!("http://{addr}{path}");
+                    let o = send_observed(&client, &url, body, id, sent_ms, || ticket.first_token()).await;
+                    drop(ticket);
                     o
                 });
             }
@@ -262,21 +339,37 @@ pub async fn run_strategy(strategy: &Strategy, reqs: &[Request], s: &RunSettings
     for a in &addrs {
         server_metrics.push((a.clone(), scrape(&client, a).await?));
     }
-    let (overflows, filter_stats) = match (&target, &envoy) {
-        (Target::Envoy(_), Some(e)) => {
-            let stats = e.stats().await?;
-            let fs: Vec<(String, u64)> =
-                stats.with_prefix(FILTER_STAT_PREFIX).map(|(k, v)| (k.to_string(), v)).collect();
+    let (overflows, filter_stats) = match &target {
+        Target::Proxy(_) if !envoys.is_empty() => {
+            // Summed over the gateways: each Envoy counts its own decisions. The filter hands its counters to
+            // Envoy once per tick (500 ms by default), so wait (bounded) until every sent request's decision shows.
+            let settle = Instant::now() + Duration::from_secs(3);
+            let sum = loop {
+                let mut sum: std::collections::BTreeMap<String, u64> = Default::default();
+                for e in &envoys {
+                    let stats = e.stats().await?;
+                    for (k, v) in stats.with_prefix(FILTER_STAT_PREFIX) {
+                        *sum.entry(k.to_string()).or_default() += v;
+                    }
+                }
+                let decided: u64 = sum.iter().filter(|(k, _)| k.contains(".decisions.")).map(|(_, v)| *v).sum();
+                if decided >= sent as u64 || Instant::now() > settle {
+                    break sum;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            };
+            let fs: Vec<(String, u64)> = sum.into_iter().collect();
             let ov = fs.iter().filter(|(k, _)| k.contains("overflow")).map(|(_, v)| *v).sum();
             (ov, fs)
         }
-        (Target::Direct(r), _) => (r.overflows.load(std::sync::atomic::Ordering::Relaxed), Vec::new()),
+        Target::Direct(r) => (r.overflows.load(std::sync::atomic::Ordering::Relaxed), Vec::new()),
         _ => (0, Vec::new()),
     };
     if let Some(t) = scraper {
         t.abort();
     }
-    drop(envoy);
+    drop(envoys);
+    drop(peer);
     for srv in servers {
         srv.stop().await;
     }
@@ -287,6 +380,7 @@ pub async fn run_strategy(strategy: &Strategy, reqs: &[Request], s: &RunSettings
     Ok(StrategyRun {
         label,
         via_envoy: strategy.via_envoy(),
+        path: strategy.path(),
         outcomes,
         not_sent: reqs.len() - sent,
         servers: server_metrics,

@@ -8,9 +8,9 @@ use anyhow::Context;
 use clap::Parser;
 use serde_json::Value;
 use tokio::signal::unix::{signal, SignalKind};
-use warmpath_bench::harness::{check_filter_extra, run_strategy, RunSettings, Strategy};
-use warmpath_bench::report::{table, write_csv, Summary};
-use warmpath_bench::workload::{generate, GenParams, WorkloadKind};
+use warmpath_bench::harness::{check_filter_extra, run_strategy, RunSettings, Spread, Strategy};
+use warmpath_bench::report::{table, table_runs, write_csv, Summary};
+use warmpath_bench::workload::{generate, window, GenParams, Request, WorkloadKind};
 use warmpath_bench::{plot, pooled, trace};
 use warmpath_sim::{LatencyProfile, SimConfig};
 
@@ -45,9 +45,15 @@ struct Args {
     /// Wall-clock budget per strategy for sending requests, seconds (later arrivals are not sent and count as errors).
     #[arg(long, default_value_t = 60.0)]
     max_wall_s: f64,
-    /// Strategies, comma-separated: RANDOM, LEAST_OUTSTANDING_REQUESTS, PREFIX_AWARE, SAGEMAKER_PREFIX, GIE_SCORERS,
-    /// SGLANG_CACHE_AWARE.
-    #[arg(long, value_delimiter = ',', default_value = "RANDOM,LEAST_OUTSTANDING_REQUESTS,PREFIX_AWARE,SAGEMAKER_PREFIX,GIE_SCORERS,SGLANG_CACHE_AWARE")]
+    /// Strategies, comma-separated: RANDOM, LEAST_OUTSTANDING_REQUESTS, PREFIX_AWARE (Envoy + the filter);
+    /// SMG_CACHE_AWARE, VLLM_ROUTER_CACHE_AWARE (the peers' real routers, from .venv); SAGEMAKER_PREFIX,
+    /// GIE_SCORERS, SGLANG_CACHE_AWARE, DYNAMO_KV (re-implementations, client-side); ORACLE, ORACLE_TTFT (exact-state
+    /// references: Dynamo's cost, and prefill work only).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "RANDOM,LEAST_OUTSTANDING_REQUESTS,PREFIX_AWARE,SMG_CACHE_AWARE,VLLM_ROUTER_CACHE_AWARE,SAGEMAKER_PREFIX,GIE_SCORERS,SGLANG_CACHE_AWARE,DYNAMO_KV,ORACLE,ORACLE_TTFT"
+    )]
     strategies: Vec<String>,
     /// Output folder for CSV and PNG files.
     #[arg(long, default_value = "out/bench")]
@@ -72,9 +78,22 @@ struct Args {
     /// Characters of request text the client-side baselines key on.
     #[arg(long, default_value_t = 65536)]
     prefix_length: usize,
-    /// Envoy worker threads.
+    /// Envoy worker threads (per gateway).
     #[arg(long, default_value_t = 2)]
     envoy_concurrency: u32,
+    /// Envoy processes (gateway replicas) for the filter strategies, each with the same plugin configuration; the
+    /// client spreads requests over them (see --spread). Other strategies use one router.
+    #[arg(long, default_value_t = 1, value_parser = at_least_one)]
+    gateways: usize,
+    /// How the client spreads requests over --gateways: `random` (per request) or `session` (sticky per
+    /// conversation).
+    #[arg(long, value_enum, default_value = "random")]
+    spread: Spread,
+    /// Repetitions: run k uses seed --seed + k (generated workloads) or the k-th stretch of --requests requests of
+    /// the trace (evenly spaced, overlapping stretches when the trace is shorter than --runs × --requests); the
+    /// table shows each column's mean and min–max, and run k's files go to <out>/run<k>.
+    #[arg(long, default_value_t = 1, value_parser = at_least_one)]
+    runs: usize,
     /// Exit with status 1 unless every request was answered and client and server counts balance.
     #[arg(long)]
     check: bool,
@@ -123,9 +142,10 @@ async fn run(a: Args) -> anyhow::Result<()> {
         serde_json::from_str(&a.filter_config).with_context(|| format!("--filter-config {:?}", a.filter_config))?;
     check_filter_extra(&filter_extra, &strategies)?;
 
-    let (reqs, source) = match &a.trace {
+    // One workload per run: successive seeds, or successive stretches of the trace.
+    let workloads: Vec<(Vec<Request>, String)> = match &a.trace {
         Some(path) => {
-            let t = trace::load(path, a.requests)?;
+            let t = trace::load(path, a.requests.saturating_mul(a.runs))?;
             for e in &t.errors {
                 eprintln!("trace: skipped {e}");
             }
@@ -133,22 +153,34 @@ async fn run(a: Args) -> anyhow::Result<()> {
                 eprintln!("trace: {} bad line(s) skipped ({} shown)", t.bad_lines, t.errors.len());
             }
             anyhow::ensure!(!t.requests.is_empty(), "{}: no usable requests", path.display());
-            (t.requests, format!("trace {}", path.display()))
+            // Successive stretches when the trace is long enough, else stretches at evenly spaced offsets
+            // (overlapping), so every run replays --requests requests.
+            let (n, len) = (a.requests.min(t.requests.len()), t.requests.len());
+            let offset = |k: usize| {
+                if n * a.runs <= len || a.runs == 1 {
+                    k * n
+                } else {
+                    k * (len - n) / (a.runs - 1)
+                }
+            };
+            if n * a.runs > len && a.runs > 1 {
+                eprintln!("trace: {len} usable requests, fewer than --runs × --requests: runs start at evenly spaced offsets");
+            }
+            let mut w = Vec::new();
+            for k in 0..a.runs {
+                let part = window(&t.requests, offset(k), n);
+                w.push((part, format!("trace {} (requests {}..{})", path.display(), offset(k), offset(k) + n)));
+            }
+            w
         }
-        None => (
-            generate(a.workload, GenParams { requests: a.requests, rate_per_s: a.rate, seed: a.seed }),
-            format!("workload {:?} (seed {}, {} req/s)", a.workload, a.seed, a.rate),
-        ),
+        None => (0..a.runs as u64)
+            .map(|k| {
+                let seed = a.seed + k;
+                let reqs = generate(a.workload, GenParams { requests: a.requests, rate_per_s: a.rate, seed });
+                (reqs, format!("workload {:?} (seed {seed}, {} req/s)", a.workload, a.rate))
+            })
+            .collect(),
     };
-    let span_s = reqs.last().map_or(0.0, |r| r.at_ms) / 1000.0 / a.rate_scale;
-    eprintln!(
-        "{source}: {} requests over {span_s:.0} simulated s (≈{:.0} s wall per strategy at time scale {}), {} endpoints × {} blocks",
-        reqs.len(),
-        span_s * a.time_scale,
-        a.time_scale,
-        a.endpoints,
-        a.cache_blocks
-    );
 
     let settings = RunSettings {
         endpoints: a.endpoints,
@@ -168,33 +200,49 @@ async fn run(a: Args) -> anyhow::Result<()> {
         filter_extra,
         prefix_length: a.prefix_length,
         envoy_concurrency: a.envoy_concurrency,
+        gateways: a.gateways,
+        spread: a.spread,
         model: "sim-model".into(),
         progress_every: Some(Duration::from_secs(5)),
     };
 
-    let mut runs = Vec::new();
-    for s in &strategies {
-        let run = run_strategy(s, &reqs, &settings).await.with_context(|| format!("strategy {}", s.label()))?;
-        runs.push(run);
+    let mut all_rows: Vec<Vec<Summary>> = Vec::new();
+    let mut all_pooled = Vec::new();
+    for (k, (reqs, source)) in workloads.iter().enumerate() {
+        let span_s = reqs.last().map_or(0.0, |r| r.at_ms) / 1000.0 / a.rate_scale;
+        eprintln!(
+            "{}{source}: {} requests over {span_s:.0} simulated s (≈{:.0} s wall per strategy at time scale {}), {} endpoints × {} blocks",
+            if a.runs > 1 { format!("run {}/{}: ", k + 1, a.runs) } else { String::new() },
+            reqs.len(),
+            span_s * a.time_scale,
+            a.time_scale,
+            a.endpoints,
+            a.cache_blocks
+        );
+        let mut runs = Vec::new();
+        for s in &strategies {
+            let run = run_strategy(s, reqs, &settings).await.with_context(|| format!("strategy {}", s.label()))?;
+            runs.push(run);
+        }
+        let rows: Vec<Summary> = runs.iter().map(Summary::of).collect();
+        let sent = runs.iter().map(|r| r.outcomes.len()).max().unwrap_or(0);
+        let pooled =
+            pooled::pooled_hit_ratio(&reqs[..sent.min(reqs.len())], a.endpoints * a.cache_blocks, a.block_tokens);
+        let t = table(&rows, Some(pooled));
+        println!("\n{t}");
+        let out = if a.runs > 1 { a.out.join(format!("run{}", k + 1)) } else { a.out.clone() };
+        write_outputs(&out, &t, &runs, &rows)?;
+        all_rows.push(rows);
+        all_pooled.push(pooled);
     }
-    let rows: Vec<Summary> = runs.iter().map(Summary::of).collect();
-    let sent = runs.iter().map(|r| r.outcomes.len()).max().unwrap_or(0);
-    let pooled = pooled::pooled_hit_ratio(&reqs[..sent.min(reqs.len())], a.endpoints * a.cache_blocks, a.block_tokens);
-    let t = table(&rows, Some(pooled));
-    println!("\n{t}");
-
-    std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
-    std::fs::write(a.out.join("table.md"), &t)?;
-    write_csv(&a.out, &runs, &rows)?;
-    if let Err(e) = plot::ttft_cdf(&a.out.join("ttft_cdf.png"), &runs) {
-        eprintln!("plot ttft_cdf.png failed: {e}");
+    if a.runs > 1 {
+        let t = table_runs(&all_rows, &all_pooled);
+        println!("\n{t}");
+        std::fs::write(a.out.join("table.md"), &t)?;
+        eprintln!("wrote {}/table.md (mean and min–max over {} runs)", a.out.display(), a.runs);
     }
-    if let Err(e) = plot::load_per_endpoint(&a.out.join("load_per_endpoint.png"), &runs) {
-        eprintln!("plot load_per_endpoint.png failed: {e}");
-    }
-    eprintln!("wrote {}/{{table.md,summary.csv,requests.csv,endpoints.csv,ttft_cdf.png,load_per_endpoint.png}}", a.out.display());
     if a.check {
-        let bad: Vec<&Summary> = rows.iter().filter(|r| !r.balanced()).collect();
+        let bad: Vec<&Summary> = all_rows.iter().flatten().filter(|r| !r.balanced()).collect();
         for r in &bad {
             eprintln!(
                 "check failed for {}: errors {}, client completed {}, servers finished {}",
@@ -203,5 +251,25 @@ async fn run(a: Args) -> anyhow::Result<()> {
         }
         anyhow::ensure!(bad.is_empty(), "counters do not balance");
     }
+    Ok(())
+}
+
+/// Writes one run's table, CSVs and charts into `out`.
+fn write_outputs(
+    out: &std::path::Path,
+    table: &str,
+    runs: &[warmpath_bench::harness::StrategyRun],
+    rows: &[Summary],
+) -> anyhow::Result<()> {
+    std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+    std::fs::write(out.join("table.md"), table)?;
+    write_csv(out, runs, rows)?;
+    if let Err(e) = plot::ttft_cdf(&out.join("ttft_cdf.png"), runs) {
+        eprintln!("plot ttft_cdf.png failed: {e}");
+    }
+    if let Err(e) = plot::load_per_endpoint(&out.join("load_per_endpoint.png"), runs) {
+        eprintln!("plot load_per_endpoint.png failed: {e}");
+    }
+    eprintln!("wrote {}/{{table.md,summary.csv,requests.csv,endpoints.csv,ttft_cdf.png,load_per_endpoint.png}}", out.display());
     Ok(())
 }

@@ -15,7 +15,7 @@ use crate::harness::StrategyRun;
 pub struct Summary {
     /// Strategy label.
     pub label: String,
-    /// "envoy" or "direct" (client-side baseline).
+    /// "envoy", a peer router's process name, or "direct" (routed client-side).
     pub path: &'static str,
     /// Requests sent.
     pub requests: usize,
@@ -63,7 +63,7 @@ impl Summary {
         let sim_s = run.wall_s / run.time_scale.max(1e-9);
         Summary {
             label: run.label.clone(),
-            path: if run.via_envoy { "envoy" } else { "direct" },
+            path: run.path,
             requests: run.outcomes.len(),
             errors: run.outcomes.len() - ok.len() + run.not_sent,
             hit_ratio: if queries > 0.0 { hits / queries } else { 0.0 },
@@ -113,7 +113,62 @@ pub fn table(rows: &[Summary], pooled: Option<f64>) -> String {
     if let Some(p) = pooled {
         let _ = writeln!(s, "\npooled-cache bound (one cache holding the whole fleet's capacity): hit ratio {p:.3}");
     }
-    let _ = writeln!(s, "latencies in simulated ms; hit ratio = server-side cached prompt tokens / prompt tokens; \"direct\" = baseline routed client-side (no Envoy hop)");
+    let _ = writeln!(s, "latencies in simulated ms; hit ratio = server-side cached prompt tokens / prompt tokens; \"direct\" = routed client-side by the harness (no proxy hop); smg / vllm-router = the peer's real router process");
+    s
+}
+
+/// `mean (min–max)` of `v` with `digits` decimals; just the value when all are equal.
+fn mean_range(v: &[f64], digits: usize) -> String {
+    let mean = v.iter().sum::<f64>() / v.len().max(1) as f64;
+    let (lo, hi) = v.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &x| (a.min(x), b.max(x)));
+    if v.len() <= 1 || format!("{lo:.digits$}") == format!("{hi:.digits$}") {
+        format!("{mean:.digits$}")
+    } else {
+        format!("{mean:.digits$} ({lo:.digits$}–{hi:.digits$})")
+    }
+}
+
+/// The comparison table over repeated runs: `runs[k]` holds run k's rows (same strategies in the same order), and
+/// `pooled[k]` its pooled-cache bound. Each cell is the mean over runs with the min–max range; `errors` is the
+/// total over runs.
+pub fn table_runs(runs: &[Vec<Summary>], pooled: &[f64]) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "| strategy | path | runs | requests | errors | hit ratio | TTFT p50 | TTFT p90 | TTFT p99 | E2E p50 | E2E p99 | max share | overflow | req/s |"
+    );
+    let _ = writeln!(s, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let Some(first) = runs.first() else { return s };
+    for (i, r) in first.iter().enumerate() {
+        let rows: Vec<&Summary> = runs.iter().filter_map(|run| run.get(i)).collect();
+        let col = |f: &dyn Fn(&Summary) -> f64, d: usize| mean_range(&rows.iter().map(|r| f(r)).collect::<Vec<_>>(), d);
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            r.label,
+            r.path,
+            rows.len(),
+            col(&|r| r.requests as f64, 0),
+            rows.iter().map(|r| r.errors).sum::<usize>(),
+            col(&|r| r.hit_ratio, 3),
+            col(&|r| r.ttft_ms[0], 0),
+            col(&|r| r.ttft_ms[1], 0),
+            col(&|r| r.ttft_ms[2], 0),
+            col(&|r| r.e2e_ms[0], 0),
+            col(&|r| r.e2e_ms[1], 0),
+            col(&|r| r.max_share, 3),
+            col(&|r| r.overflows as f64, 0),
+            col(&|r| r.throughput, 2),
+        );
+    }
+    if !pooled.is_empty() {
+        let _ = writeln!(
+            s,
+            "\npooled-cache bound (one cache holding the whole fleet's capacity): hit ratio {}",
+            mean_range(pooled, 3)
+        );
+    }
+    let _ = writeln!(s, "mean (min–max) over {} runs; latencies in simulated ms; hit ratio = server-side cached prompt tokens / prompt tokens; \"direct\" = routed client-side by the harness (no proxy hop); smg / vllm-router = the peer's real router process", runs.len());
     s
 }
 
@@ -196,6 +251,38 @@ pub fn client_counts(run: &StrategyRun) -> BTreeMap<String, u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn row(label: &str, hit: f64, p50: f64, errors: usize) -> Summary {
+        Summary {
+            label: label.into(),
+            path: "envoy",
+            requests: 10,
+            errors,
+            hit_ratio: hit,
+            ttft_ms: [p50, 2.0 * p50, 3.0 * p50],
+            e2e_ms: [100.0, 200.0],
+            max_share: 0.5,
+            overflows: 0,
+            throughput: 1.0,
+            server_requests: 10,
+            client_ok: 10,
+        }
+    }
+
+    #[test]
+    fn repeated_runs_print_mean_and_range_per_strategy() {
+        let runs = vec![
+            vec![row("A", 0.5, 100.0, 0), row("B", 0.1, 300.0, 1)],
+            vec![row("A", 0.7, 200.0, 0), row("B", 0.1, 300.0, 2)],
+            vec![row("A", 0.6, 600.0, 0), row("B", 0.1, 300.0, 0)],
+        ];
+        let t = table_runs(&runs, &[0.8, 0.9, 1.0]);
+        let line = |l: &str| t.lines().find(|x| x.starts_with(&format!("| {l} |"))).unwrap().to_string();
+        // A: hit mean 0.6 (0.5–0.7), p50 mean 300 (100–600), p90 600 (200–1200); B is constant, errors summed.
+        assert!(line("A").contains("| 3 | 10 | 0 | 0.600 (0.500–0.700) | 300 (100–600) | 600 (200–1200) |"), "{t}");
+        assert!(line("B").contains("| 3 | 10 | 3 | 0.100 | 300 | 600 |"), "{t}");
+        assert!(t.contains("hit ratio 0.900 (0.800–1.000)"), "{t}");
+    }
 
     #[test]
     fn nearest_rank_percentiles() {

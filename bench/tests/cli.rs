@@ -157,3 +157,25 @@ fn sigterm_stops_envoy_and_removes_its_directory() {
     assert!(!envoy_dir.exists(), "Envoy's directory {} left behind", envoy_dir.display());
     assert_eq!(status.code(), Some(143), "exit status after SIGTERM: {status:?}");
 }
+
+#[test]
+fn runs_repeat_the_comparison_and_the_table_shows_each_columns_range() {
+    let out = tempfile::tempdir().unwrap();
+    let args = ["--strategies", "SAGEMAKER_PREFIX,ORACLE", "--workload", "rag", "--requests", "12", "--runs", "2",
+        "--time-scale", "0.01", "--max-wall-s", "20", "--check"];
+    let mut guard = Cleanup { bench: bench(&args, out.path()), envoy: None };
+    let status = wait_exit(&mut guard.bench, Duration::from_secs(60)).expect("warmpath-bench --runs 2 within 60 s");
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(guard.bench.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+    assert!(status.success(), "{stderr}");
+    for k in ["run1", "run2"] {
+        assert!(out.path().join(k).join("summary.csv").exists(), "{k}/summary.csv missing; stderr:\n{stderr}");
+    }
+    assert!(stderr.contains("seed 42") && stderr.contains("seed 43"), "runs use successive seeds:\n{stderr}");
+    let table = std::fs::read_to_string(out.path().join("table.md")).unwrap();
+    for label in ["SAGEMAKER_PREFIX", "ORACLE"] {
+        let row = table.lines().find(|l| l.starts_with(&format!("| {label} |"))).unwrap_or_else(|| panic!("{table}"));
+        assert!(row.contains("| 2 | 12 | 0 |"), "2 runs of 12 requests, no errors: {row}");
+    }
+    assert!(table.contains("mean (min–max) over 2 runs"), "{table}");
+}

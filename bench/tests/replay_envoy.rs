@@ -1,48 +1,12 @@
 //! A short replay through a real Envoy with the warmpath filter (needs `.venv/bin/envoy` from scripts/setup.sh and
 //! the release wasm module; scripts/test.d/40-bench.sh builds it). Behaviour only — no timing assertions.
 
-use std::time::Duration;
+mod common;
 
-use serde_json::json;
-use warmpath_bench::harness::{run_strategy, RunSettings, Strategy, StrategyRun};
-use warmpath_bench::report::{client_counts, Summary};
+use common::{assert_balanced, settings};
+use warmpath_bench::harness::{run_strategy, RunSettings, Spread, Strategy};
+use warmpath_bench::report::Summary;
 use warmpath_bench::workload::{generate, GenParams, WorkloadKind};
-use warmpath_sim::{LatencyProfile, SimConfig};
-
-fn settings() -> RunSettings {
-    RunSettings {
-        endpoints: 4,
-        // Small caches: the fleet cannot hold every conversation four times over, so routing decides hits.
-        sim: SimConfig {
-            cache_blocks: 768,
-            latency: LatencyProfile { time_scale: 0.05, ..Default::default() },
-            ..Default::default()
-        },
-        rate_scale: 1.0,
-        max_wall: Duration::from_secs(60),
-        filter_extra: json!({}),
-        prefix_length: 65536,
-        envoy_concurrency: 2,
-        model: "sim-model".into(),
-        progress_every: None,
-    }
-}
-
-fn assert_balanced(run: &StrategyRun) {
-    let s = Summary::of(run);
-    assert_eq!(run.not_sent, 0, "{}: every request is sent", run.label);
-    assert_eq!(s.errors, 0, "{}: every request answered: {:?}", run.label, run.outcomes.iter().find(|o| !o.ok));
-    assert_eq!(s.server_requests, s.client_ok as u64, "{}: client count == sum of server counts", run.label);
-    // Per endpoint too: the x-sim-endpoint header the client saw vs each server's own counter.
-    let client = client_counts(run);
-    for (addr, m) in &run.servers {
-        assert_eq!(client.get(addr).copied().unwrap_or(0), m.requests as u64, "{}: {addr}", run.label);
-    }
-    // Server truth and client-side usage agree on cached tokens.
-    let client_cached: u64 = run.outcomes.iter().map(|o| o.usage.prompt_tokens_details.cached_tokens).sum();
-    let server_cached: f64 = run.servers.iter().map(|(_, m)| m.prefix_hits).sum();
-    assert_eq!(client_cached as f64, server_cached, "{}", run.label);
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn prefix_aware_beats_random_on_hit_ratio_through_envoy() {
@@ -70,5 +34,18 @@ async fn baselines_run_in_the_same_harness_and_balance() {
         let hit = Summary::of(&run).hit_ratio;
         eprintln!("{b}: hit ratio {hit:.3}");
         assert!(hit > 0.2, "{b} on RAG must reuse the shared documents: {hit:.3}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_gateways_answer_every_request_and_each_request_is_decided_once() {
+    let reqs = generate(WorkloadKind::Chat, GenParams { requests: 60, rate_per_s: 8.0, seed: 6 });
+    for spread in [Spread::Random, Spread::Session] {
+        let s = RunSettings { gateways: 2, spread, ..settings() };
+        let run = run_strategy(&Strategy::Filter("PREFIX_AWARE".into()), &reqs, &s).await.expect("2 gateways");
+        assert_balanced(&run);
+        // The decision counters are summed over both Envoys: one decision per request, none lost or doubled.
+        let decided: u64 = run.filter_stats.iter().filter(|(k, _)| k.contains(".decisions.")).map(|(_, v)| v).sum();
+        assert_eq!(decided, reqs.len() as u64, "{spread:?}: {:?}", run.filter_stats);
     }
 }

@@ -14,10 +14,12 @@
 /// aliases keep the controller's paths short (`crate::crd::model_cache`, `crate::conditions`).
 pub use warmpath_api as crd;
 pub use warmpath_api::conditions;
+pub mod cleanup;
 pub mod error;
 pub mod gateway;
 pub mod metrics;
 pub mod offline;
+pub mod leader;
 pub mod reconcile;
 pub mod run;
 pub mod warming;

@@ -1,6 +1,7 @@
 //! `warmpath-controller` command line: `run` (the controller), `render -f FILE...` (print offline
 //! what would be created), `crdgen` (write the CRDs into the Helm chart), `feed` (a standalone
-//! endpoint/load feed server, for local end-to-end tests without a cluster).
+//! endpoint/load feed server, for local end-to-end tests without a cluster), `cleanup` (uninstall:
+//! remove what the controller created and its finalizers).
 
 use std::io::Write;
 use std::net::SocketAddr;
@@ -35,6 +36,28 @@ struct Common {
     service_port: u16,
 }
 
+/// Leader election settings (the Lease lives in the controller's namespace).
+#[derive(clap::Args, Clone)]
+struct LeaseArgs {
+    /// Name of the Lease the replicas elect their leader with (one per installation).
+    #[arg(long, env = "WARMPATH_LEADER_LEASE", default_value = "warmpath-controller")]
+    leader_lease: String,
+    /// This replica's identity in the Lease (in a pod: the downward-API POD_NAME; else the host name).
+    #[arg(long, env = "POD_NAME")]
+    identity: Option<String>,
+}
+
+impl LeaseArgs {
+    fn settings(&self, namespace: &str) -> warmpath_controller::leader::LeaseSettings {
+        let identity = self
+            .identity
+            .clone()
+            .or_else(|| std::env::var("HOSTNAME").ok())
+            .unwrap_or_else(|| format!("warmpath-controller-{}", std::process::id()));
+        warmpath_controller::leader::LeaseSettings::new(namespace, &self.leader_lease, identity)
+    }
+}
+
 #[derive(Subcommand)]
 enum Cmd {
     /// Run the controller against the cluster of the current kubeconfig / service account.
@@ -50,6 +73,25 @@ enum Cmd {
         /// Listen address of the metrics server.
         #[arg(long, env = "WARMPATH_METRICS_ADDR", default_value = "0.0.0.0:9090")]
         metrics_addr: SocketAddr,
+        /// Also run the cache-warming reconcilers (InferenceEndpoint, ModelCache, ImageCache): `true` or `false`.
+        #[arg(long, env = "WARMPATH_CACHE_WARMING", default_value_t = false, action = clap::ArgAction::Set)]
+        cache_warming: bool,
+        #[command(flatten)]
+        lease: LeaseArgs,
+    },
+    /// Uninstall clean-up (the chart's pre-delete hook): stop the controller, then delete every object
+    /// it rendered and release its finalizers on HTTPRoutes and InferenceRoutingPolicies.
+    Cleanup {
+        #[command(flatten)]
+        common: Common,
+        #[command(flatten)]
+        lease: LeaseArgs,
+        /// The controller Deployment (in --namespace) to scale to 0 first; omit when it is already stopped.
+        #[arg(long, env = "WARMPATH_DEPLOYMENT")]
+        deployment: Option<String>,
+        /// How long to wait for the running controller to give up its Lease.
+        #[arg(long, default_value_t = 60)]
+        timeout_seconds: u64,
     },
     /// Print every object the controller would create for the given manifests (YAML, offline):
     /// routing (policies, annotated HTTPRoutes) and cache warming (InferenceEndpoints). Policy
@@ -109,20 +151,41 @@ fn main() -> anyhow::Result<()> {
     let rt = tokio::runtime::Runtime::new()?;
     match cli.cmd {
         Cmd::Crdgen { out } => crdgen(&out),
-        Cmd::Run { common, wasm_file, http_addr, metrics_addr } => rt.block_on(warmpath_controller::run::run(warmpath_controller::run::RunArgs {
+        Cmd::Run { common, wasm_file, http_addr, metrics_addr, cache_warming, lease } => rt.block_on(warmpath_controller::run::run(warmpath_controller::run::RunArgs {
             provider: common.provider,
             wasm_file,
             http_addr,
             metrics_addr,
+            lease: lease.settings(&common.namespace),
             service: common.service,
             namespace: common.namespace,
             service_port: common.service_port,
+            cache_warming,
         })),
+        Cmd::Cleanup { common, lease, deployment, timeout_seconds } => rt.block_on(cleanup(common, lease, deployment, timeout_seconds)),
         Cmd::Render { files, common, wasm_file, wasm_sha256, output } => rt.block_on(render(files, common, wasm_file, wasm_sha256, &output)),
         Cmd::Feed { listen, key, endpoints, file, metrics_path, interval_ms } => {
             rt.block_on(feed(listen, key, endpoints, file, metrics_path, interval_ms))
         }
     }
+}
+
+async fn cleanup(common: Common, lease: LeaseArgs, deployment: Option<String>, timeout_seconds: u64) -> anyhow::Result<()> {
+    use warmpath_controller::{cleanup, leader};
+    let client = kube::Client::try_default().await?;
+    let mut settings = lease.settings(&common.namespace);
+    settings.identity = format!("{}-cleanup", settings.identity);
+    let elector = leader::Elector::new(client.clone(), settings);
+    cleanup::stop_controller(&client, &common.namespace, deployment.as_deref(), &elector, Duration::from_secs(timeout_seconds)).await?;
+    let config = ControllerConfig { provider: Provider::parse(&common.provider), ..ControllerConfig::default() };
+    let report = cleanup::remove_all(&warmpath_controller::reconcile::Context::new(client, config)).await?;
+    // The Lease is the controller's runtime object, not the chart's: nobody else deletes it.
+    elector.delete().await?;
+    println!(
+        "released {} HTTPRoute(s) and {} InferenceRoutingPolicy(ies); deleted {} rendered object(s)",
+        report.routes_released, report.policies_released, report.objects_deleted
+    );
+    Ok(())
 }
 
 fn crdgen(out: &str) -> anyhow::Result<()> {
@@ -164,10 +227,19 @@ async fn render(files: Vec<PathBuf>, common: Common, wasm_file: Option<PathBuf>,
         provider: Provider::parse(&common.provider),
         wasm: WasmModule { url: format!("http://{}:{}{}", controller.host(), controller.port, path), sha256 },
         controller,
+        live_status: false,
     };
     let out = warmpath_controller::offline::render(manifests, config).await.map_err(anyhow::Error::msg)?;
     for line in &out.status {
         eprintln!("{line}");
+    }
+    if out.objects.is_empty() {
+        // Say why instead of printing nothing: the conditions above name each route's reason (e.g. its Gateway,
+        // GatewayClass or backend Service is not among the inputs).
+        if out.status.is_empty() {
+            anyhow::bail!("nothing rendered: no InferenceRoutingPolicy and no HTTPRoute with a warmpath.dev annotation among the inputs");
+        }
+        anyhow::bail!("nothing rendered (see the conditions above)");
     }
     if output == "json" {
         println!("{}", serde_json::to_string_pretty(&out.objects)?);

@@ -15,9 +15,11 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use crate::gateway::route_annotations::{self, RoutePlan};
+use crate::gateway::unknown_annotations;
+use kube::runtime::events::EventType;
 use crate::gateway::routing_policy::{self, PolicyPlan};
 use crate::gateway::source::{Manifests, Source};
-use crate::crd::image_cache::{image_cache_name, ImageCache, ImageCacheSpec};
+use crate::crd::image_cache::ImageCache;
 use crate::crd::inference_endpoint::InferenceEndpoint;
 use crate::crd::model_cache::ModelCache;
 use crate::reconcile::ControllerConfig;
@@ -30,7 +32,10 @@ use kube::ResourceExt;
 pub struct Rendered {
     /// Objects the controller would create, sorted by (kind, namespace, name), server fields removed.
     pub objects: Vec<DynamicObject>,
-    /// One line per policy condition: `InferenceRoutingPolicy ns/name ancestor: Type=Status (Reason): message`.
+    /// What the controller would report: one line per policy condition
+    /// (`InferenceRoutingPolicy ns/name <ancestor kind> <name>: Type=Status (Reason): message`), and one per event
+    /// published for an annotated route (`HTTPRoute ns/name: <type> <reason>: <note>`, e.g. `NotProgrammed` with
+    /// each parent's reason).
     pub status: Vec<String>,
 }
 
@@ -84,6 +89,12 @@ fn normalise(mut objects: Vec<Value>) -> Vec<Value> {
 /// Errors: a manifest of a kind routing reads that does not match its schema, or a policy or route
 /// without a name.
 pub async fn render(manifests: Vec<Value>, config: ControllerConfig) -> Result<Rendered, String> {
+    // No gateway runs offline: nothing to read its status back from.
+    let config = ControllerConfig { live_status: false, ..config };
+    for v in manifests.iter().filter(|v| v["kind"] == "InferenceEndpoint") {
+        let name = v["metadata"]["name"].as_str().unwrap_or("?");
+        validate_endpoint(v).map_err(|e| format!("InferenceEndpoint {name}: {e}"))?;
+    }
     let m = Manifests::from_values(normalise(manifests))?;
     let src = Source::Manifests(&m);
     let now = Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH);
@@ -112,15 +123,39 @@ pub async fn render(manifests: Vec<Value>, config: ControllerConfig) -> Result<R
             out.objects.extend(objects);
         }
     }
+    // No gateway runs offline: nothing to read its status back from.
+    let config = ControllerConfig { live_status: false, ..config };
+    // Annotated routes: their status is only written on a live cluster, so report the events the
+    // reconciler would publish for them (Programmed / NotProgrammed with each ancestor's reason, …),
+    // as `HTTPRoute ns/name: <type> <reason>: <note>`.
+    let mut lines = vec![];
     for r in m.routes.iter().filter(|r| r.metadata.annotations.as_ref().is_some_and(|a| a.contains_key(ANNOTATION_STRATEGY))) {
-        if let RoutePlan::Program { outcome, .. } = route_annotations::plan(r, src, &config, &now).await.map_err(err)? {
-            out.objects.extend(outcome.objects);
+        let mut event = |type_: EventType, reason: &str, note: String| {
+            let type_ = if type_ == EventType::Normal { "Normal" } else { "Warning" };
+            let note: String = note.chars().take(1024).collect();
+            lines.push(format!("HTTPRoute {}/{}: {type_} {reason}: {note}", r.namespace().unwrap_or_default(), r.name_any()));
+        };
+        if let Some(msg) = unknown_annotations::message(r.annotations()) {
+            event(EventType::Warning, "UnknownAnnotation", msg);
+        }
+        match route_annotations::plan(r, src, &config, &now).await.map_err(err)? {
+            RoutePlan::Overridden { policy } => event(EventType::Warning, "AnnotationsOverridden", route_annotations::overridden_note(&policy, 0)),
+            RoutePlan::Invalid(msg) => event(EventType::Warning, "InvalidAnnotation", route_annotations::invalid_note(&msg)),
+            RoutePlan::NotAnnotated => {}
+            RoutePlan::Program { strategy, outcome } => {
+                let (type_, reason, note) = route_annotations::outcome_event(strategy, &outcome.ancestors, outcome.objects.len());
+                event(type_, reason, note);
+                out.objects.extend(outcome.objects);
+            }
         }
     }
+    lines.sort();
+    lines.dedup();
     for e in &m.endpoints {
         out.objects.extend(warming_objects(e).map_err(|e| e.to_string())?);
     }
     out.objects.sort_by_key(crate::gateway::program::key_of);
+    out.status.extend(lines);
     Ok(out)
 }
 
@@ -140,15 +175,8 @@ fn warming_objects(e: &InferenceEndpoint) -> crate::Result<Vec<DynamicObject>> {
         mc
     });
     let image = e.spec.model_cache_config.image_cache.enabled.then(|| {
-        let mut ic = ImageCache::new(
-            &image_cache_name(&e.spec.image),
-            ImageCacheSpec {
-                image: e.spec.image.clone(),
-                image_pull_secrets: e.spec.image_pull_secrets.clone(),
-                node_selector: e.spec.node_selector.clone(),
-                command: vec![],
-            },
-        );
+        let (name, spec) = ie::endpoint_image_cache(&e);
+        let mut ic = ImageCache::new(&name, spec);
         ic.metadata.namespace = e.namespace();
         ic.metadata.uid = Some(fake_uid("ImageCache", &e.namespace().unwrap_or_default(), &ic.name_any()));
         ic
@@ -169,4 +197,59 @@ fn warming_objects(e: &InferenceEndpoint) -> crate::Result<Vec<DynamicObject>> {
         out.push(json(serde_json::to_value(p))?);
     }
     out.into_iter().map(|v| serde_json::from_value::<DynamicObject>(v).map_err(|err| crate::Error::InvalidSpec(err.to_string()))).collect()
+}
+
+/// Checks an InferenceEndpoint document as the API server would with strict field validation:
+/// against the CRD's `openAPIV3Schema` (types, ranges, patterns; unknown fields refused instead of
+/// pruned, as `kubectl apply` does by default) and its CEL rules.
+///
+/// Errors: every schema violation (with its JSON path), or the first CEL rule that fails.
+pub fn validate_endpoint(doc: &Value) -> Result<(), String> {
+    use kube::CustomResourceExt;
+    let crd = InferenceEndpoint::crd();
+    let version = &crd.spec.versions[0];
+    let mut schema = serde_json::to_value(version.schema.as_ref().and_then(|s| s.open_api_v3_schema.as_ref())).map_err(|e| e.to_string())?;
+    to_json_schema(&mut schema);
+    // The CRD schema leaves the envelope to the API server.
+    for (k, v) in [("apiVersion", serde_json::json!({"type": "string"})), ("kind", serde_json::json!({"type": "string"})), ("metadata", serde_json::json!({"type": "object"}))] {
+        if let Some(props) = schema["properties"].as_object_mut() {
+            props.entry(k).or_insert(v);
+        }
+    }
+    let validator = jsonschema::validator_for(&schema).map_err(|e| format!("CRD schema: {e}"))?;
+    let errors: Vec<String> = validator.iter_errors(doc).map(|e| format!("{}: {e}", e.instance_path())).collect();
+    if !errors.is_empty() {
+        return Err(errors.join("; "));
+    }
+    let e: InferenceEndpoint = serde_json::from_value(doc.clone()).map_err(|e| e.to_string())?;
+    kube::core::cel::validate_cel(&e).map_err(|e| e.to_string())
+}
+
+/// Turns a structural OpenAPI v3 schema into the JSON Schema the API server effectively applies:
+/// `nullable` admits `null`, `x-kubernetes-int-or-string` admits both, and objects with
+/// `properties` (unless they preserve unknown fields) refuse other properties.
+fn to_json_schema(s: &mut Value) {
+    match s {
+        Value::Object(m) => {
+            let structural = m.get("type").and_then(|t| t.as_str()) == Some("object")
+                && m.contains_key("properties")
+                && !m.contains_key("additionalProperties")
+                && m.get("x-kubernetes-preserve-unknown-fields") != Some(&Value::Bool(true));
+            if structural {
+                m.insert("additionalProperties".into(), Value::Bool(false));
+            }
+            if m.get("nullable") == Some(&Value::Bool(true)) {
+                if let Some(Value::String(t)) = m.get("type").cloned() {
+                    m.insert("type".into(), serde_json::json!([t, "null"]));
+                }
+            }
+            if m.get("x-kubernetes-int-or-string") == Some(&Value::Bool(true)) {
+                m.remove("type");
+                m.insert("anyOf".into(), serde_json::json!([{"type": "integer"}, {"type": "string"}]));
+            }
+            m.values_mut().for_each(to_json_schema);
+        }
+        Value::Array(a) => a.iter_mut().for_each(to_json_schema),
+        _ => {}
+    }
 }

@@ -1,5 +1,6 @@
 //! `warmpath-controller run`: wires the reconcilers to watches, starts the HTTP servers (wasm +
-//! feed, metrics) and the feed loop. Add further controllers to [`run`]'s `join!`.
+//! feed, metrics) and the feed loop; the reconcilers and the feed loop run only while this replica
+//! holds the leader Lease (see [`crate::leader`]). Add further controllers to `reconcilers`.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -38,6 +39,11 @@ pub struct RunArgs {
     pub namespace: String,
     /// Port of that Service for the HTTP server.
     pub service_port: u16,
+    /// Also run the cache-warming reconcilers (InferenceEndpoint, ModelCache, ImageCache); their
+    /// RBAC is granted only then (chart value `agent.enabled`).
+    pub cache_warming: bool,
+    /// Leader election: the Lease (in `namespace`) and this replica's identity in it.
+    pub lease: crate::leader::LeaseSettings,
 }
 
 /// Runs the controller until SIGTERM/SIGINT.
@@ -56,6 +62,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         provider: Provider::parse(&args.provider),
         wasm: WasmModule { url: format!("http://{}:{}{}", controller.host(), controller.port, blob.path()), sha256: blob.sha256.clone() },
         controller,
+        live_status: true,
     };
     tracing::info!(wasm = %config.wasm.url, sha256 = %config.wasm.sha256, provider = ?config.provider, "starting");
     let ctx = Context::new(client.clone(), config);
@@ -65,6 +72,36 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let http_srv = axum::serve(http, server::router(ctx.feeds.clone(), Some(blob)));
     let metrics_srv = axum::serve(metrics, server::metrics_router(ctx.metrics.clone()));
 
+    // Only the Lease holder reconciles and feeds; the HTTP servers run on every replica (followers
+    // answer 404 for feeds, and the filter keeps its last snapshot until it reaches the leader).
+    let elector = crate::leader::Elector::new(client.clone(), args.lease.clone());
+    let cache_warming = args.cache_warming;
+    let leading = crate::leader::run_while_leading(
+        &elector,
+        || reconcilers(client.clone(), ctx.clone(), cache_warming),
+        |now_leading| {
+            if !now_leading {
+                // A former leader must not keep serving snapshots nobody refreshes.
+                let keys: Vec<String> = ctx.feed_sources.lock().unwrap_or_else(|p| p.into_inner()).keys().cloned().collect();
+                keys.iter().for_each(|k| ctx.remove_feed(k));
+            }
+        },
+    );
+    tokio::select! {
+        _ = leading => {}
+        r = http_srv => r?,
+        r = metrics_srv => r?,
+        _ = shutdown_signal() => {
+            if let Err(e) = elector.release(k8s_openapi::jiff::Timestamp::now()).await {
+                tracing::warn!(error = %e, "could not release the leader Lease");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The reconcilers and the feed loop: what only the leader runs. Completes only if they all stop.
+async fn reconcilers(client: Client, ctx: Context, cache_warming: bool) {
     let wc = watcher::Config::default();
     let policy_ctl = Controller::new(Api::<InferenceRoutingPolicy>::all(client.clone()), wc.clone());
     let store = policy_ctl.store();
@@ -85,7 +122,6 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         .watches(Api::<Gateway>::all(client.clone()), wc.clone(), move |_gw: Gateway| {
             s3.state().into_iter().map(|p| ObjectRef::from_obj(&*p)).collect::<Vec<_>>()
         })
-        .shutdown_on_signal()
         .run(routing_policy::reconcile, routing_policy::error_policy, Arc::new(ctx.clone()))
         .for_each(|_| futures::future::ready(()));
     let routes = Controller::new(Api::<HttpRoute>::all(client.clone()), wc.clone())
@@ -93,15 +129,33 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             let ns = p.namespace().unwrap_or_default();
             p.spec.target_refs.iter().map(|t| ObjectRef::<HttpRoute>::new(&t.name).within(&ns)).collect::<Vec<_>>()
         })
-        .shutdown_on_signal()
         .run(route_annotations::reconcile, route_annotations::error_policy, Arc::new(ctx.clone()))
         .for_each(|_| futures::future::ready(()));
-
+    let cache = async {
+        if cache_warming {
+            crate::warming::run(Arc::new(ctx.clone())).await;
+        } else {
+            tracing::info!("cache warming off: InferenceEndpoint, ModelCache and ImageCache are not reconciled");
+        }
+    };
     tokio::select! {
-        _ = async { tokio::join!(policies, routes, crate::warming::run(Arc::new(ctx.clone()))) } => {}
-        r = http_srv => r?,
-        r = metrics_srv => r?,
+        _ = async { tokio::join!(policies, routes, cache) } => {}
         _ = refresh::run(ctx.clone()) => {}
     }
-    Ok(())
+}
+
+/// SIGTERM (pod deletion) or SIGINT.
+async fn shutdown_signal() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = term => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
 }

@@ -35,6 +35,8 @@ use warmpath_controller::feed::FeedEndpoint;
 use warmpath_controller::render::{override_host_lb_policy, WasmModule};
 use warmpath_controller::routing::DESTINATION_HEADER;
 use warmpath_harness::{filter_wasm, free_port, EnvoyProcess, Upstream};
+use warmpath_core::headers::ORIGINAL_DST_HEADER;
+use warmpath_envoy_config::STRIP_FILTER_NAME;
 
 /// Envoy worker threads: with more than one, each worker has its own filter VM (and prefix index).
 const CONCURRENCY: u32 = 2;
@@ -91,6 +93,12 @@ impl Gateway {
     /// Gateway-shaped bootstrap, applies the rendered `EnvoyPatchPolicy`s (their listener
     /// operations only if `listener_patches`), and starts Envoy.
     async fn start(listener_patches: bool) -> Self {
+        Self::start_with(listener_patches, true).await
+    }
+
+    /// [`Self::start`]; with `module_reachable` false, Envoy fetches the module from a loopback port nothing
+    /// listens on, so the wasm filters fail to load and `failOpen` passes requests through them.
+    async fn start_with(listener_patches: bool, module_reachable: bool) -> Self {
         let module = filter_wasm().expect("release filter module");
         let blob = WasmBlob::new(std::fs::read(&module).unwrap_or_else(|e| panic!("{}: {e}", module.display())));
         let store = FeedStore::default();
@@ -109,7 +117,8 @@ impl Gateway {
         // Envoy Gateway fetches `code.http.url` into its wasm cache and hands Envoy a URL there;
         // here Envoy fetches the module from the controller's server directly (same bytes, and
         // Envoy checks them against the rendered sha256).
-        let module_uri = format!("http://{server}{}", blob.path());
+        let module_host = if module_reachable { server } else { SocketAddr::from(([127, 0, 0, 1], free_port().unwrap())) };
+        let module_uri = format!("http://{module_host}{}", blob.path());
         let (mut filters, mut routes, mut clusters) = (vec![], vec![], vec![]);
         let (mut pools, mut upstreams) = (BTreeMap::new(), BTreeMap::new());
         for eep in &eeps {
@@ -134,7 +143,8 @@ impl Gateway {
             filters.push(filter);
             pools.insert(route, pool);
         }
-        clusters.push(static_cluster("wasm_cluster", &[server], None));
+        // Envoy sends the module fetch to this cluster (the URL's host only names it).
+        clusters.push(static_cluster("wasm_cluster", &[module_host], None));
 
         let (port, admin) = (free_port().unwrap(), free_port().unwrap());
         let mut listeners = vec![json!({"name": HTTP_LISTENER,
@@ -149,16 +159,21 @@ impl Gateway {
             assert_eq!(before, BTreeSet::from([HTTP_LISTENER.to_string(), "gateways/inference-gateway/https-a".to_string()]));
             ops.retain(|p| !is_listener_op(p) || (listener_patches && p["name"] == HTTP_LISTENER));
             let applied = apply_patch_policy(&epp, &mut listeners, &mut clusters).unwrap();
-            assert_eq!(applied, usize::from(listener_patches), "one filter per policy in the listener");
+            // Per policy: the native header strip inserted first, and the option set on its wasm filter.
+            assert_eq!(applied, 2 * usize::from(listener_patches), "two operations per policy in the listener");
         }
         let flags: Vec<Value> = listeners[0]["default_filter_chain"]["filters"][0]["typed_config"]["http_filters"]
             .as_array()
             .unwrap()
             .iter()
-            .filter(|f| f["name"] != "envoy.filters.http.router")
+            .filter(|f| f["name"] != "envoy.filters.http.router" && f["name"] != STRIP_FILTER_NAME)
             .map(|f| f["typed_config"]["config"]["allow_on_headers_stop_iteration"].clone())
             .collect();
         assert_eq!(flags, vec![if listener_patches { json!(true) } else { Value::Null }; 2]);
+        let http_filters = &listeners[0]["default_filter_chain"]["filters"][0]["typed_config"]["http_filters"];
+        if listener_patches {
+            assert_eq!(http_filters[0]["name"], STRIP_FILTER_NAME, "the native strip runs first: {http_filters}");
+        }
 
         // The feed clusters the patches add resolve the controller Service's cluster-local name
         // (STRICT_DNS); here the controller's server is on loopback, so point them there.
@@ -305,7 +320,108 @@ async fn envoy_gateway_rendering_routes_real_traffic_in_envoy() {
     // The prefix index did the sticking: at most one miss per prefix in each worker's VM.
     let misses = s["warmpath.decisions.prefix_aware.consistent_pick"];
     assert!(misses <= (prefixes * CONCURRENCY as usize) as u64, "{misses} prefix misses: {s:?}");
-    assert_eq!(s.get("warmpath.spoofed_header_removed"), Some(&2), "{s:?}");
+    // Envoy's native strip removed the client's headers before the filters ran: nothing left for the filter.
+    assert_eq!(s.get("warmpath.spoofed_header_removed").copied().unwrap_or(0), 0, "{s:?}");
+}
+
+/// Sends `n` requests to `path` carrying the destination headers naming `target`; returns the answers.
+async fn spoofed(gw: &Gateway, path: &str, target: &str, n: usize) -> Vec<Answer> {
+    let mut answers = Vec::new();
+    for i in 0..n {
+        let body = chat_body(&prompt(&format!("spoof {i}"), 500), "q");
+        let headers = [(DESTINATION_HEADER, target), (ORIGINAL_DST_HEADER, target)];
+        answers.push(gw.post(path, &body, &headers, REQUEST_TIMEOUT).await.expect("served (fail open)"));
+    }
+    answers
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoy_gateway_rendering_with_an_unfetchable_module_does_not_let_the_client_choose() {
+    let gw = Gateway::start_with(true, false).await;
+    let target = gw.pools["chat"][1].to_string();
+    let answers = spoofed(&gw, "/chat/v1/chat/completions", &target, 10).await;
+    // No filter ran (module not loaded), yet no upstream saw the client's header, and Envoy's fallback spread
+    // the requests instead of sending them all where the client asked.
+    assert!(answers.iter().all(|a| a.picked.is_none()), "a client header reached an upstream: {answers:?}");
+    assert!(answers.iter().any(|a| a.upstream.to_string() != target), "every request went where the client asked: {answers:?}");
+    let s = filter_stats(&gw.envoy).await;
+    assert_eq!(s.values().sum::<u64>(), 0, "the filter is not running: {s:?}");
+}
+
+/// The Istio rendering applied the way Istio applies its `EnvoyFilter` patches (`INSERT_FIRST` and
+/// `INSERT_BEFORE` the router in the gateway's HTTP filter chain, `MERGE` into the backend Service's outbound
+/// cluster), with the module fetched from a loopback port nothing listens on: the wasm filter fails to load and
+/// `FAIL_OPEN` passes requests through, but the native strip the rendering puts first still removes the client's
+/// destination headers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn istio_rendering_with_an_unfetchable_module_does_not_let_the_client_choose() {
+    let controller = common::controller_endpoint();
+    let wasm = WasmModule {
+        url: format!("http://{}:{}/wasm/warmpath_filter-0.wasm", controller.host(), controller.port),
+        sha256: "0".repeat(64),
+    };
+    let objs = common::render_case("istio-annotated.yaml", wasm).await;
+    let envoy_filters: Vec<&Value> = objs.iter().filter(|o| o["kind"] == "EnvoyFilter").collect();
+    assert_eq!(envoy_filters.len(), 1, "{objs:?}");
+    let patches = envoy_filters[0]["spec"]["configPatches"].as_array().unwrap();
+    let started = Upstream::start_many(POOL_SIZE).await.expect("upstreams");
+    let pool: Vec<SocketAddr> = started.iter().map(Upstream::addr).collect();
+
+    let mut http_filters = vec![json!({"name": "envoy.filters.http.router", "typed_config": {
+        "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}})];
+    let mut backend = None;
+    let mut module_cluster = None;
+    for p in patches {
+        let value = &p["patch"]["value"];
+        match (p["applyTo"].as_str().unwrap(), p["patch"]["operation"].as_str().unwrap()) {
+            ("HTTP_FILTER", "INSERT_FIRST") => http_filters.insert(0, value.clone()),
+            ("HTTP_FILTER", "INSERT_BEFORE") => {
+                assert_eq!(p["match"]["listener"]["filterChain"]["filter"]["subFilter"]["name"], "envoy.filters.http.router");
+                let at = http_filters.len() - 1;
+                module_cluster = value["typed_config"]["config"]["vm_config"]["code"]["remote"]["http_uri"]["cluster"].as_str().map(str::to_string);
+                http_filters.insert(at, value.clone());
+            }
+            ("CLUSTER", "MERGE") => {
+                let m = &p["match"]["cluster"];
+                let name = format!("outbound|{}||{}", m["portNumber"], m["service"].as_str().unwrap());
+                let mut c = static_cluster(&name, &pool, None);
+                c["load_balancing_policy"] = value["load_balancing_policy"].clone();
+                backend = Some((name, c));
+            }
+            other => panic!("unexpected patch {other:?}"),
+        }
+    }
+    assert_eq!(http_filters[0]["name"], STRIP_FILTER_NAME, "the native strip runs first");
+    let (backend_name, backend_cluster) = backend.expect("a CLUSTER patch");
+    // The module's cluster is the controller Service's outbound cluster: here a loopback port with no server.
+    let module_cluster = module_cluster.expect("a remote module");
+    let dead = SocketAddr::from(([127, 0, 0, 1], free_port().unwrap()));
+
+    let (port, admin) = (free_port().unwrap(), free_port().unwrap());
+    let routes = vec![json!({"match": {"prefix": "/"}, "route": {"cluster": backend_name, "timeout": "10s"}})];
+    let listener = json!({"name": "istio-gateway",
+        "address": {"socket_address": {"address": "127.0.0.1", "port_value": port}},
+        "filter_chains": [{"filters": [{
+            "name": "envoy.filters.network.http_connection_manager",
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+                "stat_prefix": "http",
+                "route_config": {"name": "r", "virtual_hosts": [{"name": "v", "domains": ["*"], "routes": routes}]},
+                "http_filters": http_filters,
+            }}]}]});
+    let bootstrap = json!({
+        "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": admin}}},
+        "static_resources": {"listeners": [listener], "clusters": [backend_cluster, static_cluster(&module_cluster, &[dead], None)]},
+    });
+    let http = reqwest::Client::builder().timeout(REQUEST_TIMEOUT).pool_max_idle_per_host(0).build().unwrap();
+    // At most 30 s: Envoy gives up on the unreachable module first.
+    let envoy = EnvoyProcess::start_bootstrap(&bootstrap, port, admin, CONCURRENCY, Duration::from_secs(30)).await.expect("envoy");
+    let upstreams = started.into_iter().map(|u| (u.addr(), u)).collect();
+    let gw = Gateway { envoy, http, pools: BTreeMap::from([("backend".to_string(), pool.clone())]), upstreams };
+    let target = pool[1].to_string();
+    let answers = spoofed(&gw, "/v1/chat/completions", &target, 10).await;
+    assert!(answers.iter().all(|a| a.picked.is_none()), "a client header reached an upstream: {answers:?}");
+    assert!(answers.iter().any(|a| a.upstream.to_string() != target), "every request went where the client asked: {answers:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -22,6 +22,7 @@ mod common;
 use common::envoy_gateway::{apply_patch_policy, enable_on_route, envoy_gateway_filter, hcm, EG_WASM_CACHE_URI};
 use serde_json::{json, Value};
 use warmpath_controller::render::WasmModule;
+use warmpath_envoy_config::STRIP_FILTER_NAME;
 
 fn merge(base: &mut Value, patch: &Value) {
     match (base, patch) {
@@ -166,8 +167,12 @@ async fn envoy_gateway_patches_apply_to_envoy_gateway_shaped_listeners() {
     let mut clusters = vec![];
     // One policy's patch reaches its own filter in all three chains, and leaves the other's alone.
     let applied = apply_patch_policy(epps[0], &mut listeners, &mut clusters).unwrap();
-    assert_eq!(applied, 3, "plain HTTP + two SNI chains");
-    let own = epps[0]["spec"]["jsonPatches"][1]["operation"]["jsonPath"].as_str().unwrap().to_string();
+    assert_eq!(applied, 6, "plain HTTP + two SNI chains, each: the native strip first, the option on the filter");
+    let q = serde_json_path::JsonPath::parse("$..http_filters").unwrap();
+    for chain in listeners.iter().flat_map(|l| q.query(l).all()) {
+        assert_eq!(chain[0]["name"], STRIP_FILTER_NAME, "the native header strip runs first in every chain: {chain}");
+    }
+    let own = epps[0]["spec"]["jsonPatches"][2]["operation"]["jsonPath"].as_str().unwrap().to_string();
     let (mine, other) = if own.contains(&names[0]) { (0, 1) } else { (1, 0) };
     assert_eq!(flags(&listeners, &names[mine]), vec![json!(true); 3]);
     assert_eq!(flags(&listeners, &names[other]), vec![Value::Null; 3]);
@@ -175,7 +180,8 @@ async fn envoy_gateway_patches_apply_to_envoy_gateway_shaped_listeners() {
     assert_eq!(flags(&listeners, &names[other]), vec![json!(true); 3]);
     // The listener patches name the xDS listeners Envoy Gateway builds: one per port.
     let listener_names: Vec<&str> = epps[0]["spec"]["jsonPatches"].as_array().unwrap()[1..].iter().map(|p| p["name"].as_str().unwrap()).collect();
-    assert_eq!(listener_names, ["gateways/inference-gateway/http", "gateways/inference-gateway/https-a"]);
+    assert_eq!(listener_names, ["gateways/inference-gateway/http", "gateways/inference-gateway/http",
+        "gateways/inference-gateway/https-a", "gateways/inference-gateway/https-a"]);
 
     for c in clusters.iter_mut() {
         c["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]["socket_address"]["address"] = "localhost".into();
@@ -191,8 +197,10 @@ async fn envoy_gateway_patches_apply_to_envoy_gateway_shaped_listeners() {
 async fn istio_wasm_filter_is_valid_envoy_config() {
     let objs = rendered("istio-annotated.yaml").await;
     let ef = objs.iter().find(|o| o["kind"] == "EnvoyFilter").expect("EnvoyFilter rendered");
-    let http = ef["spec"]["configPatches"].as_array().unwrap().iter().find(|p| p["applyTo"] == "HTTP_FILTER").expect("HTTP_FILTER patch");
-    assert_eq!(http["patch"]["operation"], "INSERT_BEFORE");
+    let patches = ef["spec"]["configPatches"].as_array().unwrap();
+    let strip = patches.iter().find(|p| p["patch"]["operation"] == "INSERT_FIRST").expect("the native strip, first");
+    assert_eq!(strip["patch"]["value"], warmpath_envoy_config::strip_client_destination_headers());
+    let http = patches.iter().find(|p| p["applyTo"] == "HTTP_FILTER" && p["patch"]["operation"] == "INSERT_BEFORE").expect("wasm patch");
     let filter = &http["patch"]["value"];
     // Istio pushes the controller Service's outbound cluster; a static stand-in with its name.
     let name = filter["typed_config"]["config"]["vm_config"]["code"]["remote"]["http_uri"]["cluster"].clone();
@@ -216,7 +224,7 @@ fn envoy_refuses_a_broken_override_host_policy() {
 async fn envoy_refuses_a_broken_wasm_filter() {
     let objs = rendered("istio-annotated.yaml").await;
     let ef = objs.iter().find(|o| o["kind"] == "EnvoyFilter").expect("EnvoyFilter rendered");
-    let http = ef["spec"]["configPatches"].as_array().unwrap().iter().find(|p| p["applyTo"] == "HTTP_FILTER").unwrap();
+    let http = ef["spec"]["configPatches"].as_array().unwrap().iter().find(|p| p["patch"]["operation"] == "INSERT_BEFORE").unwrap();
     let mut filter = http["patch"]["value"].clone();
     filter["typed_config"]["config"]["allow_on_headers_stop_iteratoin"] = json!(true);
     let name = filter["typed_config"]["config"]["vm_config"]["code"]["remote"]["http_uri"]["cluster"].clone();

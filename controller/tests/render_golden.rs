@@ -33,6 +33,7 @@ fn config() -> ControllerConfig {
             sha256: SHA.into(),
         },
         controller,
+        live_status: false,
     }
 }
 
@@ -83,9 +84,30 @@ fn the_binary_prints_the_same_objects() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let stdout = String::from_utf8(out.stdout).unwrap();
     let stderr = String::from_utf8(out.stderr).unwrap();
-    let status: Vec<String> = stderr.lines().filter(|l| l.starts_with("InferenceRoutingPolicy ")).map(String::from).collect();
+    let status: Vec<String> =
+        stderr.lines().filter(|l| l.starts_with("InferenceRoutingPolicy ") || l.starts_with("HTTPRoute ")).map(String::from).collect();
     let want = std::fs::read_to_string(case.with_extension("expected.yaml")).unwrap();
     assert_eq!(golden_text(&stdout, &status), want);
+}
+
+/// The README's annotated HTTPRoute alone (its Gateway, GatewayClass and backend Service not among the inputs):
+/// nothing can be rendered, and the command says why — per route, the reasons the controller publishes in the
+/// route's events — and exits non-zero.
+#[test]
+fn render_of_a_route_alone_says_why_nothing_was_rendered() {
+    let text = std::fs::read_to_string(cases().into_iter().find(|c| c.ends_with("docs-annotated-route.yaml")).unwrap()).unwrap();
+    let route = text.split("\n---\n").find(|d| d.contains("kind: HTTPRoute")).expect("the case has the route");
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("route.yaml");
+    std::fs::write(&file, route).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_warmpath-controller")).args(["render", "-f"]).arg(&file).args(["--wasm-sha256", SHA]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "exit 0 with nothing rendered; stderr: {stderr}");
+    assert!(out.stdout.is_empty(), "{}", String::from_utf8_lossy(&out.stdout));
+    assert!(stderr.contains("HTTPRoute llm/chat: Warning NotProgrammed"), "{stderr}");
+    assert!(stderr.contains("Gateway gateways/inference-gateway not found"), "{stderr}");
+    assert!(stderr.contains("backend Service llm/vllm-llama not found"), "{stderr}");
+    assert!(stderr.contains("nothing rendered"), "{stderr}");
 }
 
 #[test]
@@ -115,4 +137,33 @@ async fn inference_endpoints_render_their_cache_warming_objects() {
     let owner = &dep.metadata.owner_references.as_ref().unwrap()[0];
     assert_eq!((owner.kind.as_str(), owner.uid.is_empty()), ("InferenceEndpoint", false), "owned by its endpoint");
     assert!(out.status.is_empty(), "no policy among the inputs: {:?}", out.status);
+}
+
+/// `render` checks InferenceEndpoints like the API server: the CRD schema (ranges, patterns,
+/// unknown fields) and its CEL rules; a bad endpoint is a clear error and a non-zero exit.
+#[test]
+fn render_refuses_endpoints_the_api_server_would_refuse() {
+    let good = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/testdata/cache/endpoint.yaml")).unwrap();
+    let render = |text: &str| {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("ie.yaml");
+        std::fs::write(&f, text).unwrap();
+        let out = Command::new(env!("CARGO_BIN_EXE_warmpath-controller")).args(["render", "-f"]).arg(&f).args(["--wasm-sha256", SHA]).output().unwrap();
+        (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let (ok, err) = render(&good);
+    assert!(ok, "{err}");
+    for (what, from, to, needle) in [
+        ("negative replicas", "replicas: 2", "replicas: -5", "replicas"),
+        ("port out of range", "port: 8000", "port: 70000", "port"),
+        ("relative hostPath", "weightsCache: {enabled: true}", "weightsCache: {enabled: true, hostPath: models}", "hostPath"),
+        ("unknown key", "replicas: 2", "replicas: 2\n  replica: 3", "replica"),
+        ("two sources", "    huggingFace:", "    http: {url: \"https://h/m.gguf\"}\n    huggingFace:", "exactly one of s3, http, huggingFace, volume"),
+        ("non-hex sha256", "replicas: 2", "replicas: 2\n  sha256: {model.safetensors: nothex}", "sha256"),
+    ] {
+        assert!(good.contains(from), "{what}: fixture changed");
+        let (ok, err) = render(&good.replacen(from, to, 1));
+        assert!(!ok, "{what} accepted");
+        assert!(err.contains(needle), "{what}: {err}");
+    }
 }

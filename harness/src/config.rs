@@ -9,6 +9,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use serde_json::{json, Value};
+use warmpath_envoy_config as envoy_config;
 
 /// Prefix under which Envoy exports the filter's proxy-wasm metrics in `/stats` (`wasmcustom.` + the metric name
 /// defined by the filter, which starts with `warmpath.`).
@@ -25,6 +26,20 @@ pub struct FeedCluster {
     /// The feed server's address (loopback).
     pub address: SocketAddr,
 }
+
+/// A module fetched over HTTP (see [`EnvoyConfig::wasm_remote`]).
+#[derive(Debug, Clone)]
+pub struct RemoteModule {
+    /// The server holding the module (loopback).
+    pub address: SocketAddr,
+    /// URL path of the module on it.
+    pub path: String,
+    /// Lower-case hex SHA-256 of the module.
+    pub sha256: String,
+}
+
+/// Cluster the remote module is fetched through.
+const WASM_MODULE_CLUSTER: &str = "wasm_module";
 
 /// A further route of the listener, ahead of the catch-all route to [`MODEL_CLUSTER`]: requests whose path starts
 /// with `path_prefix` go to the cluster `cluster` of `upstreams`, load-balanced like the model cluster
@@ -69,13 +84,16 @@ pub struct EnvoyConfig {
     pub buffer_limit_bytes: u32,
     /// Route timeout in seconds (0 = none). Default 60.
     pub route_timeout_s: u32,
-    /// With the wasm filter, also remove client-sent destination headers in a native `header_mutation` filter
-    /// placed before it (default true): defence in depth, so that a crashed VM — which `FAIL_OPEN` passes
-    /// through — cannot let a client choose the destination. The filter strips them itself either way; the
+    /// Remove client-sent destination headers in a native `header_mutation` filter placed first in the chain
+    /// (default true), so that no failure of the wasm VM — crash, load failure, which `FAIL_OPEN` passes
+    /// through — can let a client choose the destination. The filter strips them itself either way; the
     /// spoofing test turns this off to prove that.
     pub strip_in_envoy: bool,
     /// Further routes, each to its own cluster (default none: one catch-all route to [`MODEL_CLUSTER`]).
     pub pools: Vec<Pool>,
+    /// Fetch the module over HTTP instead of reading [`Self::wasm`] from disk (what the controller renders): from
+    /// this URL on a STATIC cluster `wasm_module` of the URL's address, checked against the SHA-256.
+    pub wasm_remote: Option<RemoteModule>,
     /// The warmpath filter instances, in chain order. Empty (the default) means one instance named `warmpath`
     /// configured with `plugin_config`.
     pub plugins: Vec<PluginInstance>,
@@ -95,6 +113,7 @@ impl EnvoyConfig {
             route_timeout_s: 60,
             strip_in_envoy: true,
             pools: Vec::new(),
+            wasm_remote: None,
             plugins: Vec::new(),
         }
     }
@@ -147,20 +166,12 @@ impl EnvoyConfig {
         cfg.to_string()
     }
 
-    /// The HTTP filter list of the listener: the wasm filter (when configured), then the router.
+    /// The HTTP filter list of the listener: the native header strip (also without the wasm filter: the cluster's
+    /// `override_host` policy would honour a client's header), the wasm filter (when configured), then the router.
     fn http_filters(&self) -> Value {
         let mut filters = Vec::new();
-        if self.wasm.is_some() && self.strip_in_envoy {
-            filters.push(json!({
-                "name": "envoy.filters.http.header_mutation",
-                "typed_config": {
-                    "@type": "type.googleapis.com/envoy.extensions.filters.http.header_mutation.v3.HeaderMutation",
-                    "mutations": { "request_mutations": [
-                        { "remove": crate::DESTINATION_HEADER },
-                        { "remove": crate::ORIGINAL_DST_HEADER },
-                    ] },
-                },
-            }));
+        if self.strip_in_envoy {
+            filters.push(envoy_config::strip_client_destination_headers());
         }
         if let Some(wasm) = &self.wasm {
             let default = [PluginInstance { name: "warmpath".into(), config: self.plugin_config.clone() }];
@@ -169,53 +180,42 @@ impl EnvoyConfig {
                 filters.push(self.wasm_filter(wasm, instance, instances.len() > 1));
             }
         }
-        filters.push(json!({
-            "name": "envoy.filters.http.router",
-            "typed_config": { "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router" },
-        }));
+        filters.push(envoy_config::router_filter());
         Value::Array(filters)
     }
 
-    /// One wasm HTTP filter running `instance` of the module `wasm`. With several instances each HTTP filter is
-    /// named after its plugin (the wasm extension is found by its `typed_config` type, not by the filter name).
+    /// One wasm HTTP filter running `instance` of the module `wasm`, `FAIL_OPEN` (a crashed VM must not take
+    /// traffic down: requests pass without a pick and Envoy's fallback policy routes them). With several instances
+    /// each HTTP filter is named after its plugin (the wasm extension is found by its `typed_config` type, not by
+    /// the filter name).
     fn wasm_filter(&self, wasm: &Path, instance: &PluginInstance, several: bool) -> Value {
-        let filter_name = if several { instance.name.as_str() } else { "envoy.filters.http.wasm" };
-        json!({
-            "name": filter_name,
-            "typed_config": {
-                "@type": "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm",
-                "config": {
-                    "name": instance.name,
-                    "root_id": "warmpath",
-                    // The filter pauses in on_request_headers until the body is buffered; without this Envoy
-                    // forwards the headers anyway and the pick comes too late (or the request hangs).
-                    "allow_on_headers_stop_iteration": true,
-                    // A crashed VM must not take traffic down: requests pass without a pick and Envoy's
-                    // fallback policy routes them.
-                    "failure_policy": "FAIL_OPEN",
-                    "configuration": {
-                        "@type": "type.googleapis.com/google.protobuf.StringValue",
-                        "value": instance.config,
-                    },
-                    "vm_config": {
-                        "vm_id": "warmpath",
-                        "runtime": "envoy.wasm.runtime.v8",
-                        "code": { "local": { "filename": path_str(wasm) } },
-                    },
-                },
-            },
+        let path = path_str(wasm);
+        let uri = self.wasm_remote.as_ref().map(|r| format!("http://{}{}", r.address, r.path));
+        let code = match (&self.wasm_remote, &uri) {
+            (Some(r), Some(uri)) => envoy_config::WasmCode::Remote { uri, cluster: WASM_MODULE_CLUSTER, sha256: &r.sha256 },
+            _ => envoy_config::WasmCode::Local { path: &path },
+        };
+        envoy_config::wasm_http_filter(&envoy_config::WasmFilter {
+            filter_name: if several { instance.name.as_str() } else { "envoy.filters.http.wasm" },
+            plugin_name: &instance.name,
+            code,
+            configuration: &instance.config,
+            fail_open: true,
         })
     }
 
-    /// The route list: one prefix route per pool, then the catch-all route to [`MODEL_CLUSTER`].
+    /// The route list: one prefix route per pool, then the catch-all route to [`MODEL_CLUSTER`], each with the
+    /// retry policy that sends a request failed on a dead endpoint to another one.
     fn routes(&self) -> Value {
         let timeout = format!("{}s", self.route_timeout_s);
         let mut routes: Vec<Value> = self
             .pools
             .iter()
-            .map(|p| json!({ "match": { "prefix": p.path_prefix }, "route": { "cluster": p.cluster, "timeout": timeout } }))
+            .map(|p| json!({ "match": { "prefix": p.path_prefix }, "route": {
+                "cluster": p.cluster, "timeout": timeout, "retry_policy": envoy_config::retry_policy() } }))
             .collect();
-        routes.push(json!({ "match": { "prefix": "/" }, "route": { "cluster": MODEL_CLUSTER, "timeout": timeout } }));
+        routes.push(json!({ "match": { "prefix": "/" }, "route": {
+            "cluster": MODEL_CLUSTER, "timeout": timeout, "retry_policy": envoy_config::retry_policy() } }));
         Value::Array(routes)
     }
 
@@ -251,14 +251,12 @@ impl EnvoyConfig {
         let mut clusters = vec![override_host_cluster(MODEL_CLUSTER, &self.upstreams)];
         clusters.extend(self.pools.iter().map(|p| override_host_cluster(&p.cluster, &p.upstreams)));
         if let Some(feed) = &self.feed {
-            clusters.push(json!({
-                "name": feed.name,
-                "type": "STATIC",
-                "connect_timeout": "1s",
-                "load_assignment": { "cluster_name": feed.name, "endpoints": [{ "lb_endpoints": [{ "endpoint": {
-                    "address": { "socket_address": {
-                        "address": feed.address.ip().to_string(), "port_value": feed.address.port() } } } }] }] },
-            }));
+            let host = [(feed.address.ip().to_string(), feed.address.port())];
+            clusters.push(envoy_config::cluster(&feed.name, envoy_config::Discovery::Static, &host, 1, None));
+        }
+        if let Some(remote) = &self.wasm_remote {
+            let host = [(remote.address.ip().to_string(), remote.address.port())];
+            clusters.push(envoy_config::cluster(WASM_MODULE_CLUSTER, envoy_config::Discovery::Static, &host, 1, None));
         }
         Value::Array(clusters)
     }
@@ -304,35 +302,14 @@ impl EnvoyConfig {
 }
 
 /// A STATIC cluster `name` of `upstreams` whose load-balancing policy is `override_host`: the filter's pick arrives
-/// as `x-gateway-destination-endpoint`; a header naming a host outside the cluster (or no header) falls back to
-/// least-request.
+/// as the destination header; a header naming a host outside the cluster (or no header) falls back to least-request.
+/// Outlier detection and a retry budget handle an endpoint that dies (see `warmpath_envoy_config`).
 fn override_host_cluster(name: &str, upstreams: &[SocketAddr]) -> Value {
-    let endpoints: Vec<Value> = upstreams
-        .iter()
-        .map(|a| {
-            json!({ "endpoint": { "address": { "socket_address": {
-                "address": a.ip().to_string(), "port_value": a.port() } } } })
-        })
-        .collect();
-    json!({
-        "name": name,
-        "type": "STATIC",
-        "connect_timeout": "1s",
-        "load_assignment": { "cluster_name": name, "endpoints": [{ "lb_endpoints": endpoints }] },
-        "load_balancing_policy": { "policies": [{ "typed_extension_config": {
-            "name": "envoy.load_balancing_policies.override_host",
-            "typed_config": {
-                "@type": "type.googleapis.com/envoy.extensions.load_balancing_policies.override_host.v3.OverrideHost",
-                "override_host_sources": [{ "header": crate::DESTINATION_HEADER }],
-                "fallback_policy": { "policies": [{ "typed_extension_config": {
-                    "name": "envoy.load_balancing_policies.least_request",
-                    "typed_config": {
-                        "@type": "type.googleapis.com/envoy.extensions.load_balancing_policies.least_request.v3.LeastRequest",
-                    },
-                } }] },
-            },
-        } }] },
-    })
+    let hosts: Vec<(String, u16)> = upstreams.iter().map(|a| (a.ip().to_string(), a.port())).collect();
+    let mut c = envoy_config::cluster(name, envoy_config::Discovery::Static, &hosts, 1, Some(envoy_config::override_host_lb_policy()));
+    c["outlier_detection"] = envoy_config::outlier_detection();
+    c["circuit_breakers"] = envoy_config::circuit_breakers();
+    c
 }
 
 /// Renders any config value as YAML text.

@@ -19,6 +19,7 @@ mod upstream;
 
 pub use config::{
     example_configs, to_yaml, EnvoyConfig, FeedCluster, PluginInstance, Pool, EXAMPLE_PLUGIN_CONFIG, FILTER_STAT_PREFIX,
+    RemoteModule,
 };
 pub use envoy::{validate_file, EnvoyProcess};
 pub use feed::FeedServer;
@@ -26,10 +27,4 @@ pub use paths::{envoy_binary, filter_wasm, free_port, workspace_root};
 pub use stats::Stats;
 pub use upstream::{Recorded, Upstream};
 
-/// Name of the request header the filter sets and Envoy's `override_host` policy reads (Gateway API Inference
-/// Extension endpoint-picker protocol).
-pub const DESTINATION_HEADER: &str = "x-gateway-destination-endpoint";
-/// Header Envoy's ORIGINAL_DST cluster would honour; the filter strips it so clients cannot pick an address.
-pub const ORIGINAL_DST_HEADER: &str = "x-envoy-original-dst-host";
-/// Opt-in response header naming the chosen endpoint and the reason (`debug_header: true` in the plugin config).
-pub const DEBUG_HEADER: &str = "x-warmpath-decision";
+pub use warmpath_core::headers::{DEBUG_HEADER, DESTINATION_HEADER, ORIGINAL_DST_HEADER};

@@ -1,5 +1,8 @@
 //! A local stand-in for a model server: answers every request with a small OpenAI-style JSON body naming itself,
-//! records what it received, and can hold requests (to build up in-flight load) or delay them.
+//! records what it received (bodies of any size: no server-side body limit, unlike axum's default 2 MB, so body
+//! limits seen in tests are Envoy's), and can hold requests (to build up in-flight load) or delay them, and be killed
+//! (listener closed, every open connection dropped mid-request, like a crashed process) and restarted on the
+//! same address.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -47,7 +50,23 @@ struct Shared {
 /// A running upstream on 127.0.0.1; the server task is aborted on drop.
 pub struct Upstream {
     shared: Arc<Shared>,
-    task: JoinHandle<()>,
+    /// The accept loop, which owns every connection task (aborting it drops them all).
+    task: Mutex<Option<JoinHandle<()>>>,
+}
+
+/// Serves `app` on `listener` until aborted; connection tasks live in a `JoinSet` owned by this future, so aborting
+/// it closes the listener and drops every open connection at once.
+async fn serve(listener: tokio::net::TcpListener, app: axum::Router) {
+    let mut connections = tokio::task::JoinSet::new();
+    loop {
+        let Ok((socket, _)) = listener.accept().await else { continue };
+        let service = hyper_util::service::TowerToHyperService::new(app.clone());
+        connections.spawn(async move {
+            let builder = hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new());
+            let _ = builder.serve_connection(hyper_util::rt::TokioIo::new(socket), service).await;
+        });
+        while connections.try_join_next().is_some() {}
+    }
 }
 
 impl Upstream {
@@ -63,11 +82,35 @@ impl Upstream {
             hold,
             active: AtomicUsize::new(0),
         });
-        let app = axum::Router::new().fallback(handle).with_state(shared.clone());
-        let task = tokio::spawn(async move {
-            let _ = axum::serve(listener, app).await;
-        });
-        Ok(Upstream { shared, task })
+        let app = axum::Router::new().fallback(handle).layer(axum::extract::DefaultBodyLimit::disable()).with_state(shared.clone());
+        let task = tokio::spawn(serve(listener, app));
+        Ok(Upstream { shared, task: Mutex::new(Some(task)) })
+    }
+
+    /// Kills the server: closes the listener and drops every open connection, in-flight requests included (their
+    /// clients see a reset). Returns how many requests were in flight at that moment.
+    pub fn kill(&self) -> usize {
+        let active = self.active();
+        if let Ok(mut task) = self.task.lock() {
+            if let Some(t) = task.take() {
+                t.abort();
+            }
+        }
+        active
+    }
+
+    /// Serves again on the same address after [`Self::kill`] (no-op when running).
+    pub async fn restart(&self) -> Result<()> {
+        if self.task.lock().map(|t| t.is_some()).unwrap_or(true) {
+            return Ok(());
+        }
+        let listener = tokio::net::TcpListener::bind(self.shared.addr).await?;
+        let app = axum::Router::new().fallback(handle).layer(axum::extract::DefaultBodyLimit::disable()).with_state(self.shared.clone());
+        let task = tokio::spawn(serve(listener, app));
+        if let Ok(mut t) = self.task.lock() {
+            *t = Some(task);
+        }
+        Ok(())
     }
 
     /// Starts `n` upstreams.
@@ -125,7 +168,7 @@ impl Upstream {
 impl Drop for Upstream {
     fn drop(&mut self) {
         self.release();
-        self.task.abort();
+        self.kill();
     }
 }
 

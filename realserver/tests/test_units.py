@@ -93,15 +93,15 @@ def test_percentiles_and_variants():
     assert percentile([1.0, 2.0, 3.0, 4.0, 5.0], 50) == 3.0
     assert percentile(list(map(float, range(1, 11))), 90) == 9.1
     assert parse_variant("RANDOM") == ("RANDOM", "RANDOM", {})
-    assert parse_variant('PREFIX_AWARE:{"load_factor": 0}') == ("PREFIX_AWARE load_factor=0", "PREFIX_AWARE",
-                                                                {"load_factor": 0})
+    assert parse_variant('PREFIX_AWARE:{"concurrency_threshold": 4}') == ("PREFIX_AWARE concurrency_threshold=4", "PREFIX_AWARE",
+                                                                {"concurrency_threshold": 4})
 
 
 def test_server_args_pin_cache_settings():
     args = ServerSpec(model=Path("m.gguf"), cache_ram_mib=64).args(8001)
     joined = " ".join(args)
     for flag in ("-np 1", "-c 4096", "--cache-ram 64", "-t 1", "-tb 1", "--metrics", "--host 127.0.0.1",
-                 "--port 8001"):
+                 "--port 8001", "--alias smollm2"):
         assert flag in joined, flag
 
 
@@ -154,3 +154,14 @@ def test_ordinary_start_failure_is_not_a_skip(tmp_path):
         with pytest.raises(RuntimeError, match="failed to load model") as e:
             server.wait_ready(10)
         assert not isinstance(e.value, ServerCannotRun)
+
+
+def test_peer_routers_listen_on_loopback_with_cache_aware():
+    from warmpath_real.peers import PEERS, peer_args
+    for strategy in PEERS:
+        a = peer_args(strategy, 7000, 7001, ["127.0.0.1:9001", "127.0.0.1:9002"])
+        after = {flag: a[a.index(flag) + 1] for flag in ("--host", "--prometheus-host", "--prometheus-port", "--policy")}
+        assert after == {"--host": "127.0.0.1", "--prometheus-host": "127.0.0.1", "--prometheus-port": "7001",
+                         "--policy": "cache_aware"}, a
+        assert "http://127.0.0.1:9002" in a
+    assert peer_args("SMG_CACHE_AWARE", 1, 2, [])[0] == "launch"

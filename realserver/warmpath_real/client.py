@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import openai
 
+from .servers import MODEL_ALIAS
+
 #: Opt-in response header of the warmpath filter (`debug_header: true`): `IP:port;reason;matched=N`.
 DECISION_HEADER = "x-warmpath-decision"
 
@@ -65,7 +67,7 @@ def make_client(base_url: str, timeout_s: float = 120.0) -> openai.OpenAI:
     return openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=timeout_s)
 
 
-def stream_chat(client: openai.OpenAI, messages: list[dict], max_tokens: int, model: str = "smollm2",
+def stream_chat(client: openai.OpenAI, messages: list[dict], max_tokens: int, model: str = MODEL_ALIAS,
                 headers: dict[str, str] | None = None) -> ChatResult:
     """Sends one streamed chat completion (temperature 0) and returns what was measured; never raises for
     request errors (they are recorded in `ChatResult.error`)."""

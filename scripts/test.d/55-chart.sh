@@ -43,6 +43,44 @@ awk 'BEGIN{RS="\n---"} /kind: ClusterRole\n/ && /name: wp-warmpath-controller-ro
 grep -q 'httproutes' "$tmp/routing-role.yaml" || fail "routing ClusterRole not found"
 ! grep -n 'secrets' "$tmp/routing-role.yaml" || fail "routing controller RBAC mentions secrets"
 ok "RBAC least privilege (no wildcards, provider-scoped kinds)"
+# Routing only by default: no cache-warming DaemonSet and none of its RBAC (nothing on deployments,
+# daemonsets or nodes); the controller is told not to run the cache reconcilers.
+doc() { awk -v kind="$2" -v name="$3" 'BEGIN{RS="\n---"} $0 ~ "\nkind: " kind "\n" && $0 ~ "\n  name: " name "\n"' "$1"; }
+! grep -q 'kind: DaemonSet' "$tmp/auto.yaml" || fail "default install renders the agent DaemonSet"
+! grep -qE '"(deployments|daemonsets|nodes)"' "$tmp/auto.yaml" || fail "default install grants RBAC on deployments/daemonsets/nodes"
+! grep -q 'name: wp-warmpath-controller-cache' "$tmp/auto.yaml" || fail "default install renders the cache-warming ClusterRole"
+grep -A1 'name: WARMPATH_CACHE_WARMING' "$tmp/auto.yaml" | grep -q 'value: "false"' || fail "controller not told cache warming is off"
+"$HELM" template wp "$CHART" --namespace warmpath-system --set agent.enabled=true >"$tmp/agent.yaml" || fail "helm template agent.enabled=true"
+"$VALIDATE" --strict --quiet -k 1.37.0 "$tmp/agent.yaml" || fail "kubernetes-validate --strict agent.enabled=true"
+grep -q 'kind: DaemonSet' "$tmp/agent.yaml" || fail "agent.enabled=true renders no DaemonSet"
+[ -n "$(doc "$tmp/agent.yaml" ClusterRole wp-warmpath-controller-cache)" ] || fail "agent.enabled=true renders no cache-warming ClusterRole"
+grep -A1 'name: WARMPATH_CACHE_WARMING' "$tmp/agent.yaml" | grep -q 'value: "true"' || fail "controller not told cache warming is on"
+ok "routing only by default; agent.enabled=true adds the DaemonSet, its RBAC and the cache reconcilers"
+# Leader election: a Role on leases in the release namespace, bound to the controller.
+doc "$tmp/auto.yaml" Role wp-warmpath-controller-leader-election >"$tmp/leader.yaml"
+grep -q 'coordination.k8s.io' "$tmp/leader.yaml" && grep -q '"update"' "$tmp/leader.yaml" || fail "no leader-election Role on leases"
+grep -A1 'name: WARMPATH_LEADER_LEASE' "$tmp/auto.yaml" | grep -q 'value: "wp-warmpath-controller"' || fail "controller not given its Lease name"
+"$HELM" template wp "$CHART" --set controller.replicas=3 | grep -q 'replicas: 3' || fail "controller.replicas=3"
+ok "leader election Role and Lease name; replicas > 1 allowed"
+# Uninstall: a pre-delete hook Job runs `cleanup` as the controller's ServiceAccount with a Role to scale it down.
+doc "$tmp/auto.yaml" Job wp-warmpath-controller-cleanup >"$tmp/job.yaml"
+grep -q 'helm.sh/hook: pre-delete' "$tmp/job.yaml" || fail "no pre-delete cleanup Job"
+grep -q 'args: \["cleanup"\]' "$tmp/job.yaml" && grep -q 'serviceAccountName: wp-warmpath-controller' "$tmp/job.yaml" || fail "cleanup Job command or ServiceAccount"
+doc "$tmp/auto.yaml" Role wp-warmpath-controller-cleanup | grep -q 'deployments/scale' || fail "cleanup Role cannot scale the controller"
+! "$HELM" template wp "$CHART" --set controller.cleanupOnUninstall=false | grep -q 'helm.sh/hook' || fail "cleanupOnUninstall=false still renders the hook"
+ok "pre-delete cleanup hook Job with its RBAC"
+# values.schema.json: wrong types and misspelled keys fail at template (= install) time; defaults pass.
+refused_value() {
+  if "$HELM" template wp "$CHART" --set "$1" >/dev/null 2>"$tmp/schema.err"; then fail "value $1 accepted"; fi
+  grep -q "$2" "$tmp/schema.err" || { cat "$tmp/schema.err"; fail "value $1 refused without naming $2"; }
+}
+refused_value agent.enabled=flase '/agent/enabled'
+refused_value http.port=abc '/http/port'
+refused_value http.port=70000 '/http/port'
+refused_value agent.enable=true 'enable'
+refused_value controller.replicas=0 '/controller/replicas'
+"$HELM" lint --strict "$CHART" --set agent.enabled=true --set http.port=8081 >/dev/null || fail "valid values refused"
+ok "values schema refuses agent.enabled=flase, http.port=abc/70000, a misspelled key, replicas=0; accepts valid values"
 # A wrong provider value is refused at template time.
 if "$HELM" template wp "$CHART" --set provider=nginx >/dev/null 2>&1; then fail "provider=nginx accepted"; fi
 ok "invalid provider refused"

@@ -87,7 +87,7 @@ AGENT_BIN="$TARGET_DIR/x86_64-unknown-linux-musl/image/warmpath-agent"
 # --- config vs the chart --------------------------------------------------------------------------
 skopeo inspect --config "oci-archive:$archive" >"$tmp/config.json" || fail "skopeo inspect --config"
 skopeo inspect --raw "oci-archive:$archive" >"$tmp/manifest.json" || fail "skopeo inspect --raw"
-"$HELM" template wp charts/warmpath --namespace warmpath-system >"$tmp/chart.yaml" || fail "helm template"
+"$HELM" template wp charts/warmpath --namespace warmpath-system --set agent.enabled=true >"$tmp/chart.yaml" || fail "helm template"
 "$PY" - "$tmp/config.json" "$tmp/manifest.json" "$tmp/chart.yaml" "$TAG" >"$tmp/chart-env.sh" <<'PY' || fail "image config does not match the chart"
 import json, shlex, sys, yaml
 config = json.load(open(sys.argv[1]))
@@ -166,7 +166,7 @@ for f in controller/testdata/render/*.yaml; do
   name=$(basename "$f" .yaml)
   cp "$f" "$R/in/$name.yaml"
   "${IN[@]}" render -f "/in/$name.yaml" --wasm-sha256 $SHA >"$tmp/$name.out" 2>"$tmp/$name.err" || { cat "$tmp/$name.err" >&2; fail "render $name"; }
-  grep '^InferenceRoutingPolicy ' "$tmp/$name.err" | sed 's/^/# /' >>"$tmp/$name.out" || true
+  grep -E '^(InferenceRoutingPolicy|HTTPRoute) ' "$tmp/$name.err" | sed 's/^/# /' >>"$tmp/$name.out" || true
   diff -u "controller/testdata/render/$name.expected.yaml" "$tmp/$name.out" >&2 || fail "render $name differs from its golden"
   cases=$((cases + 1))
 done

@@ -69,6 +69,15 @@ try:
     raise SystemExit("typo accepted")
 except jsonschema.ValidationError:
     pass
+# A sha256 that is not 64 hex characters is refused by the schema (before any download).
+bad = dict(docs[0]); bad["spec"] = dict(bad["spec"], sha256={"model.safetensors": "not-a-checksum"})
+try:
+    jsonschema.validate(bad, schemas[bad["kind"]])
+    raise SystemExit("non-hex sha256 accepted")
+except jsonschema.ValidationError:
+    pass
+good = dict(docs[0]); good["spec"] = dict(good["spec"], sha256={"model.safetensors": "ab" * 32})
+jsonschema.validate(good, schemas[good["kind"]])
 PY
 then ok "rendered ModelCache/ImageCache/InferenceRoutingPolicy valid against the chart CRDs"; else bad "CR schema validation"; fi
 
@@ -87,7 +96,7 @@ if "$BIN/warmpath-timeline" --nvme-gbps 0 >/dev/null 2>&1; then bad "timeline ac
 # Chart: agent DaemonSet and RBAC render, and are valid.
 HELM="$TOOLS/bin/helm"
 if [ -x "$HELM" ]; then
-  "$HELM" template wp charts/warmpath --namespace warmpath-system --show-only templates/agent-daemonset.yaml \
+  "$HELM" template wp charts/warmpath --namespace warmpath-system --set agent.enabled=true --show-only templates/agent-daemonset.yaml \
      --show-only templates/agent-rbac.yaml --show-only templates/cache-controller-rbac.yaml \
      --set agent.huggingFace.tokenSecret=hf >"$tmp/agent.yaml"
   if .venv/bin/kubernetes-validate --strict --quiet -k 1.35.0 "$tmp/agent.yaml"; then ok "agent DaemonSet + RBAC render and validate"; else bad "agent chart objects"; fi
@@ -102,7 +111,7 @@ PY
     bad "agent.enabled=false still renders the DaemonSet"
   else ok "agent.enabled=false renders no DaemonSet"; fi
   # An overridden agent image reaches both the DaemonSet and the controller (cold-node fallback init container).
-  "$HELM" template wp charts/warmpath --set agent.image.tag=t1 \
+  "$HELM" template wp charts/warmpath --set agent.enabled=true --set agent.image.tag=t1 \
      --show-only templates/agent-daemonset.yaml --show-only templates/controller-deployment.yaml >"$tmp/img.yaml"
   .venv/bin/python - "$tmp/img.yaml" <<'PY' && ok "agent image override reaches DaemonSet and WARMPATH_AGENT_IMAGE" || bad "agent image override"
 import sys, yaml

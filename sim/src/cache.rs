@@ -99,6 +99,11 @@ impl PrefixCache {
         self.blocks.is_empty()
     }
 
+    /// Blocks pinned by running requests.
+    pub fn pinned(&self) -> usize {
+        self.pinned
+    }
+
     /// Fraction of blocks pinned by running requests, 0.0–1.0 (vLLM `kv_cache_usage_perc`, which counts cached but
     /// unreferenced blocks as free).
     pub fn usage(&self) -> f64 {

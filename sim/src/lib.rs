@@ -21,4 +21,4 @@ pub mod tokens;
 
 pub use cache::{CacheStats, PrefixCache};
 pub use latency::LatencyProfile;
-pub use server::{SimConfig, SimServer, ENDPOINT_HEADER};
+pub use server::{ServerTruth, SimConfig, SimProbe, SimServer, ENDPOINT_HEADER};

@@ -7,6 +7,7 @@
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
@@ -64,9 +65,58 @@ struct AppState {
     metrics: Metrics,
     batch: Arc<Semaphore>,
     prefill: Option<Arc<Semaphore>>,
+    /// Prompt tokens of requests waiting for a batch slot (not yet admitted into the cache).
+    waiting_prompt_tokens: AtomicU64,
+    /// Uncached prompt tokens of admitted requests whose prefill has not finished (queued on or in the lane).
+    pending_prefill_tokens: AtomicU64,
 }
 
 type Shared = Arc<AppState>;
+
+/// What one server truly holds and owes at one instant, for exact-state reference routing: read in-process
+/// through [`SimProbe`], never over HTTP, so it costs no simulated time.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ServerTruth {
+    /// Leading blocks of the probed prompt that are computed in this server's cache now, capped as an admission
+    /// would cap them (at least one prompt token is always recomputed).
+    pub cached_blocks: usize,
+    /// Uncached prompt tokens of admitted requests still waiting for or running their prefill.
+    pub pending_prefill_tokens: u64,
+    /// Prompt tokens of requests waiting for a batch slot (their cache hit is not known yet).
+    pub waiting_prompt_tokens: u64,
+    /// Cache blocks pinned by running requests (vLLM's active KV blocks).
+    pub active_blocks: usize,
+    /// Tokens per cache block.
+    pub block_tokens: usize,
+}
+
+/// A read-only handle on one running server's cache and queue (cheap to clone).
+#[derive(Clone)]
+pub struct SimProbe(Shared);
+
+impl std::fmt::Debug for SimProbe {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("SimProbe").field(&self.0.name).finish()
+    }
+}
+
+impl SimProbe {
+    /// The server's true state for a request whose rendered prompt (the text the server tokenizes, see
+    /// [`crate::tokens::chat_prompt`]) is `prompt`.
+    pub fn truth(&self, prompt: &str) -> ServerTruth {
+        let s = &self.0;
+        let hashes = block_hashes(prompt.as_bytes(), s.cfg.block_tokens);
+        let max_hit = (token_count(prompt.len()).saturating_sub(1) as usize) / s.cfg.block_tokens.max(1);
+        let c = s.cache.lock().unwrap_or_else(|e| e.into_inner());
+        ServerTruth {
+            cached_blocks: c.peek_hit_blocks(&hashes).min(max_hit),
+            pending_prefill_tokens: s.pending_prefill_tokens.load(Ordering::Relaxed),
+            waiting_prompt_tokens: s.waiting_prompt_tokens.load(Ordering::Relaxed),
+            active_blocks: c.pinned(),
+            block_tokens: c.block_tokens(),
+        }
+    }
+}
 
 #[derive(Clone, Copy, PartialEq)]
 enum Kind {
@@ -84,14 +134,23 @@ enum Step {
 
 /// Builds the axum router for one simulated server named `name` (its `IP:port`).
 pub fn app(cfg: SimConfig, name: &str) -> Router {
-    let state = Arc::new(AppState {
+    router(state(cfg, name))
+}
+
+fn state(cfg: SimConfig, name: &str) -> Shared {
+    Arc::new(AppState {
         cache: Mutex::new(PrefixCache::new(cfg.cache_blocks, cfg.block_tokens)),
         metrics: Metrics::new(&cfg.model),
         batch: Arc::new(Semaphore::new(cfg.latency.max_num_seqs.max(1))),
         prefill: (cfg.latency.prefill_lanes > 0).then(|| Arc::new(Semaphore::new(cfg.latency.prefill_lanes))),
         name: HeaderValue::from_str(name).unwrap_or(HeaderValue::from_static("sim")),
+        waiting_prompt_tokens: AtomicU64::new(0),
+        pending_prefill_tokens: AtomicU64::new(0),
         cfg,
-    });
+    })
+}
+
+fn router(state: Shared) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
@@ -243,22 +302,26 @@ fn rand_id() -> u64 {
 /// Runs one request through the batch limit, cache, prefill lane and decode, sending text and usage to `tx`.
 async fn simulate(s: Shared, prompt: String, max_tokens: usize, tx: mpsc::Sender<Step>) {
     let lat = &s.cfg.latency;
+    let prompt_tokens = token_count(prompt.len());
     s.metrics.waiting.inc();
+    s.waiting_prompt_tokens.fetch_add(prompt_tokens, Ordering::Relaxed);
     let slot = s.batch.clone().acquire_owned().await;
+    s.waiting_prompt_tokens.fetch_sub(prompt_tokens, Ordering::Relaxed);
     s.metrics.waiting.dec();
     let Ok(_slot) = slot else { return };
     s.metrics.running.inc();
     let start = Instant::now();
 
-    let prompt_tokens = token_count(prompt.len());
     let hashes = block_hashes(prompt.as_bytes(), s.cfg.block_tokens);
-    let mut alloc = {
+    // The hit and the pending prefill work change under one lock, so a probe never sees one without the other.
+    let (mut alloc, cached) = {
         let mut c = s.cache.lock().unwrap_or_else(|e| e.into_inner());
         let a = c.admit(&hashes, prompt_tokens);
         s.metrics.kv_usage.set(c.usage());
-        a
+        let cached = ((a.hit_blocks * s.cfg.block_tokens) as u64).min(prompt_tokens);
+        s.pending_prefill_tokens.fetch_add(prompt_tokens - cached, Ordering::Relaxed);
+        (a, cached)
     };
-    let cached = ((alloc.hit_blocks * s.cfg.block_tokens) as u64).min(prompt_tokens);
     s.metrics.prefix_queries.inc_by(prompt_tokens);
     s.metrics.prefix_hits.inc_by(cached);
     s.metrics.prompt_tokens.inc_by(prompt_tokens);
@@ -271,7 +334,11 @@ async fn simulate(s: Shared, prompt: String, max_tokens: usize, tx: mpsc::Sender
         };
         tokio::time::sleep(lat.wall(lat.prefill_ms(prompt_tokens - cached))).await;
     }
-    s.cache.lock().unwrap_or_else(|e| e.into_inner()).mark_ready(&alloc.blocks);
+    {
+        let mut c = s.cache.lock().unwrap_or_else(|e| e.into_inner());
+        c.mark_ready(&alloc.blocks);
+        s.pending_prefill_tokens.fetch_sub(prompt_tokens - cached, Ordering::Relaxed);
+    }
     let first = Instant::now();
     s.metrics.ttft_seconds.observe((first - start).as_secs_f64() / lat.time_scale.max(1e-9));
 
@@ -333,6 +400,7 @@ async fn simulate(s: Shared, prompt: String, max_tokens: usize, tx: mpsc::Sender
 #[derive(Debug)]
 pub struct SimServer {
     addr: SocketAddr,
+    probe: SimProbe,
     shutdown: Option<oneshot::Sender<()>>,
     task: Option<tokio::task::JoinHandle<()>>,
 }
@@ -352,7 +420,9 @@ impl SimServer {
     /// Serves on an already bound listener.
     pub fn serve(cfg: SimConfig, listener: TcpListener) -> std::io::Result<Self> {
         let addr = listener.local_addr()?;
-        let app = app(cfg, &addr.to_string());
+        let shared = state(cfg, &addr.to_string());
+        let probe = SimProbe(shared.clone());
+        let app = router(shared);
         let (tx, rx) = oneshot::channel();
         let task = tokio::spawn(async move {
             let _ = axum::serve(listener, app)
@@ -361,12 +431,17 @@ impl SimServer {
                 })
                 .await;
         });
-        Ok(Self { addr, shutdown: Some(tx), task: Some(task) })
+        Ok(Self { addr, probe, shutdown: Some(tx), task: Some(task) })
     }
 
     /// The bound address.
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// A handle on this server's true cache and queue state (stays valid after the server stops).
+    pub fn probe(&self) -> SimProbe {
+        self.probe.clone()
     }
 
     /// Stops accepting, aborts in-flight connections, and waits for the server task.

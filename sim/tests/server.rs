@@ -123,3 +123,36 @@ async fn batch_limit_queues_requests_and_gauges_return_to_zero() {
     assert!(m.contains("vllm:request_success_total{model_name=\"sim-model\"} 4"), "{m}");
     s.stop().await;
 }
+
+#[tokio::test]
+async fn probe_reports_pending_prefill_while_it_runs_and_the_cached_prefix_after() {
+    // 1 simulated ms per token at real time: 400 tokens of prefill keep the request in its prefill for 400 ms.
+    let cfg = SimConfig {
+        latency: LatencyProfile { prefill_ms_per_token: 1.0, overhead_ms: 0.0, itl_ms: 1.0, ..Default::default() },
+        ..Default::default()
+    };
+    let s = SimServer::start(cfg, "127.0.0.1:0".parse().unwrap()).await.unwrap();
+    let probe = s.probe();
+    let prompt = tokens::filler_text(9, 400);
+    assert_eq!(probe.truth(&prompt), warmpath_sim::ServerTruth { block_tokens: 16, ..Default::default() });
+    let url = format!("http://{}/v1/completions", s.addr());
+    let body = json!({"model": "m", "prompt": prompt, "max_tokens": 2});
+    let req = tokio::spawn(reqwest::Client::new().post(url).json(&body).send());
+    let start = std::time::Instant::now();
+    let during = loop {
+        let t = probe.truth(&prompt);
+        if t.pending_prefill_tokens > 0 || start.elapsed() > std::time::Duration::from_secs(5) {
+            break t;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    };
+    assert_eq!(during.pending_prefill_tokens, 400, "the whole prompt is uncached and owed: {during:?}");
+    assert_eq!(during.active_blocks, 25, "its 25 full blocks are pinned: {during:?}");
+    assert_eq!(during.cached_blocks, 0, "blocks under prefill are not hittable yet: {during:?}");
+    req.await.unwrap().unwrap().bytes().await.unwrap();
+    let after = probe.truth(&prompt);
+    // 400 tokens = 25 blocks; at least one token is recomputed, so 24 can hit.
+    assert_eq!((after.pending_prefill_tokens, after.waiting_prompt_tokens, after.active_blocks), (0, 0, 0), "{after:?}");
+    assert_eq!(after.cached_blocks, 24, "{after:?}");
+    s.stop().await;
+}

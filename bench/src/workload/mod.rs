@@ -63,6 +63,30 @@ impl Request {
         v
     }
 
+    /// A key shared by every turn of one conversation, for sticky spreading over gateways: for chat bodies a hash
+    /// of the messages up to and including the first user message (later turns only append); for completion
+    /// bodies (traces, code) a hash of the first 2,048 bytes (one 512-token Mooncake block: a session's turns start
+    /// alike).
+    pub fn session_key(&self) -> u64 {
+        match &self.body {
+            Body::Chat(msgs) => {
+                let end = msgs.iter().position(|(r, _)| r == "user").map_or(msgs.len(), |i| i + 1);
+                let mut h = xxhash_rust::xxh3::Xxh3::new();
+                for (r, c) in &msgs[..end] {
+                    h.update(r.as_bytes());
+                    h.update(&[0]);
+                    h.update(c.as_bytes());
+                    h.update(&[0]);
+                }
+                h.digest()
+            }
+            Body::Completion(p) => {
+                let b = p.as_bytes();
+                xxhash_rust::xxh3::xxh3_64(&b[..b.len().min(2048)])
+            }
+        }
+    }
+
     /// The prompt text as the simulated server renders it (chat template applied); used for the pooled-cache
     /// bound.
     pub fn server_prompt(&self) -> String {
@@ -71,6 +95,14 @@ impl Request {
             Body::Completion(p) => p.clone(),
         }
     }
+}
+
+/// Requests `start..start + n` of `all` as a workload of their own: arrival times shifted so the first arrives at
+/// 0 and ids renumbered from 0 (repeated runs over successive stretches of one trace).
+pub fn window(all: &[Request], start: usize, n: usize) -> Vec<Request> {
+    let part = &all[start.min(all.len())..(start + n).min(all.len())];
+    let t0 = part.first().map_or(0.0, |r| r.at_ms);
+    part.iter().enumerate().map(|(i, r)| Request { id: i, at_ms: r.at_ms - t0, ..r.clone() }).collect()
 }
 
 /// Built-in workloads.
@@ -197,6 +229,35 @@ mod tests {
             prompts[i + 1..].iter().any(|p| p.starts_with(&with_reply))
         });
         assert!(found);
+    }
+
+    #[test]
+    fn turns_of_one_conversation_share_a_session_key() {
+        let reqs = generate(WorkloadKind::Chat, params());
+        let first_user = |r: &Request| match &r.body {
+            Body::Chat(m) => m.iter().find(|(role, _)| role == "user").map(|(_, c)| c.clone()),
+            Body::Completion(_) => None,
+        };
+        let mut same = 0;
+        for (i, a) in reqs.iter().enumerate() {
+            for b in &reqs[i + 1..] {
+                let one_conversation = first_user(a) == first_user(b);
+                assert_eq!(a.session_key() == b.session_key(), one_conversation, "{} vs {}", a.id, b.id);
+                same += usize::from(one_conversation);
+            }
+        }
+        assert!(same > 0, "the chat workload has multi-turn conversations");
+    }
+
+    #[test]
+    fn window_rebases_times_and_ids() {
+        let reqs = generate(WorkloadKind::Rag, params());
+        let w = window(&reqs, 10, 5);
+        assert_eq!(w.len(), 5);
+        assert_eq!((w[0].id, w[0].at_ms), (0, 0.0));
+        assert_eq!(w[4].at_ms, reqs[14].at_ms - reqs[10].at_ms);
+        assert_eq!(w[2].body, reqs[12].body);
+        assert!(window(&reqs, reqs.len(), 5).is_empty());
     }
 
     #[test]

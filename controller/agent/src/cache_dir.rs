@@ -9,6 +9,11 @@
 //! renaming a fully verified staging directory, and `current` only ever points at such a directory, so
 //! a partial file is never visible at a path a model server reads, and a failed update leaves the
 //! previous version serving.
+//!
+//! Ownership: the agent only ever deletes what it created. It writes [`OWNER_MARKER`] into each cache
+//! directory it creates and [`ROOT_MARKER`] into the root it uses; removal and pruning touch only the
+//! entries of this layout inside a marked cache directory, and a directory holding anything else is
+//! refused (unless allowed explicitly) instead of being cleaned.
 
 use std::path::{Path, PathBuf};
 
@@ -20,6 +25,51 @@ use crate::error::{AgentError, Result};
 pub const READY_MARKER: &str = ".warmpath-ready.json";
 /// Name of the symlink pods read through.
 pub const CURRENT: &str = "current";
+/// File the agent writes into every cache directory it creates or adopts: only marked directories are
+/// ever removed.
+pub const OWNER_MARKER: &str = ".warmpath-cache";
+/// File the agent writes into the root (`hostPath`) it uses.
+pub const ROOT_MARKER: &str = ".warmpath-root";
+/// Name of the per-cache lock file.
+const LOCK: &str = ".warmpath.lock";
+
+/// True for the names this layout creates inside a cache directory (`current`, its temporary
+/// `.current.<v>` links, `versions`, `staging`, the lock and the marker).
+fn is_layout_entry(name: &str) -> bool {
+    matches!(name, CURRENT | "versions" | "staging" | LOCK | OWNER_MARKER) || name.starts_with(&format!(".{CURRENT}."))
+}
+
+/// Entries of `dir` for which `ours` is false (at most five, for the error message).
+fn foreign_entries(dir: &Path, ours: impl Fn(&std::fs::DirEntry) -> bool) -> Result<Vec<String>> {
+    let rd = match std::fs::read_dir(dir) {
+        Ok(rd) => rd,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(vec![]),
+        Err(e) => return Err(AgentError::Io { op: "list", path: dir.to_path_buf(), source: e }),
+    };
+    let mut out: Vec<String> = rd.flatten().filter(|e| !ours(e)).map(|e| e.file_name().to_string_lossy().into_owned()).collect();
+    out.sort();
+    out.truncate(5);
+    Ok(out)
+}
+
+/// Makes sure the agent may use `root`: it carries [`ROOT_MARKER`] already, or it holds nothing but
+/// cache directories of this layout (then the marker is written). Anything else is refused with
+/// [`AgentError::ForeignFiles`] unless `allow_foreign` is set; foreign entries are never touched.
+pub fn claim_root(root: &Path, allow_foreign: bool) -> Result<()> {
+    let marker = root.join(ROOT_MARKER);
+    if marker.exists() {
+        return Ok(());
+    }
+    std::fs::create_dir_all(root).map_err(AgentError::io("create", root))?;
+    let foreign = foreign_entries(root, |e| {
+        let n = e.file_name();
+        n == ROOT_MARKER || (e.path().is_dir() && CacheDir { base: e.path() }.looks_ours())
+    })?;
+    if !foreign.is_empty() && !allow_foreign {
+        return Err(AgentError::ForeignFiles { path: root.to_path_buf(), entries: foreign.join(", ") });
+    }
+    std::fs::write(&marker, b"warmpath node agent cache root\n").map_err(AgentError::io("write", &marker))
+}
 
 /// Contents of [`READY_MARKER`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -31,6 +81,10 @@ pub struct ReadyMarker {
     pub bytes: u64,
     /// File paths relative to the version directory.
     pub files: Vec<String>,
+    /// What was asked for (source and checksums, [`crate::sync::request_id`]): a pod start serves this
+    /// version without asking the source when its request is the same.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request: Option<String>,
 }
 
 /// Paths of one cache under the agent's root.
@@ -64,13 +118,39 @@ impl CacheDir {
         self.base.join("staging").join(version)
     }
 
+    /// True when the agent created (or adopted) this directory: it carries [`OWNER_MARKER`].
+    pub fn is_owned(&self) -> bool {
+        self.base.join(OWNER_MARKER).is_file()
+    }
+
+    /// True when the directory is marked, or holds nothing but entries of this layout (an empty
+    /// directory, e.g. made by the kubelet for a pod's hostPath volume, or one written by an older agent).
+    fn looks_ours(&self) -> bool {
+        self.is_owned() || foreign_entries(&self.base, |e| is_layout_entry(&e.file_name().to_string_lossy())).is_ok_and(|f| f.is_empty())
+    }
+
+    /// Creates the directory if needed and marks it as the agent's; a directory that holds anything
+    /// else is refused with [`AgentError::ForeignFiles`] and left as it is.
+    pub fn claim(&self) -> Result<()> {
+        if self.is_owned() {
+            return Ok(());
+        }
+        std::fs::create_dir_all(&self.base).map_err(AgentError::io("create", &self.base))?;
+        let foreign = foreign_entries(&self.base, |e| is_layout_entry(&e.file_name().to_string_lossy()))?;
+        if !foreign.is_empty() {
+            return Err(AgentError::ForeignFiles { path: self.base.clone(), entries: foreign.join(", ") });
+        }
+        let marker = self.base.join(OWNER_MARKER);
+        std::fs::write(&marker, b"created by the warmpath node agent\n").map_err(AgentError::io("write", &marker))
+    }
+
     /// Takes the cache's exclusive advisory lock (`flock` on `<key>/.warmpath.lock`, via `fs4`), waiting
     /// for another holder: the node agent and a pod's cold-node fallback fetch may work on the same
     /// cache at once, and the second then finds the first's result (or resumes its progress). Released
     /// when the returned file is dropped.
     pub async fn lock(&self) -> Result<std::fs::File> {
-        std::fs::create_dir_all(&self.base).map_err(AgentError::io("create", &self.base))?;
-        let path = self.base.join(".warmpath.lock");
+        self.claim()?;
+        let path = self.base.join(LOCK);
         let file = std::fs::OpenOptions::new()
             .create(true)
             .truncate(false)
@@ -114,6 +194,18 @@ impl CacheDir {
         Ok(())
     }
 
+    /// Removes every staging directory except `keep` (stale downloads of versions no longer wanted, whose
+    /// allocated space would otherwise stay taken).
+    pub fn prune_staging(&self, keep: &str) {
+        if let Ok(entries) = std::fs::read_dir(self.base.join("staging")) {
+            for e in entries.flatten() {
+                if e.file_name() != keep {
+                    let _ = std::fs::remove_dir_all(e.path());
+                }
+            }
+        }
+    }
+
     /// Best-effort removal of every version and staging directory except `keep`.
     fn prune(&self, keep: &str) {
         for sub in ["versions", "staging"] {
@@ -127,12 +219,34 @@ impl CacheDir {
         }
     }
 
-    /// Removes the whole cache from the node (finalizer cleanup). Missing is fine.
-    pub fn remove(&self) -> Result<()> {
-        match std::fs::remove_dir_all(&self.base) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(AgentError::Io { op: "remove", path: self.base.clone(), source: e }),
-            _ => Ok(()),
+    /// Removes the cache from the node (finalizer cleanup): only the entries of this layout, only in a
+    /// directory the agent owns, then the directory itself if nothing else is left in it. Missing is fine;
+    /// a directory the agent does not own is left untouched (returns `Ok(false)`).
+    pub fn remove(&self) -> Result<bool> {
+        if !self.base.exists() {
+            return Ok(true);
         }
+        if !self.is_owned() {
+            tracing::warn!(path = %self.base.display(), "not created by the agent; left in place");
+            return Ok(false);
+        }
+        let rd = std::fs::read_dir(&self.base).map_err(AgentError::io("list", &self.base))?;
+        for e in rd.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if !is_layout_entry(&name) || name == OWNER_MARKER {
+                continue;
+            }
+            let p = e.path();
+            let r = if p.is_dir() && !p.is_symlink() { std::fs::remove_dir_all(&p) } else { std::fs::remove_file(&p) };
+            r.map_err(AgentError::io("remove", &p))?;
+        }
+        let marker = self.base.join(OWNER_MARKER);
+        let _ = std::fs::remove_file(&marker);
+        if let Err(e) = std::fs::remove_dir(&self.base) {
+            // Something the agent did not create is inside: keep it (and the directory).
+            tracing::warn!(path = %self.base.display(), error = %e, "cache removed; the directory keeps files the agent did not create");
+        }
+        Ok(true)
     }
 }
 
@@ -144,10 +258,11 @@ mod tests {
     fn commit_switches_current_and_prunes_old_version() {
         let root = tempfile::tempdir().unwrap();
         let c = CacheDir::new(root.path(), "ns.m").unwrap();
+        c.claim().unwrap();
         for (v, body) in [("v1", "one"), ("v2", "two")] {
             std::fs::create_dir_all(c.staging_dir(v)).unwrap();
             std::fs::write(c.staging_dir(v).join("w.bin"), body).unwrap();
-            c.commit(&ReadyMarker { version: v.into(), bytes: 3, files: vec!["w.bin".into()] }).unwrap();
+            c.commit(&ReadyMarker { version: v.into(), bytes: 3, files: vec!["w.bin".into()], request: None }).unwrap();
             assert_eq!(c.current().unwrap().version, v);
             assert_eq!(std::fs::read_to_string(c.current_link().join("w.bin")).unwrap(), body);
         }
@@ -155,6 +270,44 @@ mod tests {
         c.remove().unwrap();
         assert!(!c.base().exists());
         c.remove().unwrap();
+    }
+
+    #[test]
+    fn only_what_the_agent_created_is_removed() {
+        let root = tempfile::tempdir().unwrap();
+        // A directory named like a cache that someone else made: refused, never removed.
+        let theirs = CacheDir::new(root.path(), "team.checkpoints").unwrap();
+        std::fs::create_dir_all(theirs.base()).unwrap();
+        std::fs::write(theirs.base().join("step-1000.pt"), "weights").unwrap();
+        assert_eq!(theirs.claim().unwrap_err().reason(), "ForeignFiles");
+        assert!(!theirs.remove().unwrap());
+        assert!(theirs.base().join("step-1000.pt").exists());
+        // A cache of ours with a foreign file dropped into it: the layout goes, the file stays.
+        let ours = CacheDir::new(root.path(), "ns.m").unwrap();
+        ours.claim().unwrap();
+        std::fs::create_dir_all(ours.staging_dir("v1")).unwrap();
+        std::fs::write(ours.staging_dir("v1").join("w.bin"), "x").unwrap();
+        ours.commit(&ReadyMarker { version: "v1".into(), bytes: 1, files: vec!["w.bin".into()], request: None }).unwrap();
+        std::fs::write(ours.base().join("notes.txt"), "mine").unwrap();
+        assert!(ours.remove().unwrap());
+        assert!(!ours.current_link().exists() && !ours.version_dir("v1").exists());
+        assert!(ours.base().join("notes.txt").exists(), "a file the agent did not create survives");
+    }
+
+    #[test]
+    fn root_with_foreign_files_is_refused_unless_allowed() {
+        let root = tempfile::tempdir().unwrap();
+        std::fs::write(root.path().join("README.txt"), "hello").unwrap();
+        let err = claim_root(root.path(), false).unwrap_err();
+        assert_eq!(err.reason(), "ForeignFiles");
+        assert!(err.to_string().contains("README.txt") && err.to_string().contains("--allow-foreign-files"), "{err}");
+        claim_root(root.path(), true).unwrap();
+        claim_root(root.path(), false).unwrap();
+        assert!(root.path().join("README.txt").exists());
+        // An empty root, or one holding only caches of this layout, is taken without asking.
+        let fresh = tempfile::tempdir().unwrap();
+        CacheDir::new(fresh.path(), "ns.m").unwrap().claim().unwrap();
+        claim_root(fresh.path(), false).unwrap();
     }
 
     #[test]

@@ -22,9 +22,10 @@ pub enum AgentError {
         /// The OS error.
         source: std::io::Error,
     },
-    /// Not enough free space on the cache filesystem; nothing was downloaded.
+    /// Not enough free space on the cache filesystem: the cache does not fit on this node. Nothing was
+    /// downloaded, and what this attempt allocated was released.
     #[error(
-        "not enough free disk on {path}: need {needed} bytes to download plus {reserve} bytes reserve, \
+        "does not fit: not enough free disk on {path}: need {needed} bytes to download plus {reserve} bytes reserve, \
          {available} bytes available"
     )]
     InsufficientDisk {
@@ -66,6 +67,19 @@ pub enum AgentError {
     /// A Kubernetes API call failed.
     #[error("kubernetes API: {0}")]
     Kube(String),
+    /// A directory the agent would write into holds files it did not create; it refuses to use it (and
+    /// never deletes them).
+    #[error(
+        "{path} holds files warmpath did not create ({entries}); refusing to use it. Empty it or choose another \
+         directory, or allow it explicitly (`--allow-foreign-files`, Helm `agent.allowForeignFiles`): the agent \
+         then works beside those files and never deletes them"
+    )]
+    ForeignFiles {
+        /// The directory.
+        path: PathBuf,
+        /// Up to five of the foreign entries, comma-separated.
+        entries: String,
+    },
 }
 
 impl AgentError {
@@ -83,6 +97,7 @@ impl AgentError {
             AgentError::InvalidSource(_) => "InvalidSource",
             AgentError::Cancelled => "Cancelled",
             AgentError::Kube(_) => "KubernetesError",
+            AgentError::ForeignFiles { .. } => "ForeignFiles",
         }
     }
 

@@ -5,6 +5,10 @@
 //! `<name>.part.progress.json` is rewritten atomically. A restart reloads the record and fetches only the
 //! missing chunks — if the object is still the same (same size, chunk size and ETag); otherwise it starts over.
 //! The caller verifies and renames the part file; nothing here writes to a final path.
+//!
+//! The part file's blocks are allocated up front ([`reserve_part`], `fallocate(2)` through `fs4`), not
+//! left sparse: a download that would not fit fails with ENOSPC before a byte is fetched, and space
+//! taken by one download is visible to the free-space check of the next.
 
 use std::{
     collections::BTreeSet,
@@ -93,6 +97,41 @@ fn save_record(part: &Path, rec: &ProgressRecord) -> Result<()> {
     std::fs::rename(&tmp, &path).map_err(AgentError::io("rename", &path))
 }
 
+/// Allocates `part` to the object's full size and returns its progress record: the existing one when it
+/// still matches (resume; allocating again only fills holes), else a fresh, empty one over a new file.
+/// On a filesystem without `fallocate` the file is extended sparse instead (and a warning logged).
+/// An allocation that does not fit fails with an `Io { op: "allocate" }` error of kind `StorageFull`.
+pub fn reserve_part(part: &Path, remote: &RemoteFile, chunk_size: u64) -> Result<ProgressRecord> {
+    let (rec, file) = match load_record(part, remote, chunk_size) {
+        Some(rec) => (rec, OpenOptions::new().write(true).open(part).map_err(AgentError::io("open", part))?),
+        None => {
+            if let Some(dir) = part.parent() {
+                std::fs::create_dir_all(dir).map_err(AgentError::io("create", dir))?;
+            }
+            let f = File::create(part).map_err(AgentError::io("create", part))?;
+            let rec = ProgressRecord { size: remote.size, chunk_size, e_tag: remote.e_tag.clone(), done: BTreeSet::new() };
+            (rec, f)
+        }
+    };
+    if remote.size > 0 {
+        match fs4::fs_std::FileExt::allocate(&file, remote.size) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::Unsupported => {
+                tracing::warn!(file = %part.display(), "filesystem cannot allocate ahead; the file stays sparse");
+                file.set_len(remote.size).map_err(AgentError::io("truncate", part))?;
+            }
+            Err(e) => return Err(AgentError::Io { op: "allocate", path: part.to_path_buf(), source: e }),
+        }
+    }
+    save_record(part, &rec)?;
+    Ok(rec)
+}
+
+/// Bytes of `part` already allocated on disk (0 when absent), at most `size`.
+pub fn allocated_bytes(part: &Path, size: u64) -> u64 {
+    std::fs::File::open(part).and_then(|f| fs4::fs_std::FileExt::allocated_size(&f)).map(|a| a.min(size)).unwrap_or(0)
+}
+
 /// Removes a part file and its progress record (after a verification failure: start clean next time).
 pub fn discard_partial(part: &Path) {
     let _ = std::fs::remove_file(part);
@@ -135,22 +174,8 @@ pub async fn fetch_to_part(
     on_chunk: Option<ChunkCallback>,
 ) -> Result<FetchStats> {
     let chunk_size = opts.chunk_size.max(1);
-    let (mut rec, file) = match load_record(part, remote, chunk_size) {
-        Some(rec) => {
-            let f = OpenOptions::new().write(true).open(part).map_err(AgentError::io("open", part))?;
-            (rec, f)
-        }
-        None => {
-            if let Some(dir) = part.parent() {
-                std::fs::create_dir_all(dir).map_err(AgentError::io("create", dir))?;
-            }
-            let f = File::create(part).map_err(AgentError::io("create", part))?;
-            f.set_len(remote.size).map_err(AgentError::io("truncate", part))?;
-            let rec = ProgressRecord { size: remote.size, chunk_size, e_tag: remote.e_tag.clone(), done: BTreeSet::new() };
-            save_record(part, &rec)?;
-            (rec, f)
-        }
-    };
+    let mut rec = reserve_part(part, remote, chunk_size)?;
+    let file = OpenOptions::new().write(true).open(part).map_err(AgentError::io("open", part))?;
     let resumed = rec.bytes_done();
     let file = Arc::new(file);
     let location = StorePath::from(remote.location.as_str());

@@ -36,6 +36,10 @@ enum Cmd {
         /// Seconds between scans of ModelCaches.
         #[arg(long, default_value_t = 15)]
         poll_seconds: u64,
+        /// Use a root that holds files the agent did not create (it never touches them); without it
+        /// such a root is refused with reason ForeignFiles.
+        #[arg(long)]
+        allow_foreign_files: bool,
         #[command(flatten)]
         engine: EngineArgs,
     },
@@ -103,6 +107,11 @@ struct FetchArgs {
     /// Expected checksum of a file: `path/in/cache=HEX` (repeatable).
     #[arg(long = "sha256", value_parser = parse_kv)]
     sha256: Vec<(String, String)>,
+    /// Ask the source even when a verified copy made for the same source and checksums is current.
+    /// Without it (a pod's start) such a copy is used at once and the source is not contacted: the
+    /// node agent checks for updates on its own schedule.
+    #[arg(long)]
+    refresh: bool,
     #[command(flatten)]
     engine: EngineArgs,
 }
@@ -128,10 +137,11 @@ async fn main() -> ExitCode {
         .init();
     match Cli::parse().cmd {
         Cmd::Fetch(a) => {
-            let opts = match a.engine.options() {
+            let mut opts = match a.engine.options() {
                 Ok(o) => o,
                 Err(e) => return fail("InvalidConfig", &e),
             };
+            opts.local_first = !a.refresh;
             let source = match SourceSpec::parse_uri(&a.source) {
                 Ok(s) => s,
                 Err(e) => return fail(e.reason(), &e.to_string()),
@@ -152,7 +162,7 @@ async fn main() -> ExitCode {
                 Err(e) => fail(e.reason(), &e.to_string()),
             }
         }
-        Cmd::Run { node, host_path, poll_seconds, engine } => {
+        Cmd::Run { node, host_path, poll_seconds, allow_foreign_files, engine } => {
             let opts = match engine.options() {
                 Ok(o) => o,
                 Err(e) => return fail("InvalidConfig", &e),
@@ -161,7 +171,7 @@ async fn main() -> ExitCode {
                 Ok(c) => c,
                 Err(e) => return fail("KubernetesError", &e.to_string()),
             };
-            let agent = warmpath_agent::node::NodeAgent::new(client, node, host_path, opts);
+            let agent = warmpath_agent::node::NodeAgent::new(client, node, host_path, opts).with_allow_foreign_files(allow_foreign_files);
             let stop = CancellationToken::new();
             let s = stop.clone();
             tokio::spawn(async move {
@@ -173,7 +183,8 @@ async fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Cmd::Remove { root, key } => match remove_cache(&root, &key) {
-            Ok(()) => ExitCode::SUCCESS,
+            Ok(true) => ExitCode::SUCCESS,
+            Ok(false) => fail("ForeignFiles", &format!("{} was not created by the agent; left in place", root.join(&key).display())),
             Err(e) => fail(e.reason(), &e.to_string()),
         },
     }

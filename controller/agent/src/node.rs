@@ -5,6 +5,11 @@
 //! the node gets a background sync task (one per cache; all share the agent-wide range-read permits),
 //! and a cache that no longer does (deleted, deleting, retargeted) is cancelled, removed from disk,
 //! and its label and report are removed — which is what the controller's finalizer waits for.
+//!
+//! Only directories the agent created are ever removed ([`crate::cache_dir`]); a root holding files
+//! it did not create is refused unless allowed ([`NodeAgent::with_allow_foreign_files`]). A failed sync
+//! is retried with exponential back-off, not on every pass. A source that cannot be reached while a
+//! verified copy of the same request is current leaves the node Ready (reason `SourceUnavailable`).
 
 use std::{
     collections::{BTreeMap, HashMap},
@@ -29,10 +34,23 @@ use warmpath_api::{
 };
 
 use crate::{
+    cache_dir::{claim_root, CacheDir},
     error::{AgentError, Result},
     source::SourceSpec,
-    sync::{remove_cache, sync_cache, CacheRequest, SyncOptions},
+    sync::{remove_cache, request_id, sync_cache, CacheRequest, SyncOptions},
 };
+
+/// First wait after a failed sync; doubled after every further failure of the same generation.
+pub const DEFAULT_RETRY_BASE: Duration = Duration::from_secs(30);
+/// Longest wait between two attempts of a failing sync.
+pub const DEFAULT_RETRY_MAX: Duration = Duration::from_secs(30 * 60);
+
+/// Failed attempts of one cache generation and when the next one may start.
+struct Backoff {
+    generation: i64,
+    failures: u32,
+    next: Instant,
+}
 
 /// Converts a ModelCache source into the agent's source (`None` for volume sources: nothing to fetch).
 pub fn source_of(s: &ModelSource) -> Option<SourceSpec> {
@@ -63,6 +81,12 @@ struct Inner {
     tasks: Mutex<HashMap<String, Task>>,
     /// Generation last synced successfully per cache: no re-listing of the source until the spec changes.
     synced: Mutex<HashMap<String, i64>>,
+    /// Failed syncs per cache, for the back-off.
+    backoff: Mutex<HashMap<String, Backoff>>,
+    retry_base: Duration,
+    retry_max: Duration,
+    /// Use a root that holds files the agent did not create (never touching them).
+    allow_foreign_files: bool,
 }
 
 /// The node agent.
@@ -84,8 +108,30 @@ impl NodeAgent {
                 patch_lock: tokio::sync::Mutex::new(()),
                 tasks: Mutex::new(HashMap::new()),
                 synced: Mutex::new(HashMap::new()),
+                backoff: Mutex::new(HashMap::new()),
+                retry_base: DEFAULT_RETRY_BASE,
+                retry_max: DEFAULT_RETRY_MAX,
+                allow_foreign_files: false,
             }),
         }
+    }
+
+    fn configure(mut self, f: impl FnOnce(&mut Inner)) -> NodeAgent {
+        f(Arc::get_mut(&mut self.inner).expect("configure the agent before cloning or running it"));
+        self
+    }
+
+    /// Back-off of failed syncs: `base` after the first failure, doubled each time up to `max`.
+    pub fn with_retry_backoff(self, base: Duration, max: Duration) -> NodeAgent {
+        self.configure(|i| {
+            i.retry_base = base;
+            i.retry_max = max.max(base);
+        })
+    }
+
+    /// Accept a root that holds files the agent did not create (they are never touched).
+    pub fn with_allow_foreign_files(self, allow: bool) -> NodeAgent {
+        self.configure(|i| i.allow_foreign_files = allow)
     }
 
     /// One pass: start syncs for caches this node must hold, remove the ones it must not.
@@ -120,7 +166,17 @@ impl NodeAgent {
             }
         }
 
-        // Remove what is no longer wanted: reported caches, labelled caches, and directories on disk.
+        // A root holding files the agent did not create is refused (every wanted cache says why).
+        if let Err(e) = claim_root(&inner.opts.root, inner.allow_foreign_files) {
+            for (key, mc) in &wanted {
+                let r = failed(e.reason(), &e.to_string(), mc.meta().generation);
+                self.report(key, &mc.namespace().unwrap_or_default(), &mc.name_any(), r, None).await?;
+            }
+            return Err(e);
+        }
+
+        // Remove what is no longer wanted: reported caches, labelled caches, and cache directories the
+        // agent created (nothing else under the root is touched).
         let mut known: Vec<(String, String)> = inner
             .reports
             .lock()
@@ -130,7 +186,9 @@ impl NodeAgent {
             .collect();
         if let Ok(rd) = std::fs::read_dir(&inner.opts.root) {
             for e in rd.flatten() {
-                if let Some((ns, name)) = e.file_name().to_str().and_then(|n| n.split_once('.')) {
+                let Some(dir_name) = e.file_name().to_str().map(str::to_string) else { continue };
+                let owned = CacheDir::new(&inner.opts.root, &dir_name).is_ok_and(|d| d.is_owned());
+                if let Some((ns, name)) = dir_name.split_once('.').filter(|_| owned) {
                     known.push((ns.to_string(), name.to_string()));
                 }
             }
@@ -165,6 +223,9 @@ impl NodeAgent {
         let generation = mc.meta().generation.unwrap_or(0);
         let inner = &self.inner;
         if inner.synced.lock().expect("lock").get(&key) == Some(&generation) {
+            return;
+        }
+        if inner.backoff.lock().expect("lock").get(&key).is_some_and(|b| b.generation == generation && Instant::now() < b.next) {
             return;
         }
         let mut tasks = inner.tasks.lock().expect("lock");
@@ -218,6 +279,7 @@ impl NodeAgent {
         let result = match outcome {
             Ok(r) => {
                 tracing::info!(cache = %key, version = %r.version, fetched = r.bytes_fetched, resumed = r.bytes_resumed, "cache ready");
+                self.inner.backoff.lock().expect("lock").remove(&key);
                 self.inner.synced.lock().expect("lock").insert(key.clone(), generation.unwrap_or(0));
                 let ready = NodeCacheReport {
                     state: phase::READY.into(),
@@ -231,13 +293,49 @@ impl NodeAgent {
             }
             Err(AgentError::Cancelled) => return,
             Err(e) => {
-                tracing::warn!(cache = %key, reason = e.reason(), error = %e, "cache failed");
-                self.report(&key, &ns, &name, failed(e.reason(), &e.to_string(), generation), None).await
+                let wait = self.back_off(&key, generation.unwrap_or(0));
+                let current = CacheDir::new(&self.inner.opts.root, &req.key).ok().and_then(|d| d.current());
+                let serving = current.filter(|m| m.request.as_deref() == Some(request_id(&req).as_str()));
+                match serving {
+                    Some(m) if matches!(e, AgentError::Store(_) | AgentError::Hub(_)) => {
+                        // The verified copy of exactly this request stays; only the update check failed.
+                        tracing::warn!(cache = %key, error = %e, "source unavailable; the verified local copy keeps serving");
+                        let r = NodeCacheReport {
+                            state: phase::READY.into(),
+                            reason: Some("SourceUnavailable".into()),
+                            message: Some(format!("{e}; serving the verified local copy, next check in {}s", wait.as_secs())),
+                            version: Some(m.version),
+                            generation,
+                            bytes_done: m.bytes,
+                            bytes_total: m.bytes,
+                        };
+                        self.report(&key, &ns, &name, r, Some(true)).await
+                    }
+                    _ => {
+                        tracing::warn!(cache = %key, reason = e.reason(), error = %e, retry_in_s = wait.as_secs(), "cache failed");
+                        let msg = format!("{e}; next attempt in {}s", wait.as_secs());
+                        self.report(&key, &ns, &name, failed(e.reason(), &msg, generation), None).await
+                    }
+                }
             }
         };
         if let Err(e) = result {
             tracing::warn!(cache = %key, error = %e, "could not report on the node");
         }
+    }
+
+    /// Records a failed attempt and returns the wait before the next one (`base · 2^(failures-1)`, at
+    /// most `max`; a new generation starts over).
+    fn back_off(&self, key: &str, generation: i64) -> Duration {
+        let mut all = self.inner.backoff.lock().expect("lock");
+        let b = all.entry(key.to_string()).or_insert(Backoff { generation, failures: 0, next: Instant::now() });
+        if b.generation != generation {
+            *b = Backoff { generation, failures: 0, next: Instant::now() };
+        }
+        b.failures += 1;
+        let wait = self.inner.retry_base.saturating_mul(1u32 << (b.failures - 1).min(20)).min(self.inner.retry_max);
+        b.next = Instant::now() + wait;
+        wait
     }
 
     /// Writes one cache's report (and optionally its ready label) onto the Node.
@@ -263,6 +361,7 @@ impl NodeAgent {
             t.handle.abort();
         }
         self.inner.synced.lock().expect("lock").remove(&key);
+        self.inner.backoff.lock().expect("lock").remove(&key);
         remove_cache(&self.inner.opts.root, &cache_dir_name(ns, name))?;
         tracing::info!(cache = %key, "removed from node");
         let _g = self.inner.patch_lock.lock().await;

@@ -17,7 +17,7 @@ use crate::{
     cache_dir::{CacheDir, ReadyMarker},
     disk::{ensure_free, FilesystemFreeSpace, FreeSpace},
     error::{AgentError, Result},
-    fetch::{discard_partial, fetch_to_part, resumable_bytes, ChunkCallback, FetchOptions, FetchStats},
+    fetch::{allocated_bytes, discard_partial, fetch_to_part, reserve_part, ChunkCallback, FetchOptions, FetchStats},
     source::{resolve, RemoteFile, SourceAuth, SourceSpec},
 };
 
@@ -32,6 +32,26 @@ pub struct CacheRequest {
     /// Expected sha256 (hex) per file path relative to the cache; files not listed are checked by size/ETag only.
     #[serde(default)]
     pub sha256: BTreeMap<String, String>,
+}
+
+impl CacheRequest {
+    /// Refuses checksums that are not 64 hex characters, before anything is fetched.
+    pub fn validate(&self) -> Result<()> {
+        for (file, sum) in &self.sha256 {
+            if sum.len() != 64 || !sum.bytes().all(|b| b.is_ascii_hexdigit()) {
+                return Err(AgentError::InvalidSource(format!("sha256 for {file:?} is {sum:?}, not 64 hex characters")));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Identity of what a request asks for (source and checksums; 16 hex chars of a sha256). Written into
+/// the ready marker, so a later request for the same thing can be served from the verified local copy
+/// without asking the source.
+pub fn request_id(req: &CacheRequest) -> String {
+    let doc = serde_json::json!({ "source": req.source, "sha256": req.sha256 });
+    hex::encode(&Sha256::digest(doc.to_string().as_bytes())[..8])
 }
 
 /// Agent-wide settings for syncing caches.
@@ -49,6 +69,12 @@ pub struct SyncOptions {
     pub auth: SourceAuth,
     /// Files of one cache fetched at the same time.
     pub parallel_files: usize,
+    /// Serve a verified local copy made for the same request without contacting the source (a pod's
+    /// start: the node agent checks the source for updates on its own schedule). Default false.
+    pub local_first: bool,
+    /// Serialises "check free space, then allocate" between the downloads of this process, so two
+    /// downloads started together cannot both count the same free bytes.
+    pub space_lock: Arc<std::sync::Mutex<()>>,
 }
 
 impl SyncOptions {
@@ -61,6 +87,8 @@ impl SyncOptions {
             free_space: Arc::new(FilesystemFreeSpace),
             auth: SourceAuth::default(),
             parallel_files: 4,
+            local_first: false,
+            space_lock: Arc::default(),
         }
     }
 }
@@ -111,15 +139,35 @@ fn part_path(staging: &Path, rel: &str) -> PathBuf {
     staging.join(format!("{rel}.part"))
 }
 
-/// Makes `req` current under `opts.root`. Errors leave the previous version current and keep resumable
-/// progress (except a checksum/size failure, whose partial file is discarded so the retry starts clean).
+/// Makes `req` current under `opts.root`. Errors leave the previous version current. A source failure or
+/// a cancel keeps resumable progress (and its allocated space); any other failure (checksum, size, disk)
+/// removes this version's staging directory, so the next attempt starts clean and no space stays taken.
+///
+/// With `opts.local_first`, a verified current copy made for the same request is returned at once,
+/// without listing or HEADing the source and without waiting for the cache lock.
 pub async fn sync_cache(
     req: &CacheRequest,
     opts: &SyncOptions,
     cancel: &CancellationToken,
     on_chunk: Option<ChunkCallback>,
 ) -> Result<SyncReport> {
+    req.validate()?;
     let dir = CacheDir::new(&opts.root, &req.key)?;
+    if opts.local_first {
+        let id = request_id(req);
+        if let Some(m) = dir.current().filter(|m| m.request.as_deref() == Some(id.as_str())) {
+            return Ok(SyncReport {
+                key: req.key.clone(),
+                version: m.version,
+                files: m.files.len(),
+                bytes_total: m.bytes,
+                bytes_fetched: 0,
+                bytes_resumed: 0,
+                already_current: true,
+                path: dir.current_link(),
+            });
+        }
+    }
     let resolved = resolve(&req.source, &opts.auth).await?;
     let _lock = dir.lock().await?;
     for name in req.sha256.keys() {
@@ -144,21 +192,33 @@ pub async fn sync_cache(
     }
 
     let staging = dir.staging_dir(&version);
-    let done_bytes: u64 = resolved
-        .files
-        .iter()
-        .map(|f| {
-            if std::fs::metadata(staging.join(&f.rel)).is_ok_and(|m| m.len() == f.size) {
-                f.size
-            } else {
-                resumable_bytes(&part_path(&staging, &f.rel), f, opts.fetch.chunk_size)
+    // Downloads of versions no longer wanted give their space back first.
+    dir.prune_staging(&version);
+    let result = fetch_version(req, opts, cancel, on_chunk, &dir, &resolved, &version).await;
+    match result {
+        Ok(stats) => Ok(report(stats, false)),
+        Err(e) => {
+            if !matches!(e, AgentError::Cancelled | AgentError::Store(_) | AgentError::Hub(_)) {
+                // Not resumable: release the space and start clean next time.
+                let _ = std::fs::remove_dir_all(&staging);
             }
-        })
-        .sum();
-    // Checked on the cache's own directory: in a pod's fallback container only that directory is the node's disk.
-    ensure_free(opts.free_space.as_ref(), dir.base(), bytes_total - done_bytes, opts.reserve_bytes)?;
-    std::fs::create_dir_all(&staging).map_err(AgentError::io("create", &staging))?;
+            Err(e)
+        }
+    }
+}
 
+/// Reserves the space of one version, fetches and verifies its files, and commits it.
+async fn fetch_version(
+    req: &CacheRequest,
+    opts: &SyncOptions,
+    cancel: &CancellationToken,
+    on_chunk: Option<ChunkCallback>,
+    dir: &CacheDir,
+    resolved: &crate::source::ResolvedSource,
+    version: &str,
+) -> Result<FetchStats> {
+    let staging = dir.staging_dir(version);
+    reserve(opts, dir, &staging, &resolved.files)?;
     let store = resolved.store.clone();
     // Owned items and boxed futures keep the stream `Send` for any caller (spawned node tasks).
     let totals: Vec<FetchStats> = stream::iter(resolved.files.clone())
@@ -178,12 +238,48 @@ pub async fn sync_cache(
         bytes_resumed: a.bytes_resumed + s.bytes_resumed,
     });
     let marker = ReadyMarker {
-        version: version.clone(),
-        bytes: bytes_total,
+        version: version.to_string(),
+        bytes: resolved.files.iter().map(|f| f.size).sum(),
         files: resolved.files.iter().map(|f| f.rel.clone()).collect(),
+        request: Some(request_id(req)),
     };
     dir.commit(&marker)?;
-    Ok(report(stats, false))
+    Ok(stats)
+}
+
+/// Takes the disk space of every file still to fetch before a byte is downloaded: checks that it fits
+/// (plus `opts.reserve_bytes`), then allocates each part file to its full size. The check counts what
+/// this version already holds on disk (allocated part files, verified files), so a retry is not refused
+/// because of its own earlier allocation. Another writer taking space between check and allocation
+/// (a pod's fallback fetch beside the agent) makes the allocation fail with ENOSPC: reported as
+/// `InsufficientDisk` and released by the caller like any other non-resumable failure.
+fn reserve(opts: &SyncOptions, dir: &CacheDir, staging: &Path, files: &[RemoteFile]) -> Result<()> {
+    // Within this process, one download at a time checks and allocates (a short section, no await).
+    let _space = opts.space_lock.lock().unwrap_or_else(|p| p.into_inner());
+    let mut todo = Vec::new();
+    let mut needed = 0u64;
+    for f in files {
+        if std::fs::metadata(staging.join(&f.rel)).is_ok_and(|m| m.len() == f.size) {
+            continue;
+        }
+        let part = part_path(staging, &f.rel);
+        needed += f.size - allocated_bytes(&part, f.size);
+        todo.push((f, part));
+    }
+    // Checked on the cache's own directory: in a pod's fallback container only that directory is the node's disk.
+    ensure_free(opts.free_space.as_ref(), dir.base(), needed, opts.reserve_bytes)?;
+    std::fs::create_dir_all(staging).map_err(AgentError::io("create", staging))?;
+    for (f, part) in todo {
+        match reserve_part(&part, f, opts.fetch.chunk_size) {
+            Ok(_) => {}
+            Err(AgentError::Io { op: "allocate", source, .. }) if source.kind() == std::io::ErrorKind::StorageFull => {
+                let available = opts.free_space.available(dir.base()).unwrap_or(0);
+                return Err(AgentError::InsufficientDisk { path: dir.base().to_path_buf(), needed, reserve: opts.reserve_bytes, available });
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 /// Fetches one file into staging, verifies it and renames `<rel>.part` to `<rel>` inside staging.
@@ -235,7 +331,8 @@ async fn verify(f: &RemoteFile, part: &Path, want_sha: Option<&String>) -> Resul
     Ok(())
 }
 
-/// Removes a cache from the node (all versions, staging, `current`).
-pub fn remove_cache(root: &Path, key: &str) -> Result<()> {
+/// Removes a cache from the node (all versions, staging, `current`) if the agent created it; returns
+/// false (and touches nothing) for a directory it did not create.
+pub fn remove_cache(root: &Path, key: &str) -> Result<bool> {
     CacheDir::new(root, key)?.remove()
 }

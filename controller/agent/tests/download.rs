@@ -173,8 +173,9 @@ async fn refuses_when_disk_is_too_small_before_downloading() {
     let err = sync_cache(&req, &o, &CancellationToken::new(), None).await.unwrap_err();
     assert_eq!(err.reason(), "InsufficientDisk");
     assert!(err.to_string().contains("need 1048576 bytes"), "{err}");
-    let written: Vec<String> = walk(root.path()).into_iter().filter(|p| !p.ends_with(".warmpath.lock")).collect();
-    assert!(written.is_empty(), "nothing but the lock file written: {written:?}");
+    let written: Vec<String> =
+        walk(root.path()).into_iter().filter(|p| !p.ends_with(".warmpath.lock") && !p.ends_with(".warmpath-cache")).collect();
+    assert!(written.is_empty(), "nothing but the lock file and the owner marker written: {written:?}");
 
     // The same refusal through the binary (what the fallback init container and operators run).
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_warmpath-agent"))

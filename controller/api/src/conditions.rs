@@ -30,6 +30,8 @@ pub mod reason {
     /// A policy's targeted routes resolve to different backends; one policy routes one backend's
     /// endpoints (its feed), so the later routes are not programmed.
     pub const BACKEND_MISMATCH: &str = "BackendMismatch";
+    /// The HTTPRoute names several backends (e.g. a weighted canary split); warmpath routes one.
+    pub const MULTIPLE_BACKENDS: &str = "MultipleBackends";
     /// The gateway's provider (Envoy Gateway / Istio) could not be determined.
     pub const UNSUPPORTED_PROVIDER: &str = "UnsupportedProvider";
     /// Objects written.

@@ -5,13 +5,13 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::ResourceRequirements;
+use k8s_openapi::api::core::v1::{EnvFromSource, EnvVar, Probe, ResourceRequirements, Toleration};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::model_cache::ModelSource;
+use super::model_cache::{ModelSource, SHA256_PATTERN};
 
 /// Finalizer that releases the endpoint's image-cache reference and caches.
 pub const FINALIZER: &str = "warmpath.dev/inference-endpoint-cleanup";
@@ -54,8 +54,9 @@ pub mod phase {
 pub struct InferenceEndpointSpec {
     /// Where the weights come from.
     pub model: ModelSource,
-    /// Expected sha256 per weights file (see `ModelCache.spec.sha256`).
+    /// Expected sha256 (64 hex chars) per weights file (see `ModelCache.spec.sha256`).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(extend("additionalProperties" = {"type": "string", "pattern": SHA256_PATTERN}))]
     pub sha256: BTreeMap<String, String>,
     /// Model-server image.
     #[schemars(length(min = 1, max = 512))]
@@ -66,10 +67,34 @@ pub struct InferenceEndpointSpec {
     /// Arguments of the model server. `$(WARMPATH_MODEL_DIR)` expands to the weights directory.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub args: Vec<String>,
-    /// Replicas, 0–1000; default 1.
+    /// Replicas, 0–1000; default 1. Ignored while `autoscaling.enabled` (an autoscaler owns it).
     #[serde(default = "default_replicas")]
     #[schemars(range(min = 0, max = 1000))]
     pub replicas: i32,
+    /// Replicas set by an autoscaler (HPA, KEDA) instead of `replicas`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub autoscaling: Option<AutoscalingConfig>,
+    /// ServiceAccount of the pods (model server and the cold-node fallback fetch), e.g. one bound to an
+    /// IAM role (IRSA, Pod Identity) that can read the S3 source. Default: the namespace's `default`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub service_account_name: Option<String>,
+    /// Environment of both the model server and the cold-node fallback fetch (e.g. `AWS_REGION`, or
+    /// `AWS_ACCESS_KEY_ID` from a Secret).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env: Vec<EnvVar>,
+    /// Environment from ConfigMaps or Secrets, for both containers like `env`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env_from: Vec<EnvFromSource>,
+    /// Tolerations of the pods (GPU nodes are usually tainted, e.g. `nvidia.com/gpu:NoSchedule`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tolerations: Vec<Toleration>,
+    /// Readiness probe of the model server. Default: `GET /health` on the serving port every 5 s
+    /// (timeout 2 s, 3 failures to turn unready) — the health endpoint of vLLM, SGLang, TGI and
+    /// llama.cpp's server, which fails until the weights are loaded. A rollout then waits for
+    /// loaded servers (`maxUnavailable: 0`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub readiness_probe: Option<Probe>,
     /// Container resources (GPUs, memory).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<ResourceRequirements>,
@@ -90,6 +115,17 @@ pub struct InferenceEndpointSpec {
 
 fn default_replicas() -> i32 {
     1
+}
+
+/// `autoscaling`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AutoscalingConfig {
+    /// True when an HPA or KEDA ScaledObject scales the endpoint's Deployment (same name as the
+    /// endpoint): the controller never writes `replicas`, so it does not fight the autoscaler.
+    /// Default false.
+    #[serde(default)]
+    pub enabled: bool,
 }
 fn default_port() -> i32 {
     8000
@@ -171,6 +207,13 @@ pub struct InferenceEndpointStatus {
     /// Available replicas of the Deployment.
     #[serde(default)]
     pub ready_replicas: i32,
+    /// Target nodes of the serving ModelCache that do not hold it now (downloading, failed, or joined
+    /// since): pods placed there fetch from the source at start. 0 when every target node is warm.
+    #[serde(default)]
+    pub degraded_nodes: i32,
+    /// Image the running Deployment serves while a new image is being pulled onto the target nodes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub serving_image: Option<String>,
     /// Conditions (`Ready`), keyed by type.
     #[serde(default)]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]

@@ -25,6 +25,8 @@ pub const DEFAULT_HOST_PATH: &str = "/opt/warmpath/models";
 pub const FINALIZER: &str = "warmpath.dev/model-cache-cleanup";
 /// Node annotation holding the agent's per-cache reports (JSON object keyed `namespace/name`).
 pub const NODE_CACHE_STATES: &str = "warmpath.dev/model-cache-states";
+/// Schema pattern of a sha256 checksum value: 64 hex characters.
+pub const SHA256_PATTERN: &str = "^[0-9a-fA-F]{64}$";
 /// Prefix of the per-cache node label set by the agent when the cache is ready on that node.
 pub const CACHE_READY_PREFIX: &str = "warmpath.dev/cache-ready-";
 
@@ -80,6 +82,7 @@ pub struct ModelCacheSpec {
     pub expected_size_bytes: Option<i64>,
     /// Expected sha256 (64 hex chars) per file path inside the cache; a mismatch fails that node.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(extend("additionalProperties" = {"type": "string", "pattern": SHA256_PATTERN}))]
     pub sha256: BTreeMap<String, String>,
 }
 

@@ -9,14 +9,20 @@
 //! - [`render`] (with [`foreign`], the provider kinds): intent → Envoy Gateway / Istio objects.
 //! - [`routing_policy`], [`route_annotations`]: the two reconcilers, each split into a read-only
 //!   plan (also used by `render`) and the writes.
+//! - [`status_readback`]: `Programmed` from the gateway's own status on the objects written;
+//!   [`route_status`]: warmpath's entries in an HTTPRoute's `status.parents`;
+//!   [`unknown_annotations`]: misspelled `warmpath.dev/*` keys, reported.
 //! - [`feed`]: the endpoint/load feed — discovery, scrapes, the versioned store, its HTTP server
 //!   and the refresh loop.
 
 pub mod feed;
 pub mod foreign;
 pub mod program;
+pub mod route_status;
 pub mod render;
 pub mod route_annotations;
 pub mod routing;
 pub mod routing_policy;
 pub mod source;
+pub mod status_readback;
+pub mod unknown_annotations;

@@ -156,14 +156,48 @@ pub async fn resolve_and_render(
         return Ok(out);
     }
 
+    // Several backends (a weighted canary split): one feed cannot cover them, and the route-wide
+    // load-balancer policy would change the canary's traffic too. Refused, with what to do.
+    if let Some(msg) = several_backends(&route, route_ns) {
+        for (gw, _) in &gateways {
+            out.ancestors.push(ancestor(
+                gateway_ref(gw),
+                [(true, reason::ACCEPTED, "policy accepted".into()), (false, reason::MULTIPLE_BACKENDS, msg.clone()), not_programmed()],
+                generation,
+                now,
+            ));
+        }
+        return Ok(out);
+    }
     // Backend: explicit, else the route's first backendRef.
     let backend = resolve_backend(src, intent, &route, route_ns).await?;
+    // Envoy Gateway attaches one BackendTrafficPolicy and one EnvoyExtensionPolicy per route: a
+    // user's own on this route would lose to ours or displace it, silently. Refused, with what to do.
+    let user_policies = if gateways.iter().any(|(_, p)| *p == Ok(Provider::EnvoyGateway)) {
+        src.user_policies_on_route(route_ns, route_name).await?
+    } else {
+        vec![]
+    };
+    let resolved = |b: &std::result::Result<ResolvedBackend, String>| match b {
+        Ok(_) => (true, reason::RESOLVED, "route, gateway and backend resolved".to_string()),
+        Err(msg) => (false, reason::BACKEND_NOT_FOUND, msg.clone()),
+    };
 
     for (gw, provider) in &gateways {
         let aref = gateway_ref(gw);
         let entry = match (provider, &backend) {
-            (Err(msg), _) => ancestor(aref, [(false, reason::UNSUPPORTED_PROVIDER, msg.clone()), (true, reason::RESOLVED, String::new()), not_programmed()], generation, now),
+            (Err(msg), _) => ancestor(aref, [(false, reason::UNSUPPORTED_PROVIDER, msg.clone()), resolved(&backend), not_programmed()], generation, now),
             (_, Err(msg)) => ancestor(aref, [(true, reason::ACCEPTED, "policy accepted".into()), (false, reason::BACKEND_NOT_FOUND, msg.clone()), not_programmed()], generation, now),
+            (Ok(Provider::EnvoyGateway), Ok(_)) if !user_policies.is_empty() => {
+                let msg = format!(
+                    "HTTPRoute {route_ns}/{route_name} already has {}: Envoy Gateway attaches one BackendTrafficPolicy and one EnvoyExtensionPolicy per route \
+                     (the older wins), so warmpath writes nothing here. Merge: add warmpath's settings to yours (BackendTrafficPolicy \
+                     spec.loadBalancer with endpointOverride from header x-gateway-destination-endpoint; see docs/controller.md), or move \
+                     your settings to a policy targeting the Gateway",
+                    user_policies.join(", ")
+                );
+                ancestor(aref, [(false, reason::CONFLICTED, msg), resolved(&backend), not_programmed()], generation, now)
+            }
             (Ok(provider), Ok(backend)) => {
                 let input = RenderInput {
                     owner,
@@ -191,7 +225,7 @@ pub async fn resolve_and_render(
                             now,
                         )
                     }
-                    Err(msg) => ancestor(aref, [(false, reason::INVALID, msg), (true, reason::RESOLVED, String::new()), not_programmed()], generation, now),
+                    Err(msg) => ancestor(aref, [(false, reason::INVALID, msg), resolved(&Ok(backend.clone())), not_programmed()], generation, now),
                 }
             }
         };
@@ -204,6 +238,31 @@ pub async fn resolve_and_render(
         out.feed = Some(FeedSource { backend, load: intent.load.clone() });
     }
     Ok(out)
+}
+
+/// `Some(message)` when the route's rules name more than one distinct backend.
+fn several_backends(route: &HttpRoute, route_ns: &str) -> Option<String> {
+    let mut seen: Vec<String> = vec![];
+    for br in route.spec.rules.iter().flatten().flat_map(|r| r.backend_refs.iter().flatten()) {
+        let id = format!(
+            "{} {}/{}{}",
+            br.kind.as_deref().unwrap_or("Service"),
+            br.namespace.as_deref().unwrap_or(route_ns),
+            br.name,
+            br.port.map(|p| format!(":{p}")).unwrap_or_default()
+        );
+        if !seen.contains(&id) {
+            seen.push(id);
+        }
+    }
+    (seen.len() > 1).then(|| {
+        format!(
+            "the HTTPRoute names {} backends ({}); warmpath routes one backend per route (one endpoint feed, one load-balancer policy for the whole route, \
+             which would also change the other backends' traffic). Put the other backends (e.g. a canary) on their own HTTPRoute, or drop them",
+            seen.len(),
+            seen.join(", ")
+        )
+    })
 }
 
 /// A parentRef's listener selection: (`sectionName`, `port`); `None` matches any listener.
@@ -239,20 +298,49 @@ async fn xds_listeners(src: Source<'_>, gw: &GatewayRef, selectors: &[ListenerSe
     Ok(Ok(listeners))
 }
 
+/// The provider of Gateway `gw`, from its GatewayClass's `controllerName`. An explicit `provider`
+/// setting is still checked against it: a class implemented by the *other* supported provider is
+/// refused (its data plane would ignore the objects); a controllerName warmpath does not know (e.g. an
+/// Envoy Gateway configured with its own `controllerName`) is what the explicit setting is for.
 async fn provider_of(src: Source<'_>, config: &ControllerConfig, gw: &GatewayRef) -> Result<std::result::Result<Provider, String>> {
-    if let Some(p) = config.provider {
-        return Ok(Ok(p));
-    }
+    Ok(match (config.provider, class_provider(src, gw).await?) {
+        (_, ClassProvider::Missing(msg)) => Err(msg),
+        (None, ClassProvider::Known(d)) => Ok(d),
+        (None, ClassProvider::Foreign(msg)) => Err(msg),
+        (Some(p), ClassProvider::Known(d)) if d != p => Err(format!(
+            "Gateway {}/{} is served by {d:?} (its GatewayClass's controllerName), but the controller is set to provider {p:?}: \
+             nothing would program this gateway; set the chart value provider to auto or to that gateway's provider",
+            gw.namespace, gw.name
+        )),
+        (Some(p), _) => Ok(p),
+    })
+}
+
+/// What a Gateway's GatewayClass says about its provider.
+enum ClassProvider {
+    /// Envoy Gateway or Istio, by `controllerName`.
+    Known(Provider),
+    /// A `controllerName` warmpath does not know (message says which).
+    Foreign(String),
+    /// The Gateway or its GatewayClass does not exist (message says which).
+    Missing(String),
+}
+
+async fn class_provider(src: Source<'_>, gw: &GatewayRef) -> Result<ClassProvider> {
     let Some(gateway) = src.gateway(&gw.namespace, &gw.name).await? else {
-        return Ok(Err(format!("Gateway {}/{} not found", gw.namespace, gw.name)));
+        return Ok(ClassProvider::Missing(format!("Gateway {}/{} not found", gw.namespace, gw.name)));
     };
     let class = &gateway.spec.gateway_class_name;
     let Some(gc) = src.gateway_class(class).await? else {
-        return Ok(Err(format!("GatewayClass {class} not found")));
+        return Ok(ClassProvider::Missing(format!("GatewayClass {class} not found")));
     };
-    Ok(Provider::from_controller_name(&gc.spec.controller_name).ok_or_else(|| {
-        format!("GatewayClass {class} is implemented by {:?}; warmpath supports Envoy Gateway and Istio", gc.spec.controller_name)
-    }))
+    Ok(match Provider::from_controller_name(&gc.spec.controller_name) {
+        Some(p) => ClassProvider::Known(p),
+        None => ClassProvider::Foreign(format!(
+            "GatewayClass {class} is implemented by {:?}; warmpath supports Envoy Gateway and Istio (set the chart value provider to use it anyway)",
+            gc.spec.controller_name
+        )),
+    })
 }
 
 async fn resolve_backend(src: Source<'_>, intent: &RoutingIntent, route: &HttpRoute, route_ns: &str) -> Result<std::result::Result<ResolvedBackend, String>> {

@@ -43,6 +43,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::core::{ApiResource, DynamicObject};
 use serde_json::{json, Value};
+use warmpath_envoy_config as envoy_config;
 
 use crate::foreign;
 use crate::routing::{FeedTarget, RoutingIntent, DESTINATION_HEADER};
@@ -186,40 +187,12 @@ pub struct RenderInput<'a> {
     pub feed_path: &'a str,
 }
 
-/// The Envoy `load_balancing_policy` that honours the filter's pick (`override_host` reading
-/// [`DESTINATION_HEADER`], least-request fallback for requests without a valid pick). Shared with
-/// the test that loads it into a real Envoy.
-pub fn override_host_lb_policy() -> Value {
-    json!({
-        "policies": [{
-            "typed_extension_config": {
-                "name": "envoy.load_balancing_policies.override_host",
-                "typed_config": {
-                    "@type": "type.googleapis.com/envoy.extensions.load_balancing_policies.override_host.v3.OverrideHost",
-                    "override_host_sources": [{"header": DESTINATION_HEADER}],
-                    "fallback_policy": {"policies": [{"typed_extension_config": {
-                        "name": "envoy.load_balancing_policies.least_request",
-                        "typed_config": {"@type": "type.googleapis.com/envoy.extensions.load_balancing_policies.least_request.v3.LeastRequest"}
-                    }}]}
-                }
-            }
-        }]
-    })
-}
+pub use warmpath_envoy_config::override_host_lb_policy;
 
 /// The Envoy cluster (v3 JSON) the filter polls the feed through on Envoy Gateway.
 pub fn feed_cluster(name: &str, controller: &ControllerEndpoint) -> Value {
-    json!({
-        "name": name,
-        "type": "STRICT_DNS",
-        "connect_timeout": "2s",
-        "load_assignment": {
-            "cluster_name": name,
-            "endpoints": [{"lb_endpoints": [{"endpoint": {"address": {"socket_address": {
-                "address": controller.host(), "port_value": controller.port
-            }}}}]}]
-        }
-    })
+    let host = [(controller.host(), controller.port)];
+    envoy_config::cluster(name, envoy_config::Discovery::StrictDns, &host, 2, None)
 }
 
 impl Owner {
@@ -282,6 +255,15 @@ fn render_envoy_gateway(input: &RenderInput<'_>, config: &Value, feed: &FeedTarg
                 "type": "LeastRequest",
                 "endpointOverride": {"extractFrom": [{"header": DESTINATION_HEADER}]},
             },
+            // What Envoy does when an endpoint dies before the filter has learnt it (see
+            // `warmpath_envoy_config::retry_policy` and `outlier_detection` for why): one retry on another
+            // host (Envoy Gateway adds the `previous_hosts` predicate to every retry policy it renders) and
+            // passive health checking (Envoy outlier detection).
+            "retry": {
+                "numRetries": envoy_config::RETRIES,
+                "retryOn": {"triggers": envoy_config::RETRY_ON.split(',').collect::<Vec<_>>(), "httpStatusCodes": [503]},
+            },
+            "healthCheck": {"passive": envoy_gateway_passive_health_check()},
         })),
         object(&foreign::envoy_extension_policy(), input.route_namespace, &name, input.owner, json!({
             "targetRefs": route_target(input),
@@ -303,6 +285,20 @@ fn render_envoy_gateway(input: &RenderInput<'_>, config: &Value, feed: &FeedTarg
             "operation": {"op": "add", "path": "", "value": feed_cluster(&feed.cluster, input.controller)},
         })];
         for listener in &gw.listeners {
+            // First in every HTTP filter chain of the listener (`add` at index 0 of each `http_filters`): the
+            // native strip of client-sent destination headers, so that a wasm VM that fails to fetch, load or run
+            // (passed through under failOpen) cannot let a client choose the endpoint. Unnamed by owner: several
+            // policies on one listener each insert one, which is harmless (removing twice).
+            patches.push(json!({
+                "type": "type.googleapis.com/envoy.config.listener.v3.Listener",
+                "name": format!("{}/{}/{}", gw.namespace, gw.name, listener),
+                "operation": {
+                    "op": "add",
+                    "jsonPath": "$..http_filters",
+                    "path": "/0",
+                    "value": envoy_config::strip_client_destination_headers(),
+                },
+            }));
             patches.push(json!({
                 "type": "type.googleapis.com/envoy.config.listener.v3.Listener",
                 "name": format!("{}/{}/{}", gw.namespace, gw.name, listener),
@@ -321,6 +317,18 @@ fn render_envoy_gateway(input: &RenderInput<'_>, config: &Value, feed: &FeedTarg
         })));
     }
     out
+}
+
+/// [`envoy_config::outlier_detection`] in Envoy Gateway's `BackendTrafficPolicy.healthCheck.passive` terms.
+fn envoy_gateway_passive_health_check() -> Value {
+    let od = envoy_config::outlier_detection();
+    json!({
+        "consecutive5XxErrors": od["consecutive_5xx"],
+        "consecutiveGatewayErrors": od["consecutive_gateway_failure"],
+        "interval": od["interval"],
+        "baseEjectionTime": od["base_ejection_time"],
+        "maxEjectionPercent": od["max_ejection_percent"],
+    })
 }
 
 /// The xDS name Envoy Gateway gives the first wasm filter of an `EnvoyExtensionPolicy`
@@ -354,26 +362,14 @@ pub fn wasm_plugin_name(owner: &Owner) -> String {
 /// each with its own plugin name; `failure_policy` from the intent's `fail_open` (`FAIL_OPEN` by
 /// default). Shared with the test that loads it into a real Envoy.
 pub fn wasm_http_filter(name: &str, input: &RenderInput<'_>, config: &Value, feed_cluster: &str) -> Value {
-    json!({
-        "name": name,
-        "typed_config": {
-            "@type": "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm",
-            "config": {
-                "name": wasm_plugin_name(input.owner),
-                "root_id": "warmpath",
-                "vm_config": {
-                    "vm_id": "warmpath",
-                    "runtime": "envoy.wasm.runtime.v8",
-                    "code": {"remote": {
-                        "http_uri": {"uri": input.wasm.url, "cluster": feed_cluster, "timeout": "30s"},
-                        "sha256": input.wasm.sha256,
-                    }},
-                },
-                "configuration": {"@type": "type.googleapis.com/google.protobuf.StringValue", "value": config.to_string()},
-                "failure_policy": if input.intent.fail_open { "FAIL_OPEN" } else { "FAIL_CLOSED" },
-                "allow_on_headers_stop_iteration": true,
-            }
-        }
+    let plugin_name = wasm_plugin_name(input.owner);
+    let configuration = config.to_string();
+    envoy_config::wasm_http_filter(&envoy_config::WasmFilter {
+        filter_name: name,
+        plugin_name: &plugin_name,
+        code: envoy_config::WasmCode::Remote { uri: &input.wasm.url, cluster: feed_cluster, sha256: &input.wasm.sha256 },
+        configuration: &configuration,
+        fail_open: input.intent.fail_open,
     })
 }
 
@@ -396,6 +392,16 @@ fn render_istio(input: &RenderInput<'_>, feed: &FeedTarget) -> Result<Vec<Dynami
             "targetRefs": [gateway_target(gw)],
             "configPatches": [
                 {
+                    // First in the gateway's HTTP filter chain: the native strip of client-sent destination
+                    // headers, so that a wasm VM that fails to fetch, load or run (passed through under
+                    // FAIL_OPEN) cannot let a client choose the endpoint.
+                    "applyTo": "HTTP_FILTER",
+                    "match": {"context": "GATEWAY", "listener": {"filterChain": {"filter": {
+                        "name": "envoy.filters.network.http_connection_manager",
+                    }}}},
+                    "patch": {"operation": "INSERT_FIRST", "value": envoy_config::strip_client_destination_headers()},
+                },
+                {
                     "applyTo": "HTTP_FILTER",
                     "match": {"context": "GATEWAY", "listener": {"filterChain": {"filter": {
                         "name": "envoy.filters.network.http_connection_manager",
@@ -406,7 +412,13 @@ fn render_istio(input: &RenderInput<'_>, feed: &FeedTarget) -> Result<Vec<Dynami
                 {
                     "applyTo": "CLUSTER",
                     "match": {"context": "GATEWAY", "cluster": {"service": format!("{svc}.{svc_ns}.svc.cluster.local"), "portNumber": port}},
-                    "patch": {"operation": "MERGE", "value": {"load_balancing_policy": override_host_lb_policy()}},
+                    // Istio's default route retry policy already retries connect failures and 503s on another
+                    // host (`previous_hosts`); the cluster gets outlier detection and a retry budget.
+                    "patch": {"operation": "MERGE", "value": {
+                        "load_balancing_policy": override_host_lb_policy(),
+                        "outlier_detection": envoy_config::outlier_detection(),
+                        "circuit_breakers": envoy_config::circuit_breakers(),
+                    }},
                 },
             ],
         })));

@@ -4,7 +4,8 @@
 //! with the route as owner (owner references in its namespace, a finalizer on the route for the
 //! objects in Gateway namespaces). Removing the annotation, or a policy starting to target the
 //! route (policies take precedence), removes exactly those objects. Outcomes are reported as
-//! Events on the HTTPRoute (the route's status belongs to the gateway implementation).
+//! Events on the HTTPRoute and, durably, in warmpath's own entries of its `status.parents`
+//! ([`super::route_status`]); unknown `warmpath.dev/*` keys are reported in both.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -18,8 +19,8 @@ use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 
 use super::routing_policy::{publish, winner};
-use super::program;
 use super::source::Source;
+use super::{program, route_status, unknown_annotations};
 use crate::reconcile::{finalizers, Context, ControllerConfig};
 use crate::render::Owner;
 use crate::routing::{feed_key, feed_path, RoutingIntent};
@@ -49,16 +50,31 @@ pub fn error_policy(route: Arc<HttpRoute>, err: &Error, _ctx: Arc<Context>) -> A
 async fn reconcile_inner(route: Arc<HttpRoute>, ctx: &Context) -> Result<Action> {
     let ns = route.namespace().ok_or(Error::MissingField("metadata.namespace"))?;
     let api: Api<HttpRoute> = Api::namespaced(ctx.client.clone(), &ns);
-    if RoutingIntent::from_annotations(route.annotations()).is_none() {
-        // Annotation removed: delete what it created, then release the route.
-        if finalizers::has(&*route, FINALIZER) {
-            cleanup(&route, ctx).await?;
-            finalizers::remove(&api, &*route, FINALIZER).await?;
-        }
-        return Ok(Action::await_change());
+    let annotated = RoutingIntent::from_annotations(route.annotations()).is_some();
+    let ours = finalizers::has(&*route, FINALIZER);
+    let deleting = route.metadata.deletion_timestamp.is_some();
+    let unknown = unknown_annotations::message(route.annotations());
+    if let Some(msg) = unknown.as_ref().filter(|_| !deleting) {
+        publish(ctx, &*route, EventType::Warning, "UnknownAnnotation", msg.clone()).await;
     }
-    // Annotated: the same finalizer flow as every other reconciler (route deleted → clean up first).
-    finalizers::guard(&api, &*route, FINALIZER, async |r| cleanup(r, ctx).await, async |r| apply(r, ctx).await).await
+    if annotated && !deleting {
+        let route = match finalizers::add(&api, &*route, FINALIZER).await? {
+            Some(updated) => updated,
+            None => (*route).clone(),
+        };
+        return apply(&route, ctx, unknown.as_deref()).await;
+    }
+    if ours {
+        // Annotation removed or route deleted: delete what it created, then release the route.
+        cleanup(&route, ctx).await?;
+        finalizers::remove(&api, &*route, FINALIZER).await?;
+    }
+    if !deleting {
+        // Only misspelled keys (routing stays off), or none left: say so, or clear our entries.
+        let now = Time(k8s_openapi::jiff::Timestamp::now());
+        route_status::write(ctx, &ns, &route.name_any(), route_status::entries(&route, &[], unknown.as_deref(), route.metadata.generation, &now)).await?;
+    }
+    Ok(Action::await_change())
 }
 
 fn owner_of(r: &HttpRoute) -> Result<Owner> {
@@ -110,20 +126,28 @@ pub async fn plan(route: &HttpRoute, src: Source<'_>, config: &ControllerConfig,
     Ok(RoutePlan::Program { strategy: intent.strategy.as_str(), outcome })
 }
 
-async fn apply(route: &HttpRoute, ctx: &Context) -> Result<Action> {
+async fn apply(route: &HttpRoute, ctx: &Context, unknown: Option<&str>) -> Result<Action> {
     let owner = owner_of(route)?;
-    let key = feed_key("httproute", &owner.namespace, &owner.name);
     let now = Time(k8s_openapi::jiff::Timestamp::now());
+    let key = feed_key("httproute", &owner.namespace, &owner.name);
     let (strategy, out) = match plan(route, Source::Api(&ctx.client), &ctx.config, &now).await? {
         RoutePlan::Overridden { policy } => {
             let removed = program::sweep(ctx, &owner.uid, &BTreeSet::new()).await?;
             ctx.remove_feed(&key);
-            publish(ctx, route, EventType::Warning, "AnnotationsOverridden",
-                format!("InferenceRoutingPolicy {policy} targets this route and takes precedence over its warmpath.dev annotations (removed {removed} annotation-owned object(s))")).await;
+            route_status::write(ctx, &owner.namespace, &owner.name, route_status::entries(route, &[], unknown, route.metadata.generation, &now)).await?;
+            publish(ctx, route, EventType::Warning, "AnnotationsOverridden", overridden_note(&policy, removed)).await;
             return Ok(Action::requeue(Duration::from_secs(300)));
         }
         RoutePlan::Invalid(msg) => {
-            publish(ctx, route, EventType::Warning, "InvalidAnnotation", format!("{msg}; nothing changed")).await;
+            publish(ctx, route, EventType::Warning, "InvalidAnnotation", invalid_note(&msg)).await;
+            let invalid = (false, crate::conditions::reason::INVALID, msg.clone());
+            let a = program::ancestor(
+                program::route_ref(&owner.namespace, &owner.name),
+                [invalid.clone(), invalid, (false, crate::conditions::reason::INVALID, "not changed: the annotations are invalid".into())],
+                route.metadata.generation,
+                &now,
+            );
+            route_status::write(ctx, &owner.namespace, &owner.name, route_status::entries(route, &[a], unknown, route.metadata.generation, &now)).await?;
             return Ok(Action::requeue(Duration::from_secs(300)));
         }
         RoutePlan::NotAnnotated => return Ok(Action::await_change()),
@@ -136,17 +160,35 @@ async fn apply(route: &HttpRoute, ctx: &Context) -> Result<Action> {
         Some(f) => ctx.set_feed_source(&key, f),
         None => ctx.remove_feed(&key),
     }
-    let failing: Vec<String> = out
-        .ancestors
+    let mut ancestors = out.ancestors;
+    let recheck = super::status_readback::mirror(ctx, &out.objects, &mut ancestors, route.metadata.generation, &now).await?;
+    route_status::write(ctx, &owner.namespace, &owner.name, route_status::entries(route, &ancestors, unknown, route.metadata.generation, &now)).await?;
+    let (type_, reason, note) = outcome_event(strategy, &ancestors, out.objects.len());
+    publish(ctx, route, type_, reason, note).await;
+    Ok(Action::requeue(recheck.unwrap_or(Duration::from_secs(300))))
+}
+
+/// Event note when a policy overrides the route's annotations (`removed`: annotation-owned objects deleted).
+pub fn overridden_note(policy: &str, removed: usize) -> String {
+    format!("InferenceRoutingPolicy {policy} targets this route and takes precedence over its warmpath.dev annotations (removed {removed} annotation-owned object(s))")
+}
+
+/// Event note for invalid annotations.
+pub fn invalid_note(msg: &str) -> String {
+    format!("{msg}; nothing changed")
+}
+
+/// The event after programming: `Programmed`, or `NotProgrammed` naming each failing condition.
+pub fn outcome_event(strategy: &str, ancestors: &[crate::crd::routing_policy::PolicyAncestorStatus], objects: usize) -> (EventType, &'static str, String) {
+    let failing: Vec<String> = ancestors
         .iter()
         .flat_map(|a| a.conditions.iter().filter(|c| c.status == "False").map(move |c| format!("{}/{}: {} ({})", a.ancestor_ref.kind, a.ancestor_ref.name, c.reason, c.message)))
         .collect();
     if failing.is_empty() {
-        publish(ctx, route, EventType::Normal, "Programmed", format!("strategy {strategy} via annotations: {} object(s)", out.objects.len())).await;
+        (EventType::Normal, "Programmed", format!("strategy {strategy} via annotations: {objects} object(s)"))
     } else {
-        publish(ctx, route, EventType::Warning, "NotProgrammed", failing.join("; ")).await;
+        (EventType::Warning, "NotProgrammed", failing.join("; "))
     }
-    Ok(Action::requeue(Duration::from_secs(300)))
 }
 
 async fn cleanup(route: &HttpRoute, ctx: &Context) -> Result<Action> {

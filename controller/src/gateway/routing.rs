@@ -27,9 +27,7 @@ pub const ANNOTATION_PREFIX_LENGTH: &str = "warmpath.dev/prefix-length";
 /// Annotation: concurrency threshold in in-flight requests (1–1024).
 pub const ANNOTATION_CONCURRENCY_THRESHOLD: &str = "warmpath.dev/concurrency-threshold";
 
-/// Header the filter writes and Envoy's `override_host` load balancer reads (Gateway API
-/// Inference Extension endpoint-picker protocol).
-pub const DESTINATION_HEADER: &str = "x-gateway-destination-endpoint";
+pub use warmpath_core::headers::DESTINATION_HEADER;
 
 /// Validated routing intent for one HTTPRoute.
 #[derive(Clone, Debug, PartialEq)]

@@ -139,7 +139,11 @@ pub async fn plan(policy: &InferenceRoutingPolicy, src: Source<'_>, config: &Con
             let msg = format!("HTTPRoute {route} is already routed by InferenceRoutingPolicy {} (older)", w.name_any());
             ancestors.push(ancestor(
                 route_ref(&owner.namespace, route),
-                [(false, reason::CONFLICTED, msg.clone()), (true, reason::RESOLVED, String::new()), (false, reason::CONFLICTED, msg)],
+                [
+                    (false, reason::CONFLICTED, msg.clone()),
+                    (false, reason::CONFLICTED, format!("references not resolved: InferenceRoutingPolicy {} decides routing for HTTPRoute {route}", w.name_any())),
+                    (false, reason::CONFLICTED, msg),
+                ],
                 generation,
                 now,
             ));
@@ -174,7 +178,8 @@ pub async fn plan(policy: &InferenceRoutingPolicy, src: Source<'_>, config: &Con
 async fn apply(policy: &InferenceRoutingPolicy, ctx: &Context) -> Result<Action> {
     let owner = owner_of(policy)?;
     let key = feed_key("policy", &owner.namespace, &owner.name);
-    let (objects, ancestors, feed, path) = match plan(policy, Source::Api(&ctx.client), &ctx.config, &now()).await? {
+    let (generation, now) = (policy.metadata.generation, now());
+    let (objects, mut ancestors, feed, path) = match plan(policy, Source::Api(&ctx.client), &ctx.config, &now).await? {
         PolicyPlan::Invalid { ancestors } => {
             write_status(policy, ctx, ancestors, None).await?;
             return Ok(Action::requeue(Duration::from_secs(300)));
@@ -191,8 +196,10 @@ async fn apply(policy: &InferenceRoutingPolicy, ctx: &Context) -> Result<Action>
     if removed > 0 {
         publish(ctx, policy, EventType::Normal, "Pruned", format!("deleted {removed} object(s) no longer wanted")).await;
     }
+    // Programmed only once the gateway says so (Envoy Gateway's status on what we wrote).
+    let recheck = super::status_readback::mirror(ctx, &objects, &mut ancestors, generation, &now).await?;
     write_status(policy, ctx, ancestors, Some(path)).await?;
-    Ok(Action::requeue(Duration::from_secs(300)))
+    Ok(Action::requeue(recheck.unwrap_or(Duration::from_secs(300))))
 }
 
 async fn cleanup(policy: &InferenceRoutingPolicy, ctx: &Context) -> Result<Action> {

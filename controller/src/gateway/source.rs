@@ -119,6 +119,16 @@ impl Source<'_> {
         }
     }
 
+    /// A user's own BackendTrafficPolicies / EnvoyExtensionPolicies targeting HTTPRoute `ns/route`
+    /// (Envoy Gateway attaches one of each per route), as `Kind ns/name`. Manifests: none are
+    /// looked for (offline rendering reads nothing back).
+    pub async fn user_policies_on_route(&self, ns: &str, route: &str) -> Result<Vec<String>> {
+        match self {
+            Source::Api(c) => super::status_readback::user_policies_on_route(c, ns, route).await,
+            Source::Manifests(_) => Ok(vec![]),
+        }
+    }
+
     /// Every InferenceRoutingPolicy in namespace `ns`.
     pub async fn policies(&self, ns: &str) -> Result<Vec<InferenceRoutingPolicy>> {
         match self {

@@ -76,6 +76,10 @@ pub struct ControllerConfig {
     pub controller: ControllerEndpoint,
     /// Where gateways fetch the wasm module, and its sha256.
     pub wasm: WasmModule,
+    /// Status that only a live cluster has: read the gateway's own status on the written objects
+    /// back into `Programmed` ([`status_readback`]) and write annotated routes' status
+    /// ([`route_status`]); off for the offline `render`, where no gateway runs.
+    pub live_status: bool,
 }
 
 impl Default for ControllerConfig {
@@ -84,6 +88,7 @@ impl Default for ControllerConfig {
             provider: None,
             controller: ControllerEndpoint { service: "warmpath-controller".into(), namespace: "warmpath-system".into(), port: 8080 },
             wasm: WasmModule { url: String::new(), sha256: String::new() },
+            live_status: true,
         }
     }
 }

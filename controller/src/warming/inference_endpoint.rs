@@ -13,9 +13,9 @@ use std::time::Duration;
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment};
 use k8s_openapi::api::core::v1::{
-    Affinity, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource, HostPathVolumeSource,
+    Affinity, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource, HTTPGetAction, HostPathVolumeSource,
     LocalObjectReference, NodeAffinity, NodeSelectorRequirement, NodeSelectorTerm,
-    PersistentVolumeClaimVolumeSource, PodSpec, PodTemplateSpec, PreferredSchedulingTerm, SecretKeySelector,
+    PersistentVolumeClaimVolumeSource, PodSpec, PodTemplateSpec, PreferredSchedulingTerm, Probe, SecretKeySelector,
     Service, ServicePort, ServiceSpec, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference, Time};
@@ -51,6 +51,24 @@ pub const IMAGE_AFFINITY_WEIGHT: i32 = 30;
 /// Default image of the cold-node fallback init container (the agent image); `WARMPATH_AGENT_IMAGE`
 /// (set by the Helm chart) overrides it.
 pub const DEFAULT_AGENT_IMAGE: &str = "ghcr.io/warmpath/warmpath-agent:0.1.0";
+
+/// Path of the default readiness probe: the health endpoint of vLLM, SGLang, TGI and llama.cpp's server
+/// (it fails while the weights are loading).
+pub const DEFAULT_READINESS_PATH: &str = "/health";
+/// Deployment annotation naming the image its pods run.
+pub const IMAGE_ANNOTATION: &str = "warmpath.dev/image";
+
+/// The readiness probe of the model server: `spec.readinessProbe`, else `GET /health` on the serving
+/// port every 5 s, timeout 2 s, unready after 3 failures.
+pub fn readiness_probe(ie: &InferenceEndpoint) -> Probe {
+    ie.spec.readiness_probe.clone().unwrap_or_else(|| Probe {
+        http_get: Some(HTTPGetAction { path: Some(DEFAULT_READINESS_PATH.into()), port: IntOrString::String("http".into()), ..Default::default() }),
+        period_seconds: Some(5),
+        timeout_seconds: Some(2),
+        failure_threshold: Some(3),
+        ..Default::default()
+    })
+}
 
 fn agent_image() -> String {
     std::env::var("WARMPATH_AGENT_IMAGE").ok().filter(|s| !s.is_empty()).unwrap_or_else(|| DEFAULT_AGENT_IMAGE.into())
@@ -129,7 +147,7 @@ pub fn deployment(ie: &InferenceEndpoint, cache: Option<&str>, image_cache: Opti
             None => ("model".to_string(), Volume { name: "weights".into(), empty_dir: Some(EmptyDirVolumeSource::default()), ..Default::default() }),
         };
         volumes.push(volume);
-        let token_env = spec.model.hugging_face.as_ref().and_then(|h| h.token_secret_ref.as_ref()).map(|r| {
+        let mut fetch_env: Vec<EnvVar> = spec.model.hugging_face.as_ref().and_then(|h| h.token_secret_ref.as_ref()).map(|r| {
             vec![EnvVar {
                 name: "HF_TOKEN".into(),
                 value_from: Some(EnvVarSource {
@@ -138,7 +156,9 @@ pub fn deployment(ie: &InferenceEndpoint, cache: Option<&str>, image_cache: Opti
                 }),
                 ..Default::default()
             }]
-        });
+        }).unwrap_or_default();
+        // Source credentials (AWS_*, a Hub token under another name) reach the fallback fetch too.
+        fetch_env.extend(spec.env.iter().cloned());
         let mut args = vec!["fetch".into(), "--source".into(), uri, "--root".into(), "/cache".into(), "--key".into(), key.clone()];
         for (file, sum) in &spec.sha256 {
             args.extend(["--sha256".to_string(), format!("{file}={sum}")]);
@@ -147,7 +167,8 @@ pub fn deployment(ie: &InferenceEndpoint, cache: Option<&str>, image_cache: Opti
             name: "weights".into(),
             image: Some(agent_image()),
             args: Some(args),
-            env: token_env,
+            env: (!fetch_env.is_empty()).then_some(fetch_env),
+            env_from: (!spec.env_from.is_empty()).then(|| spec.env_from.clone()),
             volume_mounts: Some(vec![VolumeMount { name: "weights".into(), mount_path: format!("/cache/{key}"), ..Default::default() }]),
             ..Default::default()
         });
@@ -157,7 +178,10 @@ pub fn deployment(ie: &InferenceEndpoint, cache: Option<&str>, image_cache: Opti
         preferred.push(PreferredSchedulingTerm { weight: IMAGE_AFFINITY_WEIGHT, preference: node_term(&image_ready_label(&ns, ic)) });
     }
     let mut annotations = pod_annotations.clone();
-    annotations.insert("warmpath.dev/image".into(), spec.image.clone());
+    annotations.insert(IMAGE_ANNOTATION.into(), spec.image.clone());
+    let autoscaled = spec.autoscaling.as_ref().is_some_and(|a| a.enabled);
+    let mut server_env = vec![EnvVar { name: "WARMPATH_MODEL_DIR".into(), value: Some(model_dir), ..Default::default() }];
+    server_env.extend(spec.env.iter().cloned());
     Ok(Deployment {
         metadata: ObjectMeta {
             name: Some(name.clone()),
@@ -168,7 +192,8 @@ pub fn deployment(ie: &InferenceEndpoint, cache: Option<&str>, image_cache: Opti
             ..Default::default()
         },
         spec: Some(DeploymentSpec {
-            replicas: Some(spec.replicas),
+            // With an autoscaler the field is left out of the apply, so this field manager never owns it.
+            replicas: (!autoscaled).then_some(spec.replicas),
             selector: LabelSelector { match_labels: Some(BTreeMap::from([(ENDPOINT_LABEL.to_string(), name)])), ..Default::default() },
             strategy: Some(DeploymentStrategy {
                 type_: Some("RollingUpdate".into()),
@@ -188,6 +213,8 @@ pub fn deployment(ie: &InferenceEndpoint, cache: Option<&str>, image_cache: Opti
                         ..Default::default()
                     }),
                     node_selector: (!spec.node_selector.is_empty()).then(|| spec.node_selector.clone()),
+                    tolerations: (!spec.tolerations.is_empty()).then(|| spec.tolerations.clone()),
+                    service_account_name: spec.service_account_name.clone(),
                     image_pull_secrets: (!spec.image_pull_secrets.is_empty())
                         .then(|| spec.image_pull_secrets.iter().map(|s| LocalObjectReference { name: s.clone() }).collect()),
                     init_containers: (!init.is_empty()).then_some(init),
@@ -195,7 +222,9 @@ pub fn deployment(ie: &InferenceEndpoint, cache: Option<&str>, image_cache: Opti
                         name: "server".into(),
                         image: Some(spec.image.clone()),
                         args: (!spec.args.is_empty()).then(|| spec.args.clone()),
-                        env: Some(vec![EnvVar { name: "WARMPATH_MODEL_DIR".into(), value: Some(model_dir), ..Default::default() }]),
+                        env: Some(server_env),
+                        env_from: (!spec.env_from.is_empty()).then(|| spec.env_from.clone()),
+                        readiness_probe: Some(readiness_probe(ie)),
                         ports: Some(vec![ContainerPort { name: Some("http".into()), container_port: spec.port, ..Default::default() }]),
                         resources: spec.resources.clone(),
                         volume_mounts: Some(mounts),
@@ -279,6 +308,18 @@ fn cache_ready(mc: Option<&ModelCache>) -> bool {
     mc.and_then(|m| m.status.as_ref()).is_some_and(|s| s.phase.as_deref() == Some(model_cache::phase::READY) && s.ready == s.target)
 }
 
+/// The ModelCache's status has been computed and no node matches its target. (Its name hashes its
+/// spec, node selector included, so a status is never about another node set.)
+fn no_target_nodes(mc: &ModelCache) -> bool {
+    mc.status.as_ref().is_some_and(|s| s.target == 0 && s.phase.as_deref() == Some(model_cache::phase::PENDING))
+}
+
+/// The image is on every target node (or there is no target node to wait for).
+fn image_pulled(ic: Option<&ImageCache>) -> bool {
+    ic.and_then(|i| i.status.as_ref())
+        .is_some_and(|s| s.phase.as_deref() == Some(crate::crd::image_cache::phase::CACHED) || (s.target == 0 && s.phase.is_some()))
+}
+
 fn rolled_out(d: &Deployment, want_cache: Option<&str>) -> bool {
     let (Some(spec), Some(st)) = (d.spec.as_ref(), d.status.as_ref()) else { return false };
     let replicas = spec.replicas.unwrap_or(1);
@@ -330,8 +371,13 @@ async fn apply(api: &Api<InferenceEndpoint>, ie: &InferenceEndpoint, ctx: &Conte
         None => None,
     };
     let weights_ready = want_cache.as_ref().is_none_or(|(_, mc)| cache_ready(Some(mc)));
+    // Scale from zero: no node matches yet (a cluster autoscaler adds one only for a pending pod), so
+    // the Deployment is created at once; its pods fetch on the cold node and the agent warms nodes as
+    // they join.
+    let no_targets = want_cache.as_ref().is_some_and(|(_, mc)| no_target_nodes(mc));
 
-    // 2. Image cache (shared, reference-counted; never blocks).
+    // 2. Image cache (shared, reference-counted). A first Deployment never waits for it; an image
+    //    change keeps the old image until the new one is on every target node.
     let image_cache = if ie.spec.model_cache_config.image_cache.enabled {
         Some(reference_image_cache(ie, ctx).await?)
     } else {
@@ -342,13 +388,35 @@ async fn apply(api: &Api<InferenceEndpoint>, ie: &InferenceEndpoint, ctx: &Conte
     let existing = deployments.get_opt(&name).await?;
     let serving = existing.as_ref().and_then(|d| d.annotations().get(MODEL_CACHE_ANNOTATION).cloned());
     let want_name = want_cache.as_ref().map(|(n, _)| n.clone());
+    let served_image = existing.as_ref().and_then(|d| d.annotations().get(IMAGE_ANNOTATION).cloned());
+    let hold_image = match (&image_cache, &served_image) {
+        (Some(ic), Some(old)) if *old != ie.spec.image => {
+            let pulled = Api::<ImageCache>::namespaced(client.clone(), &ns).get_opt(ic).await?;
+            (!image_pulled(pulled.as_ref())).then(|| old.clone())
+        }
+        _ => None,
+    };
+    let held;
+    let (deploy_ie, deploy_ic) = match &hold_image {
+        Some(old) => {
+            let mut e = ie.clone();
+            e.spec.image = old.clone();
+            held = e;
+            let ic = endpoint_image_cache(&held).0;
+            (&held, Some(ic))
+        }
+        None => (ie, image_cache.clone()),
+    };
     let current = match (&existing, weights_ready) {
-        (_, true) => Some(apply_deployment(&deployments, existing.as_ref(), ie, want_name.as_deref(), image_cache.as_deref()).await?),
+        (_, true) => Some(apply_deployment(&deployments, existing.as_ref(), deploy_ie, want_name.as_deref(), deploy_ic.as_deref()).await?),
         // New cache not ready yet: keep serving from the old one (image/replica changes still apply).
         (Some(_), false) if serving.is_some() => {
-            Some(apply_deployment(&deployments, existing.as_ref(), ie, serving.as_deref(), image_cache.as_deref()).await?)
+            Some(apply_deployment(&deployments, existing.as_ref(), deploy_ie, serving.as_deref(), deploy_ic.as_deref()).await?)
         }
         (Some(d), false) => Some(d.clone()),
+        (None, false) if no_targets => {
+            Some(apply_deployment(&deployments, None, deploy_ie, want_name.as_deref(), deploy_ic.as_deref()).await?)
+        }
         (None, false) => None,
     };
 
@@ -358,8 +426,9 @@ async fn apply(api: &Api<InferenceEndpoint>, ie: &InferenceEndpoint, ctx: &Conte
         Api::<InferenceRoutingPolicy>::namespaced(client.clone(), &ns).patch(&name, &ssa(), &Patch::Apply(&p)).await?;
     }
 
-    // 5. After the rollout onto the wanted cache: drop old caches and old image references.
-    let done = current.as_ref().is_some_and(|d| weights_ready && rolled_out(d, want_name.as_deref()));
+    // 5. After the rollout onto the wanted cache and image: drop old caches and old image references.
+    let on_image = |d: &Deployment| d.annotations().get(IMAGE_ANNOTATION) == Some(&ie.spec.image);
+    let done = current.as_ref().is_some_and(|d| rolled_out(d, want_name.as_deref()) && on_image(d));
     if done {
         let owned = caches.list(&ListParams::default().labels(&format!("{ENDPOINT_LABEL}={name}"))).await?;
         for old in owned.items.iter().filter(|m| Some(m.name_any()) != want_name) {
@@ -376,12 +445,27 @@ async fn apply(api: &Api<InferenceEndpoint>, ie: &InferenceEndpoint, ctx: &Conte
         mc.status.as_ref().and_then(|s| s.phase.as_deref()) == Some(model_cache::phase::FAILED)
     });
     let ready_replicas = current.as_ref().and_then(|d| d.status.as_ref()).and_then(|s| s.available_replicas).unwrap_or(0);
-    let (ph, ok, reason, msg) = if mc_failed {
+    // Serving on the wanted cache already: a node joining (downloading) or failing degrades the endpoint,
+    // it does not stop it serving.
+    let serving_wanted = want_name.is_some()
+        && current.as_ref().and_then(|d| d.annotations().get(MODEL_CACHE_ANNOTATION)) == want_name.as_ref();
+    let degraded = match &want_cache {
+        Some((_, mc)) if serving_wanted => mc.status.as_ref().map_or(0, |s| (s.target - s.ready).max(0)),
+        _ => 0,
+    };
+    let (ph, ok, reason, msg) = if mc_failed && !serving_wanted {
         (phase::FAILED, false, "ModelCacheFailed", "the weights cache failed on a node; see the ModelCache status".to_string())
-    } else if current.is_none() || !weights_ready {
+    } else if current.is_none() || (!weights_ready && !serving_wanted) {
         (phase::WAITING_FOR_WEIGHTS, false, "WaitingForWeights", format!("waiting for ModelCache {} on every target node", want_name.clone().unwrap_or_default()))
     } else if done {
-        (phase::READY, true, "RolledOut", format!("{ready_replicas} replicas available"))
+        let msg = if degraded > 0 {
+            format!("{ready_replicas} replicas available; {degraded} target nodes do not hold the weights (pods there fetch at start)")
+        } else {
+            format!("{ready_replicas} replicas available")
+        };
+        (phase::READY, true, if degraded > 0 { "Degraded" } else { "RolledOut" }, msg)
+    } else if let Some(old) = &hold_image {
+        (phase::PROGRESSING, false, "WaitingForImage", format!("serving {old} until {} is pulled on every target node", ie.spec.image))
     } else {
         (phase::PROGRESSING, false, "RollingOut", "Deployment rolling out".to_string())
     };
@@ -391,6 +475,8 @@ async fn apply(api: &Api<InferenceEndpoint>, ie: &InferenceEndpoint, ctx: &Conte
     st.serving_model_cache = current.as_ref().and_then(|d| d.annotations().get(MODEL_CACHE_ANNOTATION).cloned());
     st.image_cache = image_cache;
     st.ready_replicas = ready_replicas;
+    st.degraded_nodes = degraded;
+    st.serving_image = current.as_ref().and_then(|d| d.annotations().get(IMAGE_ANNOTATION).cloned());
     st.observed_generation = ie.meta().generation;
     let now = Time(k8s_openapi::jiff::Timestamp::now());
     conditions::upsert(&mut st.conditions, conditions::new(conditions::READY, ok, reason, msg, ie.meta().generation, &now));
@@ -421,27 +507,37 @@ async fn apply_deployment(
     Ok(api.patch(&ie.name_any(), &ssa(), &Patch::Apply(&d)).await?)
 }
 
+/// The shared ImageCache an endpoint uses: keyed by image *and* target node set (node selector, pull
+/// secrets), so endpoints that run the same image on different nodes each get their nodes pre-pulled.
+/// `img-<16 hex>` of sha256(image) alone when the endpoint has neither, else of the three together.
+pub fn endpoint_image_cache(ie: &InferenceEndpoint) -> (String, ImageCacheSpec) {
+    let spec = ImageCacheSpec {
+        image: ie.spec.image.clone(),
+        image_pull_secrets: ie.spec.image_pull_secrets.clone(),
+        node_selector: ie.spec.node_selector.clone(),
+        command: vec![],
+    };
+    let key = if spec.node_selector.is_empty() && spec.image_pull_secrets.is_empty() {
+        spec.image.clone()
+    } else {
+        json!({"image": spec.image, "nodeSelector": spec.node_selector, "imagePullSecrets": spec.image_pull_secrets}).to_string()
+    };
+    (image_cache_name(&key), spec)
+}
+
 /// Ensures the ImageCache for the endpoint's image exists and lists the endpoint as an owner
 /// (non-controller) reference. Returns its name.
 async fn reference_image_cache(ie: &InferenceEndpoint, ctx: &Context) -> Result<String> {
     let ns = ie.namespace().unwrap_or_default();
     let api: Api<ImageCache> = Api::namespaced(ctx.client.clone(), &ns);
-    let name = image_cache_name(&ie.spec.image);
+    let (name, spec) = endpoint_image_cache(ie);
     let mut me = owner(ie)?;
     me.controller = Some(false);
     me.block_owner_deletion = Some(false);
     for _attempt in 0..5 {
         match api.get_opt(&name).await? {
             None => {
-                let mut ic = ImageCache::new(
-                    &name,
-                    ImageCacheSpec {
-                        image: ie.spec.image.clone(),
-                        image_pull_secrets: ie.spec.image_pull_secrets.clone(),
-                        node_selector: ie.spec.node_selector.clone(),
-                        command: vec![],
-                    },
-                );
+                let mut ic = ImageCache::new(&name, spec.clone());
                 ic.metadata.namespace = Some(ns.clone());
                 ic.metadata.labels = Some(BTreeMap::from([(MANAGED_LABEL.to_string(), MANAGED_BY_ENDPOINTS.to_string())]));
                 ic.metadata.owner_references = Some(vec![me.clone()]);

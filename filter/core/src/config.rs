@@ -221,8 +221,12 @@ impl Settings {
     /// [`ConfigError::OutOfRange`] / [`ConfigError::Invalid`] for values outside the ranges documented on
     /// each field of [`Settings`].
     pub fn from_json(bytes: &[u8]) -> Result<Settings, ConfigError> {
-        let raw: RawConfig = if bytes.iter().all(u8::is_ascii_whitespace) {
+        let first = bytes.iter().find(|b| !b.is_ascii_whitespace());
+        let raw: RawConfig = if first.is_none() {
             RawConfig::default()
+        } else if first != Some(&b'{') {
+            // serde would report the first field it could not map (e.g. an array's first element as a strategy).
+            return Err(ConfigError::Json("the plugin configuration must be a JSON object".into()));
         } else {
             serde_json::from_slice(bytes).map_err(|e| ConfigError::Json(shown(&e.to_string(), 300)))?
         };
@@ -307,7 +311,7 @@ impl Settings {
             let addr = normalize_address(&e).ok_or_else(|| ConfigError::Invalid {
                 field: format!("endpoints[{i}]"),
                 value: shown(&e, 100),
-                reason: "expected IP:port (IPv6 as [addr]:port)",
+                reason: ADDRESS_RULE,
             })?;
             if !endpoints.contains(&addr) {
                 endpoints.push(addr);
@@ -339,11 +343,21 @@ impl Settings {
     }
 }
 
-/// Parses `IP:port` and returns its canonical text form (`SocketAddr` display), or `None` if it is not one.
-/// Host names are rejected: Envoy's override_host policy matches endpoint addresses, not names.
+/// Parses `IP:port` and returns its canonical text form (`SocketAddr` display), or `None` if it is not one an
+/// Envoy endpoint can have. Refused: host names (Envoy's override_host policy matches endpoint addresses, not
+/// names), port 0, the unspecified address (`0.0.0.0`, `::`), and IPv4-mapped IPv6 (`[::ffff:a.b.c.d]`, which
+/// Envoy never uses as an endpoint address: name the IPv4 address itself).
 pub fn normalize_address(s: &str) -> Option<String> {
-    s.trim().parse::<SocketAddr>().ok().map(|a| a.to_string())
+    let a = s.trim().parse::<SocketAddr>().ok()?;
+    let mapped = match a.ip() {
+        std::net::IpAddr::V6(v6) => v6.to_ipv4_mapped().is_some(),
+        std::net::IpAddr::V4(_) => false,
+    };
+    (a.port() != 0 && !a.ip().is_unspecified() && !mapped).then(|| a.to_string())
 }
+
+/// Why [`normalize_address`] refuses an address, for error messages.
+pub const ADDRESS_RULE: &str = "expected IP:port (IPv6 as [addr]:port) with a port in 1..=65535, not 0.0.0.0/:: and not IPv4-mapped IPv6";
 
 impl Settings {
     /// Whether this instance acts on a request whose upstream cluster is `cluster` (Envoy's `xds.cluster_name`;

@@ -15,6 +15,8 @@ pub mod endpoint;
 pub mod error;
 pub mod extract;
 pub mod feed;
+pub mod headers;
+pub mod health;
 pub mod hrw;
 pub mod index;
 pub mod load;

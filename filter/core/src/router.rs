@@ -60,7 +60,7 @@ impl Router {
             let n = normalize_address(a).ok_or_else(|| ConfigError::Invalid {
                 field: format!("endpoints[{i}]"),
                 value: crate::config::shown(a, 100),
-                reason: "expected IP:port (IPv6 as [addr]:port)",
+                reason: crate::config::ADDRESS_RULE,
             })?;
             if !normalized.contains(&n) {
                 normalized.push(n);

@@ -15,8 +15,21 @@ use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::{Action, BufferType, MapType};
 use warmpath_core::{extract_key, EndpointLoad, PickInput, Reason, RequestKey, Strategy};
 
+use crate::stream::{Mode, RouteOn, Step, Stream};
+use crate::outcome::Outcome;
 use crate::root::{now_ms, random_u64, Shared};
-use crate::{feed, shared, DEBUG_HEADER, DESTINATION_HEADER, ORIGINAL_DST_HEADER};
+use crate::{feed, health, shared, DEBUG_HEADER, DESTINATION_HEADER, ORIGINAL_DST_HEADER};
+
+/// Counters of passive failure learning (`health`).
+mod metric {
+    /// Picks that landed on an endpoint in back-off and went to the least-loaded endpoint that is up instead.
+    pub const PICKS_AVOIDED_DOWN: &str = "warmpath.picks_avoided_down";
+    /// Requests whose picked endpoint failed them before answering (connect failure, reset, 502/503/504, or a
+    /// retry elsewhere): each starts or extends that endpoint's back-off.
+    pub const ENDPOINT_FAILURES: &str = "warmpath.endpoint_failures";
+    /// Requests Envoy sent to another host on the only attempt: the pick was not honoured (not a cluster member).
+    pub const PICKS_NOT_HONOURED: &str = "warmpath.picks_not_honoured";
+}
 
 /// Fail-open causes decided by the shell (the core's `ExtractError::as_str` labels cover bad bodies).
 mod cause {
@@ -62,10 +75,8 @@ pub struct FilterHttp {
     params: Option<Params>,
     path: String,
     tenant: Option<String>,
-    /// True from `on_http_request_headers` (with a body coming) until the pick is made.
-    waiting_for_body: bool,
-    /// The endpoint whose in-flight counter this stream holds; released exactly once in `on_log`.
-    in_flight: Option<String>,
+    /// Pause/route/slot bookkeeping (`stream`).
+    stream: Stream,
     debug: Option<String>,
 }
 
@@ -78,8 +89,7 @@ impl FilterHttp {
             params: None,
             path: String::new(),
             tenant: None,
-            waiting_for_body: false,
-            in_flight: None,
+            stream: Stream::new(),
             debug: None,
         }
     }
@@ -148,7 +158,6 @@ impl FilterHttp {
 
     /// Picks an endpoint for `key` (`None`: fail open for `cause`), takes an in-flight slot, sets the header.
     fn route(&mut self, shared: &Shared, params: Params, key: Option<&RequestKey>, cause: Option<&str>) {
-        self.waiting_for_body = false;
         let Ok(mut router) = shared.router.try_borrow_mut() else { return };
         // This gateway's in-flight count (all workers) plus what the feed says the server itself reports.
         let table = shared::Table::read();
@@ -159,12 +168,17 @@ impl FilterHttp {
             .collect();
         let input = PickInput { key, random: random_u64(u64::from(self.context_id)), now_ms: now_ms(), ..PickInput::default() };
         let strategy = router.settings().strategy;
-        let Some(decision) = router.route(&input, &loads) else {
+        let Some(mut decision) = router.route(&input, &loads) else {
             // No endpoints known yet (feed not delivered): leave the header unset so Envoy's fallback policy routes.
             shared.metrics.fail_open("no_endpoints");
             shared.metrics.decision(strategy, Reason::FailOpen, None);
             return;
         };
+        // Passive failure learning: a pick on an endpoint in back-off goes to the least-loaded endpoint that is up.
+        if let Some(address) = health::avoid_down(router.endpoints(), &loads, decision.endpoint, now_ms()) {
+            shared.metrics.count(metric::PICKS_AVOIDED_DOWN, 1);
+            decision.address = address;
+        }
         drop(router);
         if let Some(c) = cause {
             shared.metrics.fail_open(c);
@@ -173,7 +187,7 @@ impl FilterHttp {
         shared.metrics.decision(strategy, decision.reason, matched);
         // Take the slot from the table the decision was made on; a concurrent change retries the increment only.
         match shared::add(&decision.address, 1, Some(table)) {
-            Some(_) => self.in_flight = Some(decision.address.clone()),
+            Some(_) => self.stream.took_slot(decision.address.clone()),
             None => shared.metrics.count("warmpath.cas_failures", 1),
         }
         set_request_header(DESTINATION_HEADER, Some(&decision.address));
@@ -185,6 +199,32 @@ impl FilterHttp {
 
 impl Context for FilterHttp {}
 
+impl FilterHttp {
+    /// Carries out a step of the stream state machine.
+    fn run(&mut self, step: Step) -> Action {
+        let on = match step {
+            Step::Continue => return Action::Continue,
+            Step::Pause => return Action::Pause,
+            Step::Route(on) => on,
+        };
+        let (Some(shared), Some(params)) = (self.shared.clone(), self.params) else { return Action::Continue };
+        match on {
+            RouteOn::Keyless => self.route(&shared, params, Some(&shared.keyless), None),
+            RouteOn::NoBody => self.route(&shared, params, None, Some(cause::NO_BODY)),
+            RouteOn::BodyTooLarge => self.route(&shared, params, None, Some(cause::BODY_TOO_LARGE)),
+            RouteOn::Body { len } => {
+                let body = request_body(len);
+                self.route_body(&shared, params, body.as_deref());
+            }
+            RouteOn::BodyBeforeTrailers { max } => match request_body(max) {
+                Some(b) if !b.is_empty() => self.route_body(&shared, params, Some(&b)),
+                _ => self.route(&shared, params, None, Some(cause::NO_BODY)),
+            },
+        }
+        Action::Continue
+    }
+}
+
 impl HttpContext for FilterHttp {
     fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
         // Another instance's request (several policies on one listener): not even the destination header is
@@ -194,71 +234,60 @@ impl HttpContext for FilterHttp {
             if let Some(shared) = &self.shared {
                 shared.metrics.skipped_other_cluster();
             }
-            return Action::Continue;
+            let step = self.stream.on_request_headers(Mode::PassThrough, end_of_stream);
+            return self.run(step);
         }
         // First, on every request this instance handles, whatever happens next: the client does not choose the
         // destination.
         self.read_headers();
-        let (Some(shared), Some(params)) = (self.shared.clone(), self.params) else { return Action::Continue };
-        if params.strategy != Strategy::PrefixAware {
-            // RANDOM / LEAST_OUTSTANDING_REQUESTS ignore the body: decide now, no buffering.
-            self.route(&shared, params, Some(&shared.keyless), None);
-            return Action::Continue;
-        }
-        if end_of_stream {
-            self.route(&shared, params, None, Some(cause::NO_BODY));
-            return Action::Continue;
-        }
-        // Hold the headers until the body is buffered (needs `allow_on_headers_stop_iteration: true`).
-        self.waiting_for_body = true;
-        Action::Pause
+        let mode = match (&self.shared, self.params) {
+            (Some(_), Some(p)) if p.strategy != Strategy::PrefixAware => Mode::Keyless,
+            (Some(_), Some(p)) => Mode::Body { max_body_bytes: p.max_body_bytes },
+            _ => Mode::PassThrough,
+        };
+        let step = self.stream.on_request_headers(mode, end_of_stream);
+        self.run(step)
     }
 
     fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
-        if !self.waiting_for_body {
-            return Action::Continue;
-        }
-        let (Some(shared), Some(params)) = (self.shared.clone(), self.params) else { return Action::Continue };
-        if body_size > params.max_body_bytes {
-            // Stop buffering here: the body goes on unparsed.
-            self.route(&shared, params, None, Some(cause::BODY_TOO_LARGE));
-            return Action::Continue;
-        }
-        if !end_of_stream {
-            return Action::Pause;
-        }
-        if body_size == 0 {
-            self.route(&shared, params, None, Some(cause::NO_BODY));
-            return Action::Continue;
-        }
-        let body = request_body(body_size);
-        self.route_body(&shared, params, body.as_deref());
-        Action::Continue
+        let step = self.stream.on_request_body(body_size, end_of_stream);
+        self.run(step)
     }
 
     fn on_http_request_trailers(&mut self, _num_trailers: usize) -> Action {
-        // A body followed by trailers never reports end_of_stream in the body callback.
-        if self.waiting_for_body {
-            if let (Some(shared), Some(params)) = (self.shared.clone(), self.params) {
-                match request_body(params.max_body_bytes) {
-                    Some(b) if !b.is_empty() => self.route_body(&shared, params, Some(&b)),
-                    _ => self.route(&shared, params, None, Some(cause::NO_BODY)),
-                }
-            }
-        }
-        Action::Continue
+        let step = self.stream.on_request_trailers();
+        self.run(step)
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
+        let status = hostcalls::get_map_value(MapType::HttpResponseHeaders, ":status")
+            .ok()
+            .flatten()
+            .and_then(|s| s.parse::<u16>().ok());
+        self.stream.on_response_headers(status);
         if let Some(d) = self.debug.take() {
             let _ = hostcalls::set_map_value(MapType::HttpResponseHeaders, DEBUG_HEADER, Some(&d));
         }
         Action::Continue
     }
 
+    fn on_http_response_body(&mut self, body_size: usize, _end_of_stream: bool) -> Action {
+        self.stream.on_response_body(body_size);
+        Action::Continue
+    }
+
     fn on_log(&mut self) {
         // Runs once for every stream that ends — finished, reset by either side, or aborted by the client.
-        if let Some(address) = self.in_flight.take() {
+        let Some(ended) = self.stream.on_end() else { return };
+        if let Some(address) = ended.slot {
+            let outcome = health::learn(&address, now_ms());
+            if let Some(shared) = &self.shared {
+                match outcome {
+                    Outcome::Failed => shared.metrics.count(metric::ENDPOINT_FAILURES, 1),
+                    Outcome::NotHonoured => shared.metrics.count(metric::PICKS_NOT_HONOURED, 1),
+                    Outcome::Succeeded | Outcome::Unknown => {}
+                }
+            }
             if shared::add(&address, -1, None).is_none() {
                 if let Some(shared) = &self.shared {
                     shared.metrics.count("warmpath.cas_failures", 1);

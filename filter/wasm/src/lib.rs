@@ -7,6 +7,7 @@
 //!   the per-VM router, the tick (in-flight gauges, feed polling);
 //! - `http`: per request — strip client-sent destination headers, buffer the body up to `max_body_bytes`, extract
 //!   the key, pick, set the header; fail open on anything unusable;
+//! - `stream`: the per-stream state machine (hold, route, slot taken and released once), natively tested;
 //! - `shared`: the only compare-and-swap code: in-flight counters per endpoint in proxy-wasm shared data;
 //! - `metrics`: the proxy-wasm metrics Envoy exports;
 //! - `feed`: the endpoint/load feed poller.
@@ -15,18 +16,15 @@
 //! `target/wasm32-wasip1/release/warmpath_filter.wasm`. Configuration reference: `docs/filter.md`.
 
 mod feed;
+mod health;
 mod http;
 mod metrics;
+mod outcome;
 mod root;
 mod shared;
+pub mod stream;
 
-/// The request header carrying the pick (Gateway API Inference Extension endpoint-picker protocol).
-pub const DESTINATION_HEADER: &str = "x-gateway-destination-endpoint";
-/// Envoy's ORIGINAL_DST override header: never set by us, always removed so a client cannot choose an address.
-pub const ORIGINAL_DST_HEADER: &str = "x-envoy-original-dst-host";
-/// Opt-in response header (`debug_header: true`): `<IP:port>;<reason>;matched=<n>` where n is the matched prefix
-/// length in characters (bytes for raw bodies).
-pub const DEBUG_HEADER: &str = "x-warmpath-decision";
+pub use warmpath_core::headers::{DEBUG_HEADER, DESTINATION_HEADER, ORIGINAL_DST_HEADER};
 
 // The entry point lives in a private module: `_initialize` is exported by symbol name, not by Rust visibility.
 mod entry {

@@ -89,6 +89,7 @@ fn endpoint(name: &str, prefix: &str, image: &str) -> InferenceEndpoint {
             node_selector: BTreeMap::from([("pool".to_string(), "gpu".to_string())]),
             routing: Some(serde_json::from_value(json!({"httpRoutes": ["chat"], "strategy": "PREFIX_AWARE"})).unwrap()),
             model_cache_config: cfg,
+            ..Default::default()
         },
     );
     ie.metadata.namespace = Some(NS.into());
@@ -164,7 +165,8 @@ async fn ie_status(client: &Client, name: &str) -> warmpath_controller::crd::inf
 async fn deployment_rolled_out(client: &Client, name: &str) {
     let api: Api<Deployment> = Api::namespaced(client.clone(), NS);
     let d = api.get(name).await.unwrap();
-    let replicas = d.spec.as_ref().unwrap().replicas.unwrap();
+    // Left out by the controller under an autoscaler: the API server defaults it to 1.
+    let replicas = d.spec.as_ref().unwrap().replicas.unwrap_or(1);
     let status = json!({"status": {"observedGeneration": d.metadata.generation, "replicas": replicas,
         "updatedReplicas": replicas, "availableReplicas": replicas, "readyReplicas": replicas}});
     api.patch_status(name, &PatchParams::default(), &Patch::Merge(status)).await.unwrap();
@@ -377,11 +379,18 @@ async fn source_change_rolls_out_before_the_old_cache_goes() {
     let deployments: Api<Deployment> = Api::namespaced(c.clone(), NS);
     assert_eq!(deployments.get("llama").await.unwrap().annotations().get(MODEL_CACHE_ANNOTATION), Some(&old));
 
-    // New cache ready: the Deployment switches; the old cache stays until the rollout completes.
+    // New cache ready: the Deployment switches cache, but keeps the old image until the new one is
+    // pulled on every target node; the old cache stays until the rollout completes.
     make_ready(&c, &ctx, &new).await;
     reconcile_ie(&ctx, "llama", 1).await;
     let d = deployments.get("llama").await.unwrap();
     assert_eq!(d.annotations().get(MODEL_CACHE_ANNOTATION), Some(&new));
+    assert_eq!(server_image(&d), "vllm:1", "the new image is not pulled yet");
+    assert_eq!(ie_status(&c, "llama").await.serving_image.as_deref(), Some("vllm:1"));
+    image_pulled_everywhere(&c, "vllm:2").await;
+    reconcile_ie(&ctx, "llama", 1).await;
+    let d = deployments.get("llama").await.unwrap();
+    assert_eq!(server_image(&d), "vllm:2");
     let strategy = d.spec.unwrap().strategy.unwrap().rolling_update.unwrap();
     assert_eq!(strategy.max_unavailable, Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(0)));
     assert!(caches.get_opt(&old).await.unwrap().is_some(), "old cache kept during the rollout");
@@ -461,4 +470,204 @@ async fn restarted_controller_creates_no_duplicates() {
     let d = Api::<Deployment>::namespaced(c.clone(), NS).get("llama").await.unwrap();
     assert_eq!(d.owner_references().len(), 1);
     assert_eq!(d.owner_references()[0].uid, ie.meta().uid.clone().unwrap());
+}
+
+fn server_image(d: &Deployment) -> String {
+    d.spec.as_ref().unwrap().template.spec.as_ref().unwrap().containers[0].image.clone().unwrap()
+}
+
+/// What the ImageCache reconciler writes once the kubelets of both target nodes have pulled `image`.
+async fn image_pulled_everywhere(c: &Client, image: &str) {
+    let api = Api::<ImageCache>::namespaced(c.clone(), NS);
+    let name = api.list(&ListParams::default()).await.unwrap().items.into_iter().find(|i| i.spec.image == image).unwrap().name_any();
+    let st = json!({"status": {"phase": "Cached", "target": 2, "cached": 2, "references": 1}});
+    api.patch_status(&name, &PatchParams::default(), &Patch::Merge(st)).await.unwrap();
+}
+
+/// Creates `ie`, makes its weights ready on both GPU nodes and completes the first rollout.
+async fn serving(c: &Client, ctx: &Arc<Context>, ie: InferenceEndpoint) -> String {
+    let name = ie.name_any();
+    Api::<InferenceEndpoint>::namespaced(c.clone(), NS).create(&PostParams::default(), &ie).await.unwrap();
+    reconcile_ie(ctx, &name, 2).await;
+    let cache = ie_status(c, &name).await.model_cache.unwrap();
+    make_ready(c, ctx, &cache).await;
+    reconcile_ie(ctx, &name, 1).await;
+    deployment_rolled_out(c, &name).await;
+    reconcile_ie(ctx, &name, 1).await;
+    assert_eq!(ie_status(c, &name).await.phase.as_deref(), Some(ie_phase::READY));
+    cache
+}
+
+#[tokio::test]
+async fn pods_get_readiness_tolerations_and_source_credentials() {
+    let c = client(gpu_nodes()).await;
+    let ctx = ctx(&c);
+    let mut ie = endpoint("llama", "llama/", "vllm:1");
+    ie.spec.service_account_name = Some("model-reader".into());
+    ie.spec.env = vec![serde_json::from_value(json!({"name": "AWS_REGION", "value": "eu-west-1"})).unwrap()];
+    ie.spec.env_from = vec![serde_json::from_value(json!({"secretRef": {"name": "s3-creds"}})).unwrap()];
+    ie.spec.tolerations = vec![serde_json::from_value(json!({"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"})).unwrap()];
+    serving(&c, &ctx, ie).await;
+    let d = Api::<Deployment>::namespaced(c.clone(), NS).get("llama").await.unwrap();
+    let pod = d.spec.unwrap().template.spec.unwrap();
+    assert_eq!(pod.service_account_name.as_deref(), Some("model-reader"));
+    assert_eq!(pod.tolerations.unwrap()[0].key.as_deref(), Some("nvidia.com/gpu"));
+    let server = &pod.containers[0];
+    let probe = server.readiness_probe.as_ref().expect("a readiness probe by default");
+    let get = probe.http_get.as_ref().unwrap();
+    assert_eq!((get.path.as_deref(), &get.port), (Some("/health"), &k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::String("http".into())));
+    let init = &pod.init_containers.unwrap()[0];
+    for (what, ctr) in [("server", server), ("fallback fetch", init)] {
+        assert!(ctr.env.as_ref().unwrap().iter().any(|e| e.name == "AWS_REGION"), "{what}: env");
+        assert_eq!(ctr.env_from.as_ref().unwrap()[0].secret_ref.as_ref().unwrap().name, "s3-creds", "{what}: envFrom");
+    }
+
+    // A configured probe replaces the default.
+    let ies: Api<InferenceEndpoint> = Api::namespaced(c.clone(), NS);
+    let mut ie = ies.get("llama").await.unwrap();
+    ie.spec.readiness_probe = Some(serde_json::from_value(json!({"httpGet": {"path": "/v1/models", "port": 8000}, "periodSeconds": 10})).unwrap());
+    ies.replace("llama", &PostParams::default(), &ie).await.unwrap();
+    reconcile_ie(&ctx, "llama", 1).await;
+    let d = Api::<Deployment>::namespaced(c.clone(), NS).get("llama").await.unwrap();
+    let probe = d.spec.unwrap().template.spec.unwrap().containers[0].readiness_probe.clone().unwrap();
+    assert_eq!((probe.http_get.unwrap().path.as_deref(), probe.period_seconds), (Some("/v1/models"), Some(10)));
+}
+
+#[tokio::test]
+async fn an_autoscaler_owns_replicas_when_configured() {
+    let c = client(gpu_nodes()).await;
+    let ctx = ctx(&c);
+    let mut ie = endpoint("llama", "llama/", "vllm:1");
+    ie.spec.autoscaling = Some(serde_json::from_value(json!({"enabled": true})).unwrap());
+    serving(&c, &ctx, ie).await;
+    let deployments: Api<Deployment> = Api::namespaced(c.clone(), NS);
+    assert_eq!(deployments.get("llama").await.unwrap().spec.unwrap().replicas, None, "replicas not applied by the controller");
+    // The HPA scales out (through the scale subresource in a cluster; a patch by another manager here).
+    let hpa = PatchParams { field_manager: Some("horizontal-pod-autoscaler".into()), ..Default::default() };
+    deployments.patch("llama", &hpa, &Patch::Merge(json!({"spec": {"replicas": 5}}))).await.unwrap();
+    // An endpoint change re-applies the Deployment: the autoscaler's replicas stay.
+    let ies: Api<InferenceEndpoint> = Api::namespaced(c.clone(), NS);
+    let mut e = ies.get("llama").await.unwrap();
+    e.spec.args.push("--enable-prefix-caching".into());
+    ies.replace("llama", &PostParams::default(), &e).await.unwrap();
+    reconcile_ie(&ctx, "llama", 2).await;
+    let d = deployments.get("llama").await.unwrap();
+    assert!(d.spec.as_ref().unwrap().template.spec.as_ref().unwrap().containers[0].args.as_ref().unwrap().contains(&"--enable-prefix-caching".to_string()));
+    assert_eq!(d.spec.unwrap().replicas, Some(5), "the autoscaler's replicas are kept");
+}
+
+#[tokio::test]
+async fn scale_from_zero_creates_the_deployment_and_warms_nodes_as_they_join() {
+    // No GPU node yet: a cluster autoscaler adds one only for a pending pod.
+    let c = client(vec![node("cpu-a", &[("pool", "cpu")])]).await;
+    let ctx = ctx(&c);
+    Api::<InferenceEndpoint>::namespaced(c.clone(), NS).create(&PostParams::default(), &endpoint("llama", "llama/", "vllm:1")).await.unwrap();
+    reconcile_ie(&ctx, "llama", 1).await;
+    let cache = ie_status(&c, "llama").await.model_cache.unwrap();
+    let st = reconcile_mc(&ctx, &cache).await.status.unwrap();
+    assert_eq!((st.phase.as_deref(), st.target), (Some(mc_phase::PENDING), 0));
+    reconcile_ie(&ctx, "llama", 1).await;
+    let deployments: Api<Deployment> = Api::namespaced(c.clone(), NS);
+    let d = deployments.get_opt("llama").await.unwrap().expect("Deployment created with no target node");
+    assert_eq!(d.annotations().get(MODEL_CACHE_ANNOTATION), Some(&cache));
+    let pod = d.spec.unwrap().template.spec.unwrap();
+    assert!(pod.affinity.unwrap().node_affinity.unwrap().required_during_scheduling_ignored_during_execution.is_none(), "preferred only");
+    assert_eq!(pod.init_containers.unwrap()[0].name, "weights", "cold-node fallback fetch in front");
+    assert_eq!(ie_status(&c, "llama").await.phase.as_deref(), Some(ie_phase::PROGRESSING));
+
+    // The autoscaler adds a GPU node: it becomes a target (its agent starts downloading), the
+    // Deployment stays, and the endpoint serves once its pod is available, degraded until the node is warm.
+    Api::<Node>::all(c.clone()).create(&PostParams::default(), &node("gpu-a", &[("pool", "gpu")])).await.unwrap();
+    agent_reports(&c, "gpu-a", &cache, mc_phase::DOWNLOADING).await;
+    let st = reconcile_mc(&ctx, &cache).await.status.unwrap();
+    assert_eq!((st.phase.as_deref(), st.target), (Some(mc_phase::DOWNLOADING), 1));
+    deployment_rolled_out(&c, "llama").await;
+    reconcile_ie(&ctx, "llama", 1).await;
+    assert!(deployments.get_opt("llama").await.unwrap().is_some());
+    let st = ie_status(&c, "llama").await;
+    assert_eq!((st.phase.as_deref(), st.degraded_nodes), (Some(ie_phase::READY), 1));
+    agent_reports(&c, "gpu-a", &cache, mc_phase::READY).await;
+    reconcile_mc(&ctx, &cache).await;
+    reconcile_ie(&ctx, "llama", 1).await;
+    assert_eq!(ie_status(&c, "llama").await.degraded_nodes, 0);
+}
+
+#[tokio::test]
+async fn a_serving_endpoint_stays_serving_when_a_node_joins_or_fails() {
+    let c = client(gpu_nodes()).await;
+    let ctx = ctx(&c);
+    let cache = serving(&c, &ctx, endpoint("llama", "llama/", "vllm:1")).await;
+    Api::<Node>::all(c.clone()).create(&PostParams::default(), &node("gpu-c", &[("pool", "gpu")])).await.unwrap();
+    agent_reports(&c, "gpu-c", &cache, mc_phase::DOWNLOADING).await;
+    reconcile_mc(&ctx, &cache).await;
+    reconcile_ie(&ctx, "llama", 1).await;
+    let st = ie_status(&c, "llama").await;
+    assert_eq!((st.phase.as_deref(), st.degraded_nodes), (Some(ie_phase::READY), 1), "a joining node does not stop serving");
+    assert_eq!(st.conditions[0].reason, "Degraded");
+    agent_reports(&c, "gpu-c", &cache, mc_phase::FAILED).await;
+    assert_eq!(reconcile_mc(&ctx, &cache).await.status.unwrap().phase.as_deref(), Some(mc_phase::FAILED));
+    reconcile_ie(&ctx, "llama", 1).await;
+    let st = ie_status(&c, "llama").await;
+    assert_eq!((st.phase.as_deref(), st.degraded_nodes), (Some(ie_phase::READY), 1), "one failed node does not fail the endpoint");
+    assert!(st.conditions[0].message.contains("1 target nodes do not hold the weights"), "{}", st.conditions[0].message);
+}
+
+#[tokio::test]
+async fn an_image_change_waits_for_its_image_cache() {
+    let c = client(gpu_nodes()).await;
+    let ctx = ctx(&c);
+    serving(&c, &ctx, endpoint("llama", "llama/", "vllm:1")).await;
+    let ies: Api<InferenceEndpoint> = Api::namespaced(c.clone(), NS);
+    let mut ie = ies.get("llama").await.unwrap();
+    ie.spec.image = "vllm:2".into();
+    ies.replace("llama", &PostParams::default(), &ie).await.unwrap();
+    reconcile_ie(&ctx, "llama", 2).await;
+    let deployments: Api<Deployment> = Api::namespaced(c.clone(), NS);
+    assert_eq!(server_image(&deployments.get("llama").await.unwrap()), "vllm:1", "old image until the new one is pulled");
+    let st = ie_status(&c, "llama").await;
+    assert_eq!((st.phase.as_deref(), st.conditions[0].reason.as_str()), (Some(ie_phase::PROGRESSING), "WaitingForImage"));
+    image_pulled_everywhere(&c, "vllm:2").await;
+    reconcile_ie(&ctx, "llama", 1).await;
+    assert_eq!(server_image(&deployments.get("llama").await.unwrap()), "vllm:2");
+    deployment_rolled_out(&c, "llama").await;
+    reconcile_ie(&ctx, "llama", 1).await;
+    let images = Api::<ImageCache>::namespaced(c.clone(), NS).list(&ListParams::default()).await.unwrap().items;
+    assert_eq!(images.iter().map(|i| i.spec.image.as_str()).collect::<Vec<_>>(), ["vllm:2"], "old image released after the rollout");
+}
+
+/// The CRD schema carries the sha256 pattern on every map value (a JSON-schema validator refusing a
+/// non-hex value against the committed CRD runs in `scripts/test.d/65-cache-controller.sh`).
+#[test]
+fn crd_schema_requires_hex_sha256_values() {
+    for crd in [<ModelCache as kube::CustomResourceExt>::crd(), <InferenceEndpoint as kube::CustomResourceExt>::crd()] {
+        let schema = serde_json::to_value(&crd.spec.versions[0].schema.as_ref().unwrap().open_api_v3_schema).unwrap();
+        let sha = &schema["properties"]["spec"]["properties"]["sha256"];
+        assert_eq!(sha["additionalProperties"]["pattern"], warmpath_controller::crd::model_cache::SHA256_PATTERN, "{sha}");
+    }
+}
+
+#[tokio::test]
+async fn endpoints_on_different_nodes_get_their_own_image_cache() {
+    let c = client(gpu_nodes()).await;
+    let ctx = ctx(&c);
+    let ies: Api<InferenceEndpoint> = Api::namespaced(c.clone(), NS);
+    ies.create(&PostParams::default(), &endpoint("gpu", "a/", "vllm:1")).await.unwrap();
+    let mut on_cpu = endpoint("cpu", "b/", "vllm:1");
+    on_cpu.spec.node_selector = BTreeMap::from([("pool".to_string(), "cpu".to_string())]);
+    ies.create(&PostParams::default(), &on_cpu).await.unwrap();
+    let mut same = endpoint("gpu2", "c/", "vllm:1");
+    same.spec.args.push("--other".into());
+    ies.create(&PostParams::default(), &same).await.unwrap();
+    for n in ["gpu", "cpu", "gpu2"] {
+        reconcile_ie(&ctx, n, 2).await;
+    }
+    let (gpu, cpu, gpu2) = (ie_status(&c, "gpu").await.image_cache.unwrap(), ie_status(&c, "cpu").await.image_cache.unwrap(), ie_status(&c, "gpu2").await.image_cache.unwrap());
+    assert_eq!(gpu, gpu2, "same image on the same nodes: shared");
+    assert_ne!(gpu, cpu, "same image on other nodes: its own cache");
+    for (ic, pool) in [(&gpu, "gpu"), (&cpu, "cpu")] {
+        reconcile_ic(&ctx, ic).await;
+        let ds = Api::<DaemonSet>::namespaced(c.clone(), NS).get(&image_cache::daemonset_name(ic)).await.unwrap();
+        let sel = ds.spec.unwrap().template.spec.unwrap().node_selector.unwrap();
+        assert_eq!(sel.get("pool").map(String::as_str), Some(pool), "{ic} pre-pulls on the {pool} nodes");
+    }
 }

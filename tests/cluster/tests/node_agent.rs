@@ -8,7 +8,7 @@ mod common;
 
 use std::{collections::BTreeMap, sync::Arc};
 
-use common::{payload, sha256_hex, Moto};
+use common::{payload, sha256_hex, Mode, Moto, SwitchServer};
 use k8s_openapi::api::core::v1::Node;
 use kube::{
     api::{Api, DeleteParams, PostParams},
@@ -18,7 +18,8 @@ use kube_fake_client::ClientBuilder;
 use tokio::sync::Semaphore;
 use warmpath_agent::{disk::FixedFreeSpace, node::NodeAgent, SyncOptions};
 use warmpath_api::model_cache::{
-    cache_ready_label, parse_reports, phase, report_key, ModelCache, ModelCacheSpec, ModelSource, S3Source, NODE_CACHE_STATES,
+    cache_ready_label, parse_reports, phase, report_key, HttpSource, ModelCache, ModelCacheSpec, ModelSource, S3Source,
+    NODE_CACHE_STATES,
 };
 
 const NS: &str = "ml";
@@ -146,4 +147,145 @@ async fn failures_are_reported_with_their_reason() {
     assert_eq!((big.state.as_str(), big.reason.as_deref()), (phase::FAILED, Some("InsufficientDisk")));
     assert!(big.message.as_deref().unwrap().contains("need 409600 bytes"), "{:?}", big.message);
     assert!(!n.labels().keys().any(|l| l.starts_with("warmpath.dev/cache-ready-")), "no ready label on failure");
+}
+
+fn http_cache(name: &str, url: &str, sha: BTreeMap<String, String>) -> ModelCache {
+    let mut mc = ModelCache::new(
+        name,
+        ModelCacheSpec {
+            source: ModelSource { http: Some(HttpSource { url: url.into() }), ..Default::default() },
+            sha256: sha,
+            ..Default::default()
+        },
+    );
+    mc.metadata.namespace = Some(NS.into());
+    mc
+}
+
+async fn report_of(c: &Client, name: &str) -> warmpath_api::model_cache::NodeCacheReport {
+    parse_reports(node(c).await.annotations().get(NODE_CACHE_STATES)).remove(&report_key(NS, name)).expect("a report")
+}
+
+/// Files the agent did not create are never deleted and never make a pass fail; a root holding them
+/// is refused with a clear reason until the operator allows it.
+#[tokio::test]
+async fn never_deletes_what_it_did_not_create() {
+    let served = tempfile::tempdir().unwrap();
+    let w = payload(200 * 1024, 14);
+    std::fs::write(served.path().join("w.bin"), &w).unwrap();
+    let server = SwitchServer::start(served.path()).await;
+    let c = client().await;
+    let caches: Api<ModelCache> = Api::namespaced(c.clone(), NS);
+    let url = format!("{}/w.bin", server.base);
+    caches.create(&PostParams::default(), &http_cache("llama", &url, BTreeMap::from([("w.bin".into(), sha256_hex(&w))]))).await.unwrap();
+
+    let root = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(root.path().join("team.checkpoints")).unwrap();
+    std::fs::write(root.path().join("team.checkpoints/step-1000.pt"), b"someone's checkpoint").unwrap();
+    std::fs::write(root.path().join("README.txt"), b"do not delete").unwrap();
+    let survivors = || {
+        assert_eq!(std::fs::read(root.path().join("team.checkpoints/step-1000.pt")).unwrap(), b"someone's checkpoint");
+        assert_eq!(std::fs::read(root.path().join("README.txt")).unwrap(), b"do not delete");
+    };
+
+    // Not empty and not ours: refused, with the reason on the node, nothing touched or downloaded.
+    let a = agent(&c, root.path(), None);
+    let err = a.reconcile_once().await.unwrap_err();
+    assert_eq!(err.reason(), "ForeignFiles", "{err}");
+    let r = report_of(&c, "llama").await;
+    assert_eq!((r.state.as_str(), r.reason.as_deref()), (phase::FAILED, Some("ForeignFiles")));
+    assert!(r.message.unwrap().contains("README.txt"));
+    assert_eq!(server.requests(), 0);
+    survivors();
+
+    // Allowed explicitly: syncs beside the foreign files, passes keep succeeding, removal spares them.
+    let a = agent(&c, root.path(), None).with_allow_foreign_files(true);
+    a.reconcile_once().await.unwrap();
+    a.wait_idle().await;
+    assert_eq!(report_of(&c, "llama").await.state, phase::READY);
+    std::fs::write(root.path().join("notes.later"), b"added after").unwrap();
+    std::fs::write(root.path().join("ml.llama/mine.txt"), b"dropped into the cache").unwrap();
+    a.reconcile_once().await.unwrap();
+    survivors();
+    caches.delete("llama", &DeleteParams::default()).await.unwrap();
+    a.reconcile_once().await.unwrap();
+    survivors();
+    assert!(root.path().join("notes.later").exists());
+    assert!(!root.path().join("ml.llama/current").exists(), "the cache itself is removed");
+    assert!(root.path().join("ml.llama/mine.txt").exists(), "a foreign file inside the cache directory survives");
+
+    // A later agent (restart) needs no flag: the root carries the agent's marker now.
+    agent(&c, root.path(), None).reconcile_once().await.unwrap();
+    survivors();
+}
+
+/// A checksum mismatch is retried with exponential back-off, not on every pass; a non-hex checksum is
+/// refused before anything is fetched.
+#[tokio::test]
+async fn checksum_mismatch_backs_off_exponentially() {
+    let served = tempfile::tempdir().unwrap();
+    std::fs::write(served.path().join("w.bin"), payload(128 * 1024, 15)).unwrap();
+    let server = SwitchServer::start(served.path()).await;
+    let c = client().await;
+    let caches: Api<ModelCache> = Api::namespaced(c.clone(), NS);
+    let url = format!("{}/w.bin", server.base);
+    caches.create(&PostParams::default(), &http_cache("bad", &url, BTreeMap::from([("w.bin".into(), "00".repeat(32))]))).await.unwrap();
+    let root = tempfile::tempdir().unwrap();
+    let a = agent(&c, root.path(), None).with_retry_backoff(std::time::Duration::from_secs(2), std::time::Duration::from_secs(60));
+    let pass = || async {
+        a.reconcile_once().await.unwrap();
+        a.wait_idle().await;
+        server.requests()
+    };
+    let first = pass().await;
+    assert!(first > 0);
+    let r = report_of(&c, "bad").await;
+    assert_eq!(r.reason.as_deref(), Some("ChecksumMismatch"));
+    assert!(r.message.unwrap().contains("next attempt in 2s"));
+    assert_eq!(pass().await, first, "no new download within the back-off");
+    tokio::time::sleep(std::time::Duration::from_millis(2200)).await;
+    let second = pass().await;
+    assert!(second > first, "retried after the back-off");
+    assert!(report_of(&c, "bad").await.message.unwrap().contains("next attempt in 4s"), "doubled");
+    assert_eq!(pass().await, second);
+    tokio::time::sleep(std::time::Duration::from_millis(2200)).await;
+    assert_eq!(pass().await, second, "still waiting: the second wait is 4 s");
+
+    // A checksum that is not 64 hex characters: refused before any request reaches the source.
+    let mut bad = http_cache("nothex", &url, BTreeMap::from([("w.bin".into(), "not-a-checksum".into())]));
+    bad.metadata.name = Some("nothex".into());
+    caches.create(&PostParams::default(), &bad).await.unwrap();
+    let before = server.requests();
+    pass().await;
+    let r = report_of(&c, "nothex").await;
+    assert_eq!((r.state.as_str(), r.reason.as_deref()), (phase::FAILED, Some("InvalidSource")));
+    assert_eq!(server.requests(), before, "nothing fetched for an invalid checksum");
+}
+
+/// The node agent checks the source out of the pods' start path; when that check fails while a verified
+/// copy of the same request is current (the object was deleted upstream here), the node stays Ready.
+#[tokio::test]
+async fn source_gone_keeps_a_warm_node_ready() {
+    let served = tempfile::tempdir().unwrap();
+    let w = payload(100 * 1024, 16);
+    std::fs::write(served.path().join("w.bin"), &w).unwrap();
+    let server = SwitchServer::start(served.path()).await;
+    let c = client().await;
+    let caches: Api<ModelCache> = Api::namespaced(c.clone(), NS);
+    let url = format!("{}/w.bin", server.base);
+    caches.create(&PostParams::default(), &http_cache("m", &url, BTreeMap::from([("w.bin".into(), sha256_hex(&w))]))).await.unwrap();
+    let root = tempfile::tempdir().unwrap();
+    let a = agent(&c, root.path(), None);
+    a.reconcile_once().await.unwrap();
+    a.wait_idle().await;
+    assert_eq!(report_of(&c, "m").await.state, phase::READY);
+    // Agent restart during the outage: it re-checks the source, which now answers 404.
+    server.set(Mode::Gone);
+    let a = agent(&c, root.path(), None);
+    a.reconcile_once().await.unwrap();
+    a.wait_idle().await;
+    let r = report_of(&c, "m").await;
+    assert_eq!((r.state.as_str(), r.reason.as_deref()), (phase::READY, Some("SourceUnavailable")), "{r:?}");
+    assert_eq!(node(&c).await.labels().get(&cache_ready_label(NS, "m")).map(String::as_str), Some("true"));
+    assert_eq!(std::fs::read(root.path().join("ml.m/current/w.bin")).unwrap(), w);
 }

@@ -122,6 +122,11 @@ async fn envoy_gateway_create_switch_restart_delete() {
     assert_eq!((owner_refs[0].kind.as_str(), owner_refs[0].name.as_str()), ("InferenceRoutingPolicy", "chat-routing"));
     assert_eq!(btp.data["spec"]["loadBalancer"]["endpointOverride"]["extractFrom"][0]["header"], "x-gateway-destination-endpoint");
 
+    // Programmed only once Envoy Gateway reports it (status read back), then True.
+    let p = get_policy(&client, "chat-routing").await;
+    assert_eq!(condition(&p, conditions::PROGRAMMED).reason, "AwaitingGatewayStatus");
+    fixtures::eg_reports_programmed(&client, (GW_NS, "inference-gw")).await;
+    reconcile_policy(&client, &ctx, "chat-routing").await;
     let p = get_policy(&client, "chat-routing").await;
     assert!(p.finalizers().contains(&routing_policy::FINALIZER.to_string()));
     assert_eq!(condition(&p, conditions::ACCEPTED).status, "True");
@@ -405,4 +410,40 @@ async fn one_policy_on_several_routes_of_one_gateway() {
             assert_eq!(owned, vec![s("EnvoyFilter", GW_NS, "warmpath-policy-llm-multi")], "one filter instance for the policy");
         }
     }
+}
+
+/// An explicit provider is still checked against the GatewayClass: an Istio gateway with the
+/// controller set to envoy-gateway is refused with a condition saying why, and nothing is written;
+/// a controllerName warmpath does not know is accepted when the provider is explicit.
+#[tokio::test]
+async fn explicit_provider_is_checked_against_the_gateway_class() {
+    use warmpath_controller::render::Provider;
+    let with_provider = |client: &kube::Client, p: Provider| {
+        let mut cfg = (*fixtures::context(client.clone()).config).clone();
+        cfg.provider = Some(p);
+        Context::new(client.clone(), cfg)
+    };
+    let (client, _) = setup(ISTIO_CONTROLLER, json!({})).await;
+    let ctx = with_provider(&client, Provider::EnvoyGateway);
+    let _: InferenceRoutingPolicy = create(&client, NS, policy(NS, "chat-routing", "chat", json!({}))).await;
+    reconcile_policy(&client, &ctx, "chat-routing").await;
+    let p = get_policy(&client, "chat-routing").await;
+    let c = condition(&p, conditions::ACCEPTED);
+    assert_eq!((c.status.as_str(), c.reason.as_str()), ("False", "UnsupportedProvider"), "{c:?}");
+    assert!(c.message.contains("Istio") && c.message.contains("EnvoyGateway") && c.message.contains("provider"), "{}", c.message);
+    assert_eq!(condition(&p, conditions::PROGRAMMED).status, "False");
+    assert!(owned_objects(&client).await.is_empty(), "no Envoy Gateway objects for an Istio gateway");
+
+    // Same provider as the class: programmed as before.
+    let ctx = with_provider(&client, Provider::Istio);
+    reconcile_policy(&client, &ctx, "chat-routing").await;
+    assert_eq!(condition(&*get_policy(&client, "chat-routing").await, conditions::PROGRAMMED).status, "True");
+
+    // A controllerName warmpath does not know: refused in auto mode, accepted with an explicit provider.
+    let (client, auto) = setup("example.com/custom-envoy-gateway", json!({})).await;
+    let _: InferenceRoutingPolicy = create(&client, NS, policy(NS, "chat-routing", "chat", json!({}))).await;
+    reconcile_policy(&client, &auto, "chat-routing").await;
+    assert_eq!(condition(&*get_policy(&client, "chat-routing").await, conditions::ACCEPTED).reason, "UnsupportedProvider");
+    reconcile_policy(&client, &with_provider(&client, Provider::EnvoyGateway), "chat-routing").await;
+    assert_eq!(condition(&*get_policy(&client, "chat-routing").await, conditions::ACCEPTED).status, "True");
 }

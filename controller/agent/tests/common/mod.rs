@@ -122,3 +122,85 @@ pub fn sha256_hex(b: &[u8]) -> String {
     use sha2::Digest;
     hex::encode(sha2::Sha256::digest(b))
 }
+
+/// How a [`SwitchServer`] answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Mode {
+    /// Serve the directory (Range, ETag, HEAD).
+    Serve = 0,
+    /// 429 Too Many Requests to everything (S3 / Hub throttling).
+    Throttle = 1,
+    /// Accept the request and never answer (a black-holed route).
+    BlackHole = 2,
+    /// 404 to everything (object deleted upstream).
+    Gone = 3,
+}
+
+/// A Range-capable file server whose behaviour can be switched while it runs, counting every request it
+/// receives; [`SwitchServer::stop`] closes the port (source down).
+pub struct SwitchServer {
+    /// `http://127.0.0.1:PORT`.
+    pub base: String,
+    mode: std::sync::Arc<std::sync::atomic::AtomicU8>,
+    requests: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl SwitchServer {
+    pub async fn start(dir: &Path) -> SwitchServer {
+        use std::sync::{atomic::Ordering, Arc};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let mode = Arc::new(std::sync::atomic::AtomicU8::new(Mode::Serve as u8));
+        let requests = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (m, n) = (mode.clone(), requests.clone());
+        let app = axum::Router::new().fallback_service(tower_http::services::ServeDir::new(dir)).layer(axum::middleware::from_fn(
+            move |req: axum::extract::Request, next: axum::middleware::Next| {
+                let (m, n) = (m.clone(), n.clone());
+                async move {
+                    use axum::response::IntoResponse;
+                    n.fetch_add(1, Ordering::SeqCst);
+                    match m.load(Ordering::SeqCst) {
+                        1 => (http::StatusCode::TOO_MANY_REQUESTS, [("retry-after", "1")], "slow down").into_response(),
+                        2 => {
+                            tokio::time::sleep(Duration::from_secs(3600)).await;
+                            http::StatusCode::GATEWAY_TIMEOUT.into_response()
+                        }
+                        3 => http::StatusCode::NOT_FOUND.into_response(),
+                        _ => next.run(req).await,
+                    }
+                }
+            },
+        ));
+        let task = tokio::spawn(async move {
+            axum::serve(listener, app).await.unwrap();
+        });
+        SwitchServer { base, mode, requests, task: Some(task) }
+    }
+
+    pub fn set(&self, mode: Mode) {
+        self.mode.store(mode as u8, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Requests received so far (any mode).
+    pub fn requests(&self) -> usize {
+        self.requests.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Closes the listening socket: connections are refused from now on.
+    pub async fn stop(&mut self) {
+        if let Some(t) = self.task.take() {
+            t.abort();
+            let _ = t.await;
+        }
+    }
+}
+
+impl Drop for SwitchServer {
+    fn drop(&mut self) {
+        if let Some(t) = &self.task {
+            t.abort();
+        }
+    }
+}

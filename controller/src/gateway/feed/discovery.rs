@@ -2,7 +2,7 @@
 //! the pods an InferencePool (`inference.networking.k8s.io/v1`) selects.
 
 use k8s_openapi::api::core::v1::{Pod, Service};
-use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::discovery::v1::{EndpointConditions, EndpointSlice};
 use kube::api::{Api, ListParams};
 use kube::core::DynamicObject;
 use kube::Client;
@@ -22,9 +22,19 @@ fn join(ip: &str, port: i32) -> String {
     }
 }
 
-/// Ready endpoints of a Service port, from its EndpointSlices. The Service port is matched to the
-/// slice port by name (how the EndpointSlice controller names them); endpoints whose `ready`
-/// condition is false are skipped (unset counts as ready, per the EndpointSlice API).
+/// Whether an EndpointSlice endpoint should get new requests: `ready` and `serving` not false and
+/// `terminating` not true (unset conditions count as ready/serving and not terminating, per the
+/// EndpointSlice API). A terminating endpoint that still serves is being drained: it leaves the feed,
+/// so the filter sends it nothing new, while the gateway's cluster (its own EDS) keeps it until it
+/// goes, so its in-flight requests finish.
+pub fn takes_new_requests(conditions: Option<&EndpointConditions>) -> bool {
+    let c = conditions.cloned().unwrap_or_default();
+    c.ready != Some(false) && c.serving != Some(false) && c.terminating != Some(true)
+}
+
+/// Endpoints of a Service port that take new requests ([`takes_new_requests`]), from its
+/// EndpointSlices. The Service port is matched to the slice port by name (how the EndpointSlice
+/// controller names them).
 pub fn service_targets(service: &Service, port: u16, slices: &[EndpointSlice], load: &LoadSource) -> Result<Vec<Target>, String> {
     let svc_port = service
         .spec
@@ -44,7 +54,7 @@ pub fn service_targets(service: &Service, port: u16, slices: &[EndpointSlice], l
             continue;
         };
         for ep in slice.endpoints.iter().flatten() {
-            if ep.conditions.as_ref().and_then(|c| c.ready) == Some(false) {
+            if !takes_new_requests(ep.conditions.as_ref()) {
                 continue;
             }
             if let Some(ip) = ep.addresses.first() {
@@ -58,7 +68,7 @@ pub fn service_targets(service: &Service, port: u16, slices: &[EndpointSlice], l
     Ok(out)
 }
 
-/// Ready pods of an InferencePool (v1 fields `selector.matchLabels`, `targetPorts[0].number`).
+/// Ready pods of an InferencePool that are not being deleted (v1 fields `selector.matchLabels`, `targetPorts[0].number`).
 pub fn pool_targets(pool: &DynamicObject, pods: &[Pod], load: &LoadSource) -> Result<Vec<Target>, String> {
     let port = pool.data["spec"]["targetPorts"][0]["number"]
         .as_i64()
@@ -66,9 +76,11 @@ pub fn pool_targets(pool: &DynamicObject, pods: &[Pod], load: &LoadSource) -> Re
     let mut out = vec![];
     for pod in pods {
         let status = pod.status.as_ref();
-        let ready = status
-            .and_then(|s| s.conditions.as_ref())
-            .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+        // A pod being deleted is draining: no new requests, even while it still reports Ready.
+        let ready = pod.metadata.deletion_timestamp.is_none()
+            && status
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
         if let (true, Some(ip)) = (ready, status.and_then(|s| s.pod_ip.as_ref())) {
             let metrics_port = load.metrics_port.map(|p| p as i32).unwrap_or(port);
             out.push(Target { address: join(ip, port), metrics_address: join(ip, metrics_port) });
@@ -122,5 +134,54 @@ pub async fn targets(client: &Client, backend: &ResolvedBackend, load: &LoadSour
                 .map_err(|e| e.to_string())?;
             pool_targets(&pool, &pods.items, load)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::core::v1::{ServicePort, ServiceSpec};
+    use k8s_openapi::api::discovery::v1::{Endpoint, EndpointPort};
+
+    use super::*;
+
+    fn conditions(ready: Option<bool>, serving: Option<bool>, terminating: Option<bool>) -> EndpointConditions {
+        EndpointConditions { ready, serving, terminating }
+    }
+
+    #[test]
+    fn terminating_or_not_serving_endpoints_take_no_new_requests() {
+        assert!(takes_new_requests(None), "no conditions: ready");
+        assert!(takes_new_requests(Some(&conditions(Some(true), Some(true), Some(false)))));
+        assert!(takes_new_requests(Some(&conditions(None, None, None))));
+        assert!(!takes_new_requests(Some(&conditions(Some(false), Some(true), Some(true)))), "draining");
+        assert!(!takes_new_requests(Some(&conditions(None, Some(true), Some(true)))), "terminating, ready unset");
+        assert!(!takes_new_requests(Some(&conditions(None, Some(false), None))), "not serving");
+        assert!(!takes_new_requests(Some(&conditions(Some(false), None, None))));
+    }
+
+    #[test]
+    fn the_feed_keeps_only_endpoints_that_take_new_requests() {
+        let service = Service {
+            spec: Some(ServiceSpec {
+                ports: Some(vec![ServicePort { name: Some("http".into()), port: 80, ..Default::default() }]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let ep = |ip: &str, c: EndpointConditions| Endpoint { addresses: vec![ip.into()], conditions: Some(c), ..Default::default() };
+        let slice = EndpointSlice {
+            address_type: "IPv4".into(),
+            endpoints: Some(vec![
+                ep("10.0.0.1", conditions(Some(true), Some(true), Some(false))),
+                ep("10.0.0.2", conditions(Some(false), Some(true), Some(true))),
+                ep("10.0.0.3", conditions(None, Some(true), Some(true))),
+                ep("10.0.0.4", conditions(None, None, None)),
+            ]),
+            ports: Some(vec![EndpointPort { name: Some("http".into()), port: Some(8000), ..Default::default() }]),
+            metadata: Default::default(),
+        };
+        let load = LoadSource::default();
+        let got: Vec<String> = service_targets(&service, 80, &[slice], &load).unwrap().into_iter().map(|t| t.address).collect();
+        assert_eq!(got, ["10.0.0.1:8000", "10.0.0.4:8000"]);
     }
 }

@@ -78,12 +78,14 @@ async fn default_config_also_strips_in_envoy() {
     assert_eq!(rig.envoy.stats().await.expect("stats").filter("spoofed_header_removed"), 0);
 }
 
-/// The threat the filter closes: without it, Envoy's override_host policy obeys a client-sent header.
+/// The threat the filter and the native strip close: without either, Envoy's override_host policy obeys a
+/// client-sent header.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_the_filter_a_client_header_would_choose() {
     let upstreams = warmpath_harness::Upstream::start_many(3).await.expect("upstreams");
     let addrs: Vec<_> = upstreams.iter().map(|u| u.addr()).collect();
-    let cfg = warmpath_harness::EnvoyConfig::new(addrs.clone(), "{}");
+    let mut cfg = warmpath_harness::EnvoyConfig::new(addrs.clone(), "{}");
+    cfg.strip_in_envoy = false;
     let envoy = warmpath_harness::EnvoyProcess::start(cfg, crate::common::CONCURRENCY).await.expect("envoy");
     let client = reqwest::Client::new();
     let target = addrs[2].to_string();

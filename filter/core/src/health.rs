@@ -1,0 +1,141 @@
+//! Passive failure learning: which endpoints are down, from what happened to the requests the filter placed.
+//!
+//! An endpoint whose request failed before any response byte (connect failure, reset, a 5xx answer, or Envoy
+//! retrying the request elsewhere) is down for a back-off period that doubles with each consecutive failure, from
+//! [`BACKOFF_BASE_MS`] up to [`BACKOFF_MAX_MS`]. A success clears it at once; when the period expires it is a
+//! candidate again (the next request there is the probe: a failure doubles the period, a success clears it).
+//!
+//! Down endpoints are not candidates for any policy: [`avoid_down`] moves a pick that landed on a down endpoint to
+//! the least-loaded endpoint that is up. When every endpoint is down the pick stands — a request is never dropped
+//! for want of a healthy endpoint (Envoy's retries and outlier detection still act on it).
+//!
+//! Pure state: time comes in as an argument (ms since the epoch), nothing here reads a clock. The filter keeps one
+//! [`Health`] per endpoint in shared data (see the shell), so every Envoy worker sees the same state.
+
+use crate::endpoint::EndpointLoad;
+
+/// First back-off period, in ms: long enough that a dead endpoint gets at most a handful of probe requests per
+/// second under load, short enough that a restarted model server gets traffic back within about a second.
+pub const BACKOFF_BASE_MS: u64 = 1_000;
+/// Longest back-off period, in ms: a model server that stays down is probed twice a minute (the same order as
+/// Envoy's outlier-detection base ejection time, 30 s).
+pub const BACKOFF_MAX_MS: u64 = 30_000;
+
+/// The failure state of one endpoint.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Health {
+    /// Consecutive failures since the last success.
+    pub failures: u32,
+    /// End of the current back-off period (ms since the epoch); the endpoint is down before it.
+    pub down_until_ms: u64,
+}
+
+impl Health {
+    /// The back-off period after `failures` consecutive failures (0 for none): base × 2^(failures−1), capped.
+    pub fn backoff_ms(failures: u32) -> u64 {
+        if failures == 0 {
+            return 0;
+        }
+        let doublings = (failures - 1).min(32);
+        BACKOFF_BASE_MS.saturating_mul(1u64 << doublings).min(BACKOFF_MAX_MS)
+    }
+
+    /// A request placed on this endpoint failed at `now_ms`: down for the next (doubled) back-off period.
+    ///
+    /// A failure reported while the endpoint is already down (a request placed before it went down, ending now)
+    /// keeps the current period: one outage is one step of back-off, however many requests were in flight.
+    pub fn failed(&mut self, now_ms: u64) {
+        if self.is_down(now_ms) {
+            return;
+        }
+        self.failures = self.failures.saturating_add(1);
+        self.down_until_ms = now_ms.saturating_add(Self::backoff_ms(self.failures));
+    }
+
+    /// A request placed on this endpoint succeeded: up, back-off reset.
+    pub fn succeeded(&mut self) {
+        *self = Health::default();
+    }
+
+    /// True while the back-off period runs.
+    pub fn is_down(&self, now_ms: u64) -> bool {
+        now_ms < self.down_until_ms
+    }
+
+    /// True when there is nothing to remember (never failed, or cleared by a success).
+    pub fn is_clear(&self) -> bool {
+        *self == Health::default()
+    }
+}
+
+/// The endpoint to use instead of `picked` when it is down: the up endpoint with the fewest outstanding requests
+/// (ties: lowest index). `None` when `picked` is up, or when no endpoint is up (the pick stands: never drop).
+///
+/// `down[i]` tells whether endpoint `i` is down; `loads` are the loads the pick was made with.
+pub fn avoid_down(picked: usize, down: &[bool], loads: &[EndpointLoad]) -> Option<usize> {
+    if !down.get(picked).copied().unwrap_or(false) {
+        return None;
+    }
+    (0..down.len()).filter(|&i| !down[i]).min_by_key(|&i| (loads.get(i).map(EndpointLoad::effective).unwrap_or(0), i))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_from_the_base_and_is_capped() {
+        assert_eq!(Health::backoff_ms(0), 0);
+        assert_eq!(Health::backoff_ms(1), BACKOFF_BASE_MS);
+        assert_eq!(Health::backoff_ms(2), 2 * BACKOFF_BASE_MS);
+        assert_eq!(Health::backoff_ms(3), 4 * BACKOFF_BASE_MS);
+        assert_eq!(Health::backoff_ms(6), BACKOFF_MAX_MS);
+        assert_eq!(Health::backoff_ms(u32::MAX), BACKOFF_MAX_MS);
+    }
+
+    #[test]
+    fn a_failure_takes_the_endpoint_down_until_the_backoff_expires() {
+        let mut h = Health::default();
+        assert!(!h.is_down(0));
+        h.failed(10_000);
+        assert!(h.is_down(10_000));
+        assert!(h.is_down(10_000 + BACKOFF_BASE_MS - 1));
+        assert!(!h.is_down(10_000 + BACKOFF_BASE_MS), "back after the first period");
+        assert_eq!(h.failures, 1, "still remembered: the next failure doubles");
+    }
+
+    #[test]
+    fn failures_during_the_period_count_once_and_a_failed_probe_doubles() {
+        let mut h = Health::default();
+        h.failed(0);
+        // Twenty requests in flight on the dead endpoint end during the period: one step only.
+        for t in 1..=20 {
+            h.failed(t);
+        }
+        assert_eq!((h.failures, h.down_until_ms), (1, BACKOFF_BASE_MS));
+        // The probe after the period fails: twice as long.
+        h.failed(BACKOFF_BASE_MS);
+        assert_eq!((h.failures, h.down_until_ms), (2, 3 * BACKOFF_BASE_MS));
+    }
+
+    #[test]
+    fn a_success_clears_everything() {
+        let mut h = Health::default();
+        h.failed(0);
+        h.failed(BACKOFF_BASE_MS);
+        h.succeeded();
+        assert!(h.is_clear() && !h.is_down(BACKOFF_BASE_MS));
+        h.failed(5 * BACKOFF_BASE_MS);
+        assert_eq!(h.down_until_ms, 6 * BACKOFF_BASE_MS, "back to the base period");
+    }
+
+    #[test]
+    fn a_pick_on_a_down_endpoint_moves_to_the_least_loaded_up_endpoint() {
+        let loads = [EndpointLoad::in_flight(0), EndpointLoad::in_flight(5), EndpointLoad::in_flight(2)];
+        assert_eq!(avoid_down(0, &[true, false, false], &loads), Some(2));
+        assert_eq!(avoid_down(1, &[true, false, false], &loads), None, "an up pick stands");
+        assert_eq!(avoid_down(0, &[true, true, true], &loads), None, "all down: never drop, the pick stands");
+        let equal = [EndpointLoad::in_flight(1); 3];
+        assert_eq!(avoid_down(1, &[false, true, false], &equal), Some(0), "ties: lowest index");
+    }
+}

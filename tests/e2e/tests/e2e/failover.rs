@@ -1,0 +1,207 @@
+//! A dead endpoint stops getting traffic. Three upstreams under a bounded load (20 concurrent clients, time- and
+//! count-capped); one is killed mid-load (listener closed, open connections dropped) and restarted later. The
+//! filter learns from the failed requests it placed (passive failure learning, shared across Envoy's workers) and
+//! keeps its picks away from the dead endpoint for a back-off period; the rendered retry policy serves the
+//! requests that reached it before the filter knew. A drained endpoint (it leaves the feed) finishes what it has
+//! and gets nothing new.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use warmpath_core::feed::{FeedEndpoint, FeedSnapshot};
+use warmpath_core::health::BACKOFF_BASE_MS;
+use warmpath_harness::{filter_wasm, EnvoyConfig, EnvoyProcess, FeedCluster, FeedServer, Upstream};
+
+use crate::common::{prompt, Rig, CONCURRENCY};
+
+/// Concurrent clients.
+const CLIENTS: usize = 20;
+/// Hard cap on requests per load run.
+const MAX_REQUESTS: usize = 20_000;
+/// Distinct shared prefixes in the load.
+const PREFIXES: usize = 30;
+/// Upstream answer delay: keeps requests in flight on every upstream.
+const UPSTREAM_DELAY: Duration = Duration::from_millis(20);
+
+/// One finished request of the load.
+#[derive(Debug, Clone)]
+struct Done {
+    started: Instant,
+    ok: bool,
+    /// Status or transport error of a failed request, for the report.
+    what: String,
+}
+
+/// A bounded load: [`CLIENTS`] clients send chat requests over [`PREFIXES`] prefixes until `stop` is set or
+/// [`MAX_REQUESTS`] were sent.
+struct Load {
+    stop: Arc<AtomicBool>,
+    done: Arc<Mutex<Vec<Done>>>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Load {
+    fn start(url: String) -> Load {
+        let stop = Arc::new(AtomicBool::new(false));
+        let done = Arc::new(Mutex::new(Vec::new()));
+        let sent = Arc::new(AtomicUsize::new(0));
+        let client = reqwest::Client::builder().timeout(Duration::from_secs(10)).build().expect("client");
+        let prompts: Arc<Vec<String>> = Arc::new((0..PREFIXES).map(|p| prompt(&format!("failover {p}"), 1500)).collect());
+        let tasks = (0..CLIENTS)
+            .map(|_| {
+                let (stop, done, sent, client, url, prompts) =
+                    (stop.clone(), done.clone(), sent.clone(), client.clone(), url.clone(), prompts.clone());
+                tokio::spawn(async move {
+                    while !stop.load(Ordering::SeqCst) {
+                        let i = sent.fetch_add(1, Ordering::SeqCst);
+                        if i >= MAX_REQUESTS {
+                            return;
+                        }
+                        let body = json!({"model": "m", "messages": [
+                            {"role": "system", "content": prompts[i % PREFIXES]}, {"role": "user", "content": format!("q {i}")}]});
+                        let started = Instant::now();
+                        let (ok, what) = match client.post(format!("{url}/v1/chat/completions")).body(body.to_string()).send().await {
+                            Ok(r) => {
+                                let status = r.status();
+                                let flags = r.headers().get("x-envoy-response-flags").and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
+                                match r.text().await {
+                                    Ok(t) if status == 200 => (true, String::new()),
+                                    Ok(t) => (false, format!("{status} {flags} {t}")),
+                                    Err(e) => (false, format!("{status} body: {e}")),
+                                }
+                            }
+                            Err(e) => (false, e.to_string()),
+                        };
+                        if let Ok(mut d) = done.lock() {
+                            d.push(Done { started, ok, what });
+                        }
+                    }
+                })
+            })
+            .collect();
+        Load { stop, done, tasks }
+    }
+
+    fn completed(&self) -> usize {
+        self.done.lock().map(|d| d.len()).unwrap_or(0)
+    }
+
+    async fn finish(self) -> Vec<Done> {
+        self.stop.store(true, Ordering::SeqCst);
+        for t in self.tasks {
+            let _ = t.await;
+        }
+        self.done.lock().map(|d| d.clone()).unwrap_or_default()
+    }
+}
+
+/// Waits (at most 20 s) until `n` requests of `load` completed.
+async fn until_completed(load: &Load, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while load.completed() < n && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(load.completed() >= n, "load too slow: {} of {n} requests in 20 s", load.completed());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_endpoint_stops_getting_traffic_and_comes_back_after_restart() {
+    let rig = Rig::start(3, json!({"strategy": "PREFIX_AWARE"})).await;
+    rig.upstreams.iter().for_each(|u| u.set_delay(UPSTREAM_DELAY));
+    let load = Load::start(rig.envoy.url());
+    until_completed(&load, 300).await;
+
+    // Kill the busiest upstream.
+    let victim = (0..3).max_by_key(|&i| rig.upstreams[i].count()).expect("three upstreams");
+    let in_flight_at_kill = rig.upstreams[victim].kill();
+    let killed = Instant::now();
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+
+    // Restart it and watch for its first new request.
+    let before = rig.upstreams[victim].count();
+    rig.upstreams[victim].restart().await.expect("restart on the same address");
+    let restarted = Instant::now();
+    let mut back_after = None;
+    while restarted.elapsed() < Duration::from_secs(6) {
+        if back_after.is_none() && rig.upstreams[victim].count() > before {
+            back_after = Some(restarted.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let done = load.finish().await;
+
+    let failed: Vec<&Done> = done.iter().filter(|d| !d.ok).collect();
+    let late = failed.iter().filter(|d| d.started >= killed + Duration::from_millis(BACKOFF_BASE_MS)).count();
+    let s = rig.envoy.stats().await.expect("stats");
+    let report = format!(
+        "{} requests, {} failed (in flight on the victim at the kill: {in_flight_at_kill}), {late} failed after the first \
+         back-off; victim back after {back_after:?}; picks_avoided_down={} endpoint_failures={}",
+        done.len(),
+        failed.len(),
+        s.filter("picks_avoided_down"),
+        s.filter("endpoint_failures"),
+    );
+    eprintln!("{report}");
+    for (k, v) in s.with_prefix("cluster.model_servers.") {
+        if k.contains("retry") || k.contains("outlier") || k.contains("ejections_active") || k.contains("cx_connect_fail") {
+            eprintln!("{k} = {v}");
+        }
+    }
+    for f in &failed {
+        eprintln!("failed {:?} after the kill: {}", f.started.saturating_duration_since(killed), f.what);
+    }
+    assert!(failed.len() <= in_flight_at_kill, "{report}");
+    assert_eq!(late, 0, "{report}");
+    assert!(s.filter("endpoint_failures") >= 1 && s.filter("picks_avoided_down") >= 1, "the filter did not learn: {report}");
+    // Down for 2.5 s: back-off periods of 1 s then 2 s, so the next probe after the restart comes within 2 s (one
+    // more base period of slack for the shared machine).
+    let bound = Duration::from_millis(3 * BACKOFF_BASE_MS);
+    assert!(back_after.is_some_and(|t| t <= bound), "the restarted endpoint got no traffic within {bound:?}: {report}");
+}
+
+fn snapshot(version: u64, addrs: &[SocketAddr]) -> String {
+    let endpoints = addrs.iter().map(|a| FeedEndpoint { address: a.to_string(), load: None }).collect();
+    serde_json::to_string(&FeedSnapshot { version, endpoints }).expect("json")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drained_endpoint_finishes_its_requests_and_gets_no_new_ones() {
+    const INTERVAL_MS: u64 = 200;
+    let upstreams = Upstream::start_many(3).await.expect("upstreams");
+    let a: Vec<SocketAddr> = upstreams.iter().map(Upstream::addr).collect();
+    let feed = FeedServer::start(snapshot(1, &a)).await.expect("feed");
+    let plugin = json!({
+        "endpoints": [], "strategy": "PREFIX_AWARE",
+        "feed": {"cluster": "warmpath_feed", "path": "/v1/endpoints", "interval_ms": INTERVAL_MS},
+    });
+    let cfg = EnvoyConfig::new(a.clone(), plugin.to_string())
+        .with_wasm(filter_wasm().expect("filter module"))
+        .with_feed(FeedCluster { name: "warmpath_feed".into(), address: feed.addr() });
+    let envoy = EnvoyProcess::start(cfg, CONCURRENCY).await.expect("envoy");
+    upstreams.iter().for_each(|u| u.set_delay(UPSTREAM_DELAY));
+    // Every VM applies the feed on its own tick.
+    tokio::time::sleep(Duration::from_millis(5 * INTERVAL_MS)).await;
+
+    let load = Load::start(envoy.url());
+    until_completed(&load, 300).await;
+    let drained = 2;
+    assert!(upstreams[drained].count() > 0, "the endpoint to drain had traffic");
+    // Drain: the endpoint leaves the feed; Envoy's cluster still has it, its in-flight requests finish.
+    feed.set_snapshot(snapshot(2, &a[..2]));
+    tokio::time::sleep(Duration::from_millis(5 * INTERVAL_MS)).await;
+    let after_drain = upstreams[drained].count();
+    let completed_at_drain = load.completed();
+    until_completed(&load, completed_at_drain + 500).await;
+    let new_on_drained = upstreams[drained].count() - after_drain;
+    // Drained and idle: taking it away now fails nothing either.
+    upstreams[drained].kill();
+    until_completed(&load, completed_at_drain + 800).await;
+    let done = load.finish().await;
+    let failed = done.iter().filter(|d| !d.ok).count();
+    eprintln!("{} requests, {failed} failed, {new_on_drained} new requests on the drained endpoint", done.len());
+    assert_eq!(failed, 0, "requests failed while draining");
+    assert_eq!(new_on_drained, 0, "the drained endpoint still got new requests");
+}

@@ -1,0 +1,44 @@
+//! Picks Envoy cannot honour: an endpoint in the plugin configuration that is not a member of the Envoy cluster is
+//! accepted at configure time (the filter cannot see the cluster), but every pick of it that Envoy sends elsewhere
+//! is counted (`warmpath.picks_not_honoured`, from the upstream address Envoy reports) and logged once.
+
+use std::time::Duration;
+
+use serde_json::json;
+use warmpath_harness::{filter_wasm, free_port, EnvoyConfig, EnvoyProcess, Upstream};
+
+use crate::common::CONCURRENCY;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn picks_of_a_non_member_are_counted_and_logged_once() {
+    let upstreams = Upstream::start_many(2).await.expect("upstreams");
+    let members: Vec<_> = upstreams.iter().map(Upstream::addr).collect();
+    let outsider = format!("127.0.0.1:{}", free_port().expect("port"));
+    let mut endpoints: Vec<String> = members.iter().map(|a| a.to_string()).collect();
+    endpoints.push(outsider.clone());
+    let plugin = json!({"strategy": "RANDOM", "endpoints": endpoints}).to_string();
+    let cfg = EnvoyConfig::new(members.clone(), plugin).with_wasm(filter_wasm().expect("module"));
+    let envoy = EnvoyProcess::start(cfg, CONCURRENCY).await.expect("envoy");
+    let client = reqwest::Client::builder().timeout(Duration::from_secs(10)).build().expect("client");
+    let requests = 60;
+    for i in 0..requests {
+        let r = client.post(format!("{}/v1/completions", envoy.url())).body(format!(r#"{{"prompt":"{i}"}}"#)).send().await.expect("request");
+        assert_eq!(r.status(), 200, "Envoy's fallback serves the request");
+    }
+    // Counters reach Envoy on the tick.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let mut s = envoy.stats().await.expect("stats");
+    while s.sum_prefix("wasmcustom.warmpath.decisions.") < requests && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        s = envoy.stats().await.expect("stats");
+    }
+    let served: usize = upstreams.iter().map(Upstream::count).sum();
+    let not_honoured = s.filter("picks_not_honoured");
+    // RANDOM over three endpoints, one of them outside the cluster: about a third of the picks.
+    assert!(not_honoured >= 5 && not_honoured < requests, "picks_not_honoured = {not_honoured} of {requests}");
+    assert_eq!(served as u64, requests, "every request was served by a member");
+    assert_eq!(s.filter("endpoint_failures"), 0, "a pick not honoured is not an endpoint failure");
+    let log = envoy.log();
+    let lines = log.lines().filter(|l| l.contains("did not honour the pick") && l.contains(&outsider)).count();
+    assert!((1..=CONCURRENCY as usize).contains(&lines), "{lines} log lines (once per worker VM at most):\n{log}");
+}

@@ -18,7 +18,8 @@ use warmpath_core::{extract_key, EndpointLoad, PickInput, Reason, RequestKey, St
 use crate::stream::{Mode, RouteOn, Step, Stream};
 use crate::outcome::Outcome;
 use crate::root::{now_ms, random_u64, Shared};
-use crate::{feed, health, shared, DEBUG_HEADER, DESTINATION_HEADER, ORIGINAL_DST_HEADER};
+use crate::shared::Counter;
+use crate::{health, shared, DEBUG_HEADER, DESTINATION_HEADER, ORIGINAL_DST_HEADER};
 
 /// Counters of passive failure learning (`health`).
 mod metric {
@@ -77,6 +78,8 @@ pub struct FilterHttp {
     tenant: Option<String>,
     /// Pause/route/slot bookkeeping (`stream`).
     stream: Stream,
+    /// Size of the buffered request body, bytes (0 until it is read).
+    body_len: usize,
     debug: Option<String>,
 }
 
@@ -90,6 +93,7 @@ impl FilterHttp {
             path: String::new(),
             tenant: None,
             stream: Stream::new(),
+            body_len: 0,
             debug: None,
         }
     }
@@ -150,6 +154,7 @@ impl FilterHttp {
             self.route(shared, params, None, Some(cause::BODY_UNAVAILABLE));
             return;
         };
+        self.body_len = body.len();
         match extract_key(&self.path, body, self.tenant.as_deref(), params.prefix_length) {
             Ok(key) => self.route(shared, params, Some(&key), None),
             Err(e) => self.route(shared, params, None, Some(e.as_str())),
@@ -159,14 +164,21 @@ impl FilterHttp {
     /// Picks an endpoint for `key` (`None`: fail open for `cause`), takes an in-flight slot, sets the header.
     fn route(&mut self, shared: &Shared, params: Params, key: Option<&RequestKey>, cause: Option<&str>) {
         let Ok(mut router) = shared.router.try_borrow_mut() else { return };
-        // This gateway's in-flight count (all workers) plus what the feed says the server itself reports.
+        // This gateway's in-flight count and pending prefill work (all workers); the router adds what its feed
+        // says the server itself reports.
         let table = shared::Table::read();
+        let prefix_aware = router.settings().strategy == Strategy::PrefixAware;
+        let pending = prefix_aware.then(|| shared::Table::read_of(Counter::PendingPrefill));
         let loads: Vec<EndpointLoad> = router
             .endpoints()
             .iter()
-            .map(|e| EndpointLoad { in_flight: table.get(&e.address), server: feed::server_load(&e.address) })
+            .map(|e| EndpointLoad {
+                in_flight: table.get(&e.address),
+                pending_prefill: pending.as_ref().map_or(0, |p| p.get(&e.address)),
+                server: None,
+            })
             .collect();
-        let input = PickInput { key, random: random_u64(u64::from(self.context_id)), now_ms: now_ms(), ..PickInput::default() };
+        let input = PickInput { key, random: random_u64(u64::from(self.context_id)), body_len: self.body_len, ..PickInput::default() };
         let strategy = router.settings().strategy;
         let Some(mut decision) = router.route(&input, &loads) else {
             // No endpoints known yet (feed not delivered): leave the header unset so Envoy's fallback policy routes.
@@ -190,6 +202,13 @@ impl FilterHttp {
             Some(_) => self.stream.took_slot(decision.address.clone()),
             None => shared.metrics.count("warmpath.cas_failures", 1),
         }
+        if decision.prefill_bytes > 0 {
+            let bytes = decision.prefill_bytes.min(i32::MAX as u32);
+            match shared::add_to(Counter::PendingPrefill, &decision.address, bytes as i32, pending) {
+                Some(_) => self.stream.took_pending(decision.address.clone(), bytes),
+                None => shared.metrics.count("warmpath.cas_failures", 1),
+            }
+        }
         set_request_header(DESTINATION_HEADER, Some(&decision.address));
         if params.debug_header {
             self.debug = Some(format!("{};{};matched={}", decision.address, decision.reason.as_str(), decision.matched_len));
@@ -198,6 +217,18 @@ impl FilterHttp {
 }
 
 impl Context for FilterHttp {}
+
+impl FilterHttp {
+    /// Gives back this stream's pending prefill work, if the state machine says it is time.
+    fn release_pending(&mut self) {
+        let Some((address, bytes)) = self.stream.take_pending() else { return };
+        if shared::add_to(Counter::PendingPrefill, &address, -(bytes as i32), None).is_none() {
+            if let Some(shared) = &self.shared {
+                shared.metrics.count("warmpath.cas_failures", 1);
+            }
+        }
+    }
+}
 
 impl FilterHttp {
     /// Carries out a step of the stream state machine.
@@ -272,13 +303,16 @@ impl HttpContext for FilterHttp {
     }
 
     fn on_http_response_body(&mut self, body_size: usize, _end_of_stream: bool) -> Action {
-        self.stream.on_response_body(body_size);
+        if self.stream.on_response_body(body_size) {
+            self.release_pending();
+        }
         Action::Continue
     }
 
     fn on_log(&mut self) {
         // Runs once for every stream that ends — finished, reset by either side, or aborted by the client.
         let Some(ended) = self.stream.on_end() else { return };
+        self.release_pending();
         if let Some(address) = ended.slot {
             let outcome = health::learn(&address, now_ms());
             if let Some(shared) = &self.shared {

@@ -35,6 +35,8 @@ pub struct FeedPoller {
     pending: Option<u32>,
     applied_cas: Option<u32>,
     applied_version: Option<u64>,
+    /// True once a failed dispatch (e.g. no such cluster) was logged.
+    dispatch_warned: bool,
 }
 
 impl FeedPoller {
@@ -50,6 +52,7 @@ impl FeedPoller {
             pending: None,
             applied_cas: None,
             applied_version: None,
+            dispatch_warned: false,
         }
     }
 
@@ -67,7 +70,18 @@ impl FeedPoller {
                 metrics.count("warmpath.feed.polls", 1);
                 self.pending = Some(token);
             }
-            Err(_) => metrics.count("warmpath.feed.failures.dispatch", 1),
+            Err(status) => {
+                metrics.count("warmpath.feed.failures.dispatch", 1);
+                // The cluster's existence cannot be checked at configure time; say it once per poller.
+                if !self.dispatch_warned {
+                    self.dispatch_warned = true;
+                    warn!(
+                        "feed: cannot call cluster {:?} ({status:?}): does the Envoy cluster exist? Counted in \
+                         warmpath.feed.failures.dispatch; logged once",
+                        self.settings.cluster
+                    );
+                }
+            }
         }
     }
 

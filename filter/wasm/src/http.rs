@@ -78,6 +78,8 @@ pub struct FilterHttp {
     tenant: Option<String>,
     /// Pause/route/slot bookkeeping (`stream`).
     stream: Stream,
+    /// True when this request is the probe of an endpoint whose back-off expired (`health::place`).
+    probe: bool,
     /// Size of the buffered request body, bytes (0 until it is read).
     body_len: usize,
     debug: Option<String>,
@@ -93,6 +95,7 @@ impl FilterHttp {
             path: String::new(),
             tenant: None,
             stream: Stream::new(),
+            probe: false,
             body_len: 0,
             debug: None,
         }
@@ -187,10 +190,12 @@ impl FilterHttp {
             return;
         };
         // Passive failure learning: a pick on an endpoint in back-off goes to the least-loaded endpoint that is up.
-        if let Some(address) = health::avoid_down(router.endpoints(), &loads, decision.endpoint, now_ms()) {
+        let placement = health::place(router.endpoints(), &loads, decision.endpoint, now_ms());
+        if let Some(address) = placement.instead {
             shared.metrics.count(metric::PICKS_AVOIDED_DOWN, 1);
             decision.address = address;
         }
+        self.probe = placement.probe;
         drop(router);
         if let Some(c) = cause {
             shared.metrics.fail_open(c);
@@ -296,6 +301,13 @@ impl HttpContext for FilterHttp {
             .flatten()
             .and_then(|s| s.parse::<u16>().ok());
         self.stream.on_response_headers(status);
+        if std::mem::take(&mut self.probe) {
+            // This request probes an endpoint whose back-off expired: its answer decides at once, so the requests
+            // waiting out the probe window need not wait for the end of a long (streamed) response.
+            if let Some(address) = self.stream.slot() {
+                health::learn(address, now_ms());
+            }
+        }
         if let Some(d) = self.debug.take() {
             let _ = hostcalls::set_map_value(MapType::HttpResponseHeaders, DEBUG_HEADER, Some(&d));
         }

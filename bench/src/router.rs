@@ -79,15 +79,14 @@ impl ClientRouter {
             self.in_flight
                 .iter()
                 .zip(server.iter())
-                .map(|(f, s)| EndpointLoad { in_flight: f.load(Ordering::Relaxed), server: *s })
+                .map(|(f, s)| EndpointLoad { in_flight: f.load(Ordering::Relaxed), server: *s, ..Default::default() })
                 .collect()
         };
         let n = self.seq.fetch_add(1, Ordering::Relaxed);
         let random = xxhash_rust::xxh3::xxh3_64(&n.to_le_bytes());
-        let input = PickInput { key: key.as_ref(), random, now_ms: n, ..Default::default() };
+        let input = PickInput { key: key.as_ref(), random, body_len: body.len(), ..Default::default() };
         let mut policy = self.policy.lock().unwrap_or_else(|e| e.into_inner());
         let d = policy.pick(&input, &self.endpoints, &loads).expect("endpoints are never empty");
-        policy.on_routed(&input, &self.endpoints, &d);
         drop(policy);
         if d.reason == Reason::Overflow {
             self.overflows.fetch_add(1, Ordering::Relaxed);

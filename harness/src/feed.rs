@@ -1,17 +1,22 @@
-//! A local endpoint/load feed server for the filter's poller: serves whatever snapshot document the test sets, and
+//! A local endpoint/load feed server for the filter's poller: serves whatever snapshot document the test sets (one
+//! per path if asked, for several feeds), and
 //! can be stopped (port closed) and restarted on the same port.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use anyhow::Result;
 use axum::extract::State;
+use axum::http::Uri;
 use axum::response::IntoResponse;
 use tokio::task::JoinHandle;
 
 struct Shared {
     body: Mutex<String>,
+    /// Snapshots served at a given path instead of `body` (several feeds behind one server).
+    by_path: Mutex<HashMap<String, String>>,
     hits: AtomicU64,
 }
 
@@ -27,7 +32,7 @@ impl FeedServer {
     pub async fn start(snapshot_json: String) -> Result<Self> {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
-        let shared = Arc::new(Shared { body: Mutex::new(snapshot_json), hits: AtomicU64::new(0) });
+        let shared = Arc::new(Shared { body: Mutex::new(snapshot_json), by_path: Mutex::new(HashMap::new()), hits: AtomicU64::new(0) });
         let mut s = FeedServer { addr, shared, task: None };
         s.serve(listener);
         Ok(s)
@@ -49,6 +54,13 @@ impl FeedServer {
     pub fn set_snapshot(&self, snapshot_json: String) {
         if let Ok(mut b) = self.shared.body.lock() {
             *b = snapshot_json;
+        }
+    }
+
+    /// Serves `snapshot_json` to GETs of `path` (other paths keep the default snapshot).
+    pub fn set_snapshot_at(&self, path: &str, snapshot_json: String) {
+        if let Ok(mut m) = self.shared.by_path.lock() {
+            m.insert(path.to_string(), snapshot_json);
         }
     }
 
@@ -82,8 +94,9 @@ impl Drop for FeedServer {
     }
 }
 
-async fn answer(State(s): State<Arc<Shared>>) -> impl IntoResponse {
+async fn answer(State(s): State<Arc<Shared>>, uri: Uri) -> impl IntoResponse {
     s.hits.fetch_add(1, Ordering::SeqCst);
-    let body = s.body.lock().map(|b| b.clone()).unwrap_or_default();
+    let at_path = s.by_path.lock().ok().and_then(|m| m.get(uri.path()).cloned());
+    let body = at_path.unwrap_or_else(|| s.body.lock().map(|b| b.clone()).unwrap_or_default());
     ([("content-type", "application/json")], body)
 }

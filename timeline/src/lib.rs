@@ -11,6 +11,12 @@
 //! - A cold node with both caches on has the agent and the pre-pull DaemonSet working in parallel from
 //!   the moment it joins, so it pays `max(pull, fetch)` instead of their sum.
 //! - The fleet time is when the last of `nodes` replicas serves (`nodes - warm_nodes` are cold).
+//! - Scale from zero: cold nodes are nodes that join for the scale-out, so they first wait
+//!   `provision_s` (cluster autoscaler reaction + instance boot + kubelet ready). The controller creates
+//!   the Deployment while no node matches, so the pending pod is what triggers the provisioning.
+//! - Source outage (`source_down`): nothing can be fetched from the object store. A path that needs
+//!   the weights from the source never serves (`f64::INFINITY`, printed `never`); a warm node with the
+//!   weights cache serves from its verified copy without contacting the source.
 //!
 //! Bandwidth contention between a concurrent image pull and weights fetch on one NIC is not modelled;
 //! SageMaker's container-caching post measured it (S3 fetch 168 s alone vs 77 s without a concurrent
@@ -37,6 +43,10 @@ pub struct TimelineInputs {
     pub nodes: u32,
     /// Nodes that already hold the caches.
     pub warm_nodes: u32,
+    /// Seconds until a cold (new) node has joined and can run pods; 0 when the nodes already exist.
+    pub provision_s: f64,
+    /// The object store is unreachable (outage, throttling, no credentials) for the whole scale-out.
+    pub source_down: bool,
 }
 
 /// Which caches are on.
@@ -88,6 +98,9 @@ pub fn validate(i: &TimelineInputs) -> Result<(), String> {
             return Err(format!("{name} must be > 0 (got {v})"));
         }
     }
+    if i.provision_s.is_nan() || i.provision_s < 0.0 {
+        return Err(format!("provision_s must be >= 0 (got {})", i.provision_s));
+    }
     if i.image_gb < 0.0 || i.weights_gb < 0.0 {
         return Err("sizes must be >= 0".into());
     }
@@ -101,6 +114,9 @@ pub fn validate(i: &TimelineInputs) -> Result<(), String> {
 }
 
 fn fetch_s(i: &TimelineInputs, concurrent: u32) -> f64 {
+    if i.source_down {
+        return f64::INFINITY;
+    }
     let per_node = match i.object_store_aggregate_gbps {
         Some(agg) if concurrent > 0 => i.object_store_gbps.min(agg / f64::from(concurrent)),
         _ => i.object_store_gbps,
@@ -127,7 +143,7 @@ pub fn compute(i: &TimelineInputs) -> Result<Vec<Row>, String> {
                 Caches::Both => (true, true),
             };
             let warm = (if image_cached { 0.0 } else { pull }) + (if weights_cached { 0.0 } else { fetch }) + load;
-            let cold_s = if c == Caches::Both { pull.max(fetch) + load } else { pull + fetch + load };
+            let cold_s = i.provision_s + if c == Caches::Both { pull.max(fetch) + load } else { pull + fetch + load };
             let fleet = if cold > 0 { cold_s.max(if i.warm_nodes > 0 { warm } else { 0.0 }) } else { warm };
             let first = if i.warm_nodes > 0 { warm.min(cold_s) } else { cold_s };
             Row { caches: c, warm_node_s: warm, cold_node_s: cold_s, first_s: first, fleet_s: fleet }
@@ -137,7 +153,9 @@ pub fn compute(i: &TimelineInputs) -> Result<Vec<Row>, String> {
 
 /// Formats seconds as `12m 05s` / `41.2 s`.
 pub fn human(s: f64) -> String {
-    if s < 60.0 {
+    if s.is_infinite() {
+        "never".into()
+    } else if s < 60.0 {
         format!("{s:.1} s")
     } else {
         format!("{}m {:02}s", (s / 60.0).floor() as u64, (s % 60.0).round() as u64 % 60)
@@ -147,15 +165,17 @@ pub fn human(s: f64) -> String {
 /// Plain-text table of the rows (speedup: all-replicas time of "no cache" over this row's).
 pub fn render_table(i: &TimelineInputs, rows: &[Row]) -> String {
     let mut out = format!(
-        "inputs: image {} GB @ {} GB/s, weights {} GB @ {} GB/s object store{}, NVMe {} GB/s, {} nodes ({} warm)\n",
+        "inputs: image {} GB @ {} GB/s, weights {} GB @ {} GB/s object store{}{}, NVMe {} GB/s, {} nodes ({} warm){}\n",
         i.image_gb,
         i.registry_gbps,
         i.weights_gb,
         i.object_store_gbps,
         i.object_store_aggregate_gbps.map(|a| format!(" (aggregate cap {a} GB/s)")).unwrap_or_default(),
+        if i.source_down { " DOWN" } else { "" },
         i.nvme_gbps,
         i.nodes,
-        i.warm_nodes
+        i.warm_nodes,
+        if i.provision_s > 0.0 { format!(", cold nodes join after {}", human(i.provision_s)) } else { String::new() }
     );
     out.push_str(&format!(
         "image pull {} | weights fetch {} | weights load from NVMe {}\n",
@@ -176,7 +196,7 @@ pub fn render_table(i: &TimelineInputs, rows: &[Row]) -> String {
             human(r.cold_node_s),
             human(r.first_s),
             human(r.fleet_s),
-            base / r.fleet_s
+            if r.fleet_s.is_finite() { base / r.fleet_s } else { 0.0 }
         ));
     }
     out
@@ -198,6 +218,8 @@ mod tests {
             nvme_gbps: 7.0,
             nodes,
             warm_nodes: warm,
+            provision_s: 0.0,
+            source_down: false,
         }
     }
 
@@ -239,6 +261,35 @@ mod tests {
         i.warm_nodes = 6;
         let r = compute(&i).unwrap();
         assert!((r[2].cold_node_s - (17.7 / 0.053 + 600.0 / 0.12 + 600.0 / 7.0)).abs() < 1e-6);
+    }
+
+    #[test]
+    fn scale_from_zero_adds_the_node_provisioning_to_cold_nodes() {
+        let base = compute(&hyperpod(2, 0)).unwrap();
+        let mut i = hyperpod(2, 0);
+        i.provision_s = 180.0;
+        let r = compute(&i).unwrap();
+        for (a, b) in base.iter().zip(&r) {
+            assert!((b.cold_node_s - a.cold_node_s - 180.0).abs() < 1e-9, "{:?}", b.caches);
+            assert_eq!(b.first_s, b.cold_node_s, "no warm node: the first replica is a cold one");
+        }
+        assert!(render_table(&i, &r).contains("cold nodes join after 3m 00s"));
+    }
+
+    #[test]
+    fn source_outage_leaves_only_warm_weights_caches_serving() {
+        let mut i = hyperpod(4, 2);
+        i.source_down = true;
+        let r = compute(&i).unwrap();
+        for row in &r[..2] {
+            assert!(row.warm_node_s.is_infinite() && row.fleet_s.is_infinite(), "{:?} needs the source", row.caches);
+        }
+        assert!((r[3].warm_node_s - 145.0 / 7.0).abs() < 1e-9, "warm node with both caches serves from NVMe");
+        assert!((r[2].warm_node_s - (17.7 / 0.053 + 145.0 / 7.0)).abs() < 1e-6);
+        assert!(r[3].cold_node_s.is_infinite(), "a cold node cannot fetch");
+        assert_eq!(r[3].first_s, r[3].warm_node_s);
+        let t = render_table(&i, &r);
+        assert!(t.contains("never") && t.contains("DOWN"), "{t}");
     }
 
     #[test]

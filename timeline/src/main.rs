@@ -36,6 +36,12 @@ struct Args {
     /// Nodes already holding the caches.
     #[arg(long)]
     warm_nodes: Option<u32>,
+    /// Seconds until a cold (new) node joins, for a scale-out from zero (cluster autoscaler + boot).
+    #[arg(long)]
+    provision_s: Option<f64>,
+    /// The object store is unreachable for the whole scale-out (outage, throttling, no credentials).
+    #[arg(long)]
+    source_down: bool,
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
@@ -52,6 +58,8 @@ fn main() -> std::process::ExitCode {
         nvme_gbps: 7.0,
         nodes: 4,
         warm_nodes: 0,
+        provision_s: 0.0,
+        source_down: a.source_down,
     };
     match a.preset.as_deref() {
         None | Some("hyperpod") => {}
@@ -64,7 +72,7 @@ fn main() -> std::process::ExitCode {
     macro_rules! set {
         ($($f:ident),*) => { $( if let Some(v) = a.$f { i.$f = v; } )* };
     }
-    set!(image_gb, weights_gb, registry_gbps, object_store_gbps, nvme_gbps, nodes, warm_nodes);
+    set!(image_gb, weights_gb, registry_gbps, object_store_gbps, nvme_gbps, nodes, warm_nodes, provision_s);
     if a.object_store_aggregate_gbps.is_some() {
         i.object_store_aggregate_gbps = a.object_store_aggregate_gbps;
     }

@@ -93,6 +93,15 @@ impl Policy for GieScorers {
     }
 
     fn pick(&mut self, input: &PickInput, endpoints: &[Endpoint], loads: &[EndpointLoad]) -> Option<Decision> {
+        // One call per request: choose, then record the choice in this policy's own index.
+        let d = self.choose(input, endpoints, loads)?;
+        self.record(input, &d);
+        Some(d)
+    }
+}
+
+impl GieScorers {
+    fn choose(&mut self, input: &PickInput, endpoints: &[Endpoint], loads: &[EndpointLoad]) -> Option<Decision> {
         if endpoints.is_empty() {
             return None;
         }
@@ -122,7 +131,7 @@ impl Policy for GieScorers {
         Some(Decision::new(endpoints, i, reason).with_match(matched, matched as usize * self.block_size))
     }
 
-    fn on_routed(&mut self, input: &PickInput, _endpoints: &[Endpoint], decision: &Decision) {
+    fn record(&mut self, input: &PickInput, decision: &Decision) {
         let hashes = self.hashes(input);
         let cap = self.lru_capacity;
         let lru = self.index.entry(decision.address.clone()).or_default();
@@ -151,7 +160,6 @@ mod tests {
         let input = PickInput { key: Some(&key), random: 1, ..Default::default() };
         let idle = vec![EndpointLoad::default(); 3];
         let first = p.pick(&input, &e, &idle).unwrap();
-        p.on_routed(&input, &e, &first);
         let again = p.pick(&PickInput { random: 2, ..input }, &e, &idle).unwrap();
         assert_eq!(again.endpoint, first.endpoint);
         assert_eq!(again.matched_blocks, 10);

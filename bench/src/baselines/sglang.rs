@@ -142,6 +142,15 @@ impl Policy for SgLangCacheAware {
     }
 
     fn pick(&mut self, input: &PickInput, endpoints: &[Endpoint], loads: &[EndpointLoad]) -> Option<Decision> {
+        // One call per request: choose, then record the choice in this policy's own index.
+        let d = self.choose(input, endpoints, loads)?;
+        self.record(input, &d);
+        Some(d)
+    }
+}
+
+impl SgLangCacheAware {
+    fn choose(&mut self, input: &PickInput, endpoints: &[Endpoint], loads: &[EndpointLoad]) -> Option<Decision> {
         if endpoints.is_empty() {
             return None;
         }
@@ -166,7 +175,7 @@ impl Policy for SgLangCacheAware {
         Some(Decision::new(endpoints, i, Reason::ConsistentPick))
     }
 
-    fn on_routed(&mut self, input: &PickInput, _endpoints: &[Endpoint], decision: &Decision) {
+    fn record(&mut self, input: &PickInput, decision: &Decision) {
         if let Some(key) = input.key {
             self.tree.insert(&key.text, &decision.address);
         }
@@ -203,7 +212,6 @@ mod tests {
         let k1 = RequestKey::new(BodyKind::Completion, None, None, b"shared document text one".to_vec());
         let input = PickInput { key: Some(&k1), ..Default::default() };
         let d1 = p.pick(&input, &e, &idle).unwrap();
-        p.on_routed(&input, &e, &d1);
         let k2 = RequestKey::new(BodyKind::Completion, None, None, b"shared document text two".to_vec());
         let in2 = PickInput { key: Some(&k2), random: 5, ..Default::default() };
         let d2 = p.pick(&in2, &e, &idle).unwrap();

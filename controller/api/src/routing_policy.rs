@@ -70,28 +70,6 @@ pub struct InferenceRoutingPolicySpec {
     #[schemars(range(min = CONCURRENCY_THRESHOLD_RANGE.0, max = CONCURRENCY_THRESHOLD_RANGE.1))]
     pub concurrency_threshold: Option<i64>,
 
-    /// Bounded-load factor c: an endpoint is overloaded above c × mean load
-    /// (Mirrokni, Thorup, Zadimoghaddam, SODA 2018); 1.0–10.0, or 0 to turn the bound off.
-    /// Unset: the filter's default (0, off; see BENCHMARKS.md for why).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 0.0, max = 10.0))]
-    #[x_kube(validation = Rule::new("self == 0.0 || self >= 1.0").message("loadFactor must be 0 (off) or between 1.0 and 10.0"))]
-    pub load_factor: Option<f64>,
-
-    /// Cache misses only: how many rendezvous candidates are compared by load (power of d
-    /// choices, Mitzenmacher 2001); 1–16. Unset: the filter's default (1, a load-blind consistent
-    /// pick). 2 with `missLoadMargin` 4 measured −11 % TTFT p50 on a near-saturated low-reuse trace
-    /// and a small loss on multi-turn chat (docs/bench/replay.md), hence opt-in.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1, max = 16))]
-    pub miss_choices: Option<i64>,
-
-    /// With `missChoices` ≥ 2: how many fewer in-flight requests another candidate needs to win
-    /// over the rendezvous top; 1–1024. Unset: the filter's default (1).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1, max = 1024))]
-    pub miss_load_margin: Option<i64>,
-
     /// Request header holding the tenant id that namespaces prefix keys (HTTP header name,
     /// lower case, at most 128 characters). Unset: the filter's default `x-warmpath-prefix-id`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -121,9 +99,6 @@ impl Default for InferenceRoutingPolicySpec {
             prefix_length: None,
             block_size: None,
             concurrency_threshold: None,
-            load_factor: None,
-            miss_choices: None,
-            miss_load_margin: None,
             tenant_header: None,
             failure_mode: FailureMode::FailOpen,
             backend: None,

@@ -69,7 +69,7 @@ async fn reconcile_inner(route: Arc<HttpRoute>, ctx: &Context) -> Result<Action>
         cleanup(&route, ctx).await?;
         finalizers::remove(&api, &*route, FINALIZER).await?;
     }
-    if !deleting {
+    if !deleting && (unknown.is_some() || route_status::has_ours(&route)) {
         // Only misspelled keys (routing stays off), or none left: say so, or clear our entries.
         let now = Time(k8s_openapi::jiff::Timestamp::now());
         route_status::write(ctx, &ns, &route.name_any(), route_status::entries(&route, &[], unknown.as_deref(), route.metadata.generation, &now)).await?;

@@ -65,6 +65,12 @@ pub fn entries(route: &HttpRoute, ancestors: &[PolicyAncestorStatus], unknown_ke
     out
 }
 
+/// True when the route's status holds an entry of warmpath's (so routes warmpath never touched
+/// cost no extra API call).
+pub fn has_ours(route: &HttpRoute) -> bool {
+    route.status.as_ref().is_some_and(|s| s.parents.iter().any(|p| p.controller_name == CONTROLLER_NAME))
+}
+
 /// Replaces warmpath's entries in the route's `status.parents` with `ours` (empty: removes them).
 /// Keeps the `lastTransitionTime` of unchanged conditions, and writes nothing when nothing changed
 /// (the status write itself wakes the route watch; an unchanged status ends that loop).

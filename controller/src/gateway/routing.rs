@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 
 use serde_json::{json, Value};
 use warmpath_core::config::{
-    BLOCK_SIZE_RANGE, CONCURRENCY_THRESHOLD_RANGE, LOAD_FACTOR_RANGE, MISS_CHOICES_RANGE, MISS_LOAD_MARGIN_RANGE,
+    BLOCK_SIZE_RANGE, CONCURRENCY_THRESHOLD_RANGE, 
     PREFIX_LENGTH_RANGE,
 };
 use warmpath_core::{Settings, Strategy};
@@ -40,12 +40,6 @@ pub struct RoutingIntent {
     pub block_size: Option<u64>,
     /// Concurrency threshold in in-flight requests, if set.
     pub concurrency_threshold: Option<u64>,
-    /// Bounded-load factor, if set (0 = off).
-    pub load_factor: Option<f64>,
-    /// Rendezvous candidates compared by load on a cache miss, if set.
-    pub miss_choices: Option<u64>,
-    /// In-flight margin a less loaded miss candidate needs, if set.
-    pub miss_load_margin: Option<u64>,
     /// Tenant-id header name, if set.
     pub tenant_header: Option<String>,
     /// True unless the user asked for `FailClosed`.
@@ -94,15 +88,6 @@ impl RoutingIntent {
             .concurrency_threshold
             .map(|v| check_range("concurrencyThreshold", v, CONCURRENCY_THRESHOLD_RANGE))
             .transpose()?;
-        let miss_choices = spec.miss_choices.map(|v| check_range("missChoices", v, MISS_CHOICES_RANGE)).transpose()?;
-        let miss_load_margin =
-            spec.miss_load_margin.map(|v| check_range("missLoadMargin", v, MISS_LOAD_MARGIN_RANGE)).transpose()?;
-        if let Some(f) = spec.load_factor {
-            let (lo, hi) = LOAD_FACTOR_RANGE;
-            if !(f == 0.0 || (lo..=hi).contains(&f)) {
-                return Err(format!("loadFactor = {f} must be 0 (off) or within {lo}..={hi}"));
-            }
-        }
         if let Some(b) = &spec.backend {
             if b.service.is_some() == b.inference_pool.is_some() {
                 return Err("backend needs exactly one of service or inferencePool".into());
@@ -113,9 +98,6 @@ impl RoutingIntent {
             prefix_length,
             block_size,
             concurrency_threshold,
-            load_factor: spec.load_factor,
-            miss_choices,
-            miss_load_margin,
             tenant_header: spec.tenant_header.clone(),
             fail_open: spec.failure_mode == FailureMode::FailOpen,
             backend: spec.backend.clone(),
@@ -143,9 +125,6 @@ impl RoutingIntent {
                 prefix_length: num(ANNOTATION_PREFIX_LENGTH)?,
                 block_size: None,
                 concurrency_threshold: num(ANNOTATION_CONCURRENCY_THRESHOLD)?,
-                load_factor: None,
-                miss_choices: None,
-                miss_load_margin: None,
                 tenant_header: None,
                 failure_mode: FailureMode::FailOpen,
                 backend: None,
@@ -178,10 +157,7 @@ impl RoutingIntent {
         put("prefix_length", self.prefix_length.map(Value::from));
         put("block_size", self.block_size.map(Value::from));
         put("concurrency_threshold", self.concurrency_threshold.map(Value::from));
-        put("load_factor", self.load_factor.map(Value::from));
         put("tenant_header", self.tenant_header.clone().map(Value::from));
-        put("miss_choices", self.miss_choices.map(Value::from));
-        put("miss_load_margin", self.miss_load_margin.map(Value::from));
         put("upstream_clusters", (!upstream_clusters.is_empty()).then(|| Value::from(upstream_clusters.to_vec())));
         let bytes = serde_json::to_vec(&cfg).map_err(|e| e.to_string())?;
         Settings::from_json(&bytes).map_err(|e| format!("filter rejects the configuration: {e}"))?;
@@ -229,9 +205,6 @@ mod tests {
             prefix_length: None,
             block_size: None,
             concurrency_threshold: None,
-            load_factor: None,
-            miss_choices: None,
-            miss_load_margin: None,
             tenant_header: None,
             failure_mode: FailureMode::FailOpen,
             backend: None,
@@ -254,14 +227,8 @@ mod tests {
         assert!(e.contains("prefixLength = 100") && e.contains("1024..=65536"), "{e}");
         let e = RoutingIntent::from_policy(&InferenceRoutingPolicySpec { concurrency_threshold: Some(0), ..spec("PREFIX_AWARE") }).unwrap_err();
         assert!(e.contains("concurrencyThreshold = 0"), "{e}");
-        let e = RoutingIntent::from_policy(&InferenceRoutingPolicySpec { load_factor: Some(0.5), ..spec("PREFIX_AWARE") }).unwrap_err();
-        assert!(e.contains("loadFactor"), "{e}");
         let e = RoutingIntent::from_policy(&InferenceRoutingPolicySpec { prefix_length: Some(1024), block_size: Some(4096), ..spec("PREFIX_AWARE") }).unwrap_err();
         assert!(e.contains("exceeds"), "{e}");
-        let e = RoutingIntent::from_policy(&InferenceRoutingPolicySpec { miss_choices: Some(17), ..spec("PREFIX_AWARE") }).unwrap_err();
-        assert!(e.contains("missChoices = 17") && e.contains("1..=16"), "{e}");
-        let e = RoutingIntent::from_policy(&InferenceRoutingPolicySpec { miss_load_margin: Some(0), ..spec("PREFIX_AWARE") }).unwrap_err();
-        assert!(e.contains("missLoadMargin = 0"), "{e}");
     }
 
     #[test]
@@ -269,10 +236,7 @@ mod tests {
         let intent = RoutingIntent::from_policy(&InferenceRoutingPolicySpec {
             prefix_length: Some(4096),
             concurrency_threshold: Some(8),
-            load_factor: Some(1.5),
             tenant_header: Some("x-tenant".into()),
-            miss_choices: Some(2),
-            miss_load_margin: Some(4),
             ..spec("PREFIX_AWARE")
         })
         .unwrap();
@@ -280,7 +244,6 @@ mod tests {
         let cfg = intent.plugin_config(&feed, &["outbound|8000||vllm.llm.svc.cluster.local".into()]).unwrap();
         let s = Settings::from_json(cfg.to_string().as_bytes()).unwrap();
         assert_eq!((s.prefix_length, s.concurrency_threshold, s.tenant_header.as_str()), (4096, 8, "x-tenant"));
-        assert_eq!((s.miss_choices, s.miss_load_margin), (2, 4));
         assert!(s.acts_on_cluster(Some("outbound|8000||vllm.llm.svc.cluster.local")) && !s.acts_on_cluster(Some("other")));
         assert_eq!(s.feed.unwrap().path, "/v1/feed/policy/ns/p");
     }

@@ -286,9 +286,6 @@ pub fn routing_policy(ie: &InferenceEndpoint) -> Result<Option<InferenceRoutingP
             prefix_length: r.prefix_length,
             block_size: None,
             concurrency_threshold: r.concurrency_threshold,
-            load_factor: None,
-            miss_choices: None,
-            miss_load_margin: None,
             tenant_header: None,
             failure_mode: FailureMode::FailOpen,
             backend: Some(BackendRef {

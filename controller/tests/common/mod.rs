@@ -7,7 +7,7 @@ pub mod envoy_gateway;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use serde_json::{json, Value};
+use serde_json::Value;
 use warmpath_controller::reconcile::ControllerConfig;
 use warmpath_controller::render::{ControllerEndpoint, WasmModule};
 
@@ -28,16 +28,9 @@ pub async fn render_case(case: &str, wasm: WasmModule) -> Vec<Value> {
     out.objects.iter().map(|o| serde_json::to_value(o).unwrap()).collect()
 }
 
-/// A STATIC cluster over `hosts`, with `lb` as its `load_balancing_policy` if given.
+/// A STATIC cluster over `hosts`, with `lb` as its `load_balancing_policy` if given (the same fragment the
+/// bootstraps use).
 pub fn static_cluster(name: &str, hosts: &[SocketAddr], lb: Option<Value>) -> Value {
-    let eps: Vec<Value> = hosts
-        .iter()
-        .map(|a| json!({"endpoint": {"address": {"socket_address": {"address": a.ip().to_string(), "port_value": a.port()}}}}))
-        .collect();
-    let mut c = json!({"name": name, "type": "STATIC", "connect_timeout": "2s",
-        "load_assignment": {"cluster_name": name, "endpoints": [{"lb_endpoints": eps}]}});
-    if let Some(lb) = lb {
-        c["load_balancing_policy"] = lb;
-    }
-    c
+    let hosts: Vec<(String, u16)> = hosts.iter().map(|a| (a.ip().to_string(), a.port())).collect();
+    warmpath_envoy_config::cluster(name, warmpath_envoy_config::Discovery::Static, &hosts, 2, lb)
 }

@@ -1,6 +1,8 @@
 #![allow(missing_docs)] // criterion_main! generates an undocumented `main`
 //! Native decision time of the core (criterion): key extraction, block hashing and the PREFIX_AWARE pick for
-//! 4 KB and 64 KB chat bodies, against a `serde_json::Value` DOM parse of the same body as the baseline.
+//! 4 KB and 64 KB chat bodies, against a `serde_json::Value` DOM parse of the same body as the baseline; and the
+//! PREFIX_AWARE decision (hash + pick + index update, key already extracted) against the endpoint count
+//! (`endpoints/route/<N>`, N = 8, 64, 256, 1000), with loads that differ per endpoint.
 //!
 //! `cargo bench -p warmpath-core --bench decision -- --warm-up-time 1 --measurement-time 3`
 
@@ -66,14 +68,14 @@ fn benches(c: &mut Criterion) {
         let loads = vec![EndpointLoad::in_flight(2); 8];
         for o in &others {
             let k = extract_key(CHAT, o, None, s.prefix_length).unwrap();
-            r.route_key(&k, 0, 0, &loads);
+            r.route_key(&k, 0, &loads);
         }
         let mut i = 0usize;
         g.bench_function(BenchmarkId::new("decision", &label), |bench| {
             bench.iter(|| {
                 i = (i + 1) % others.len();
                 let k = extract_key(CHAT, black_box(&others[i]), None, s.prefix_length).unwrap();
-                black_box(r.route_key(&k, i as u64, 0, &loads))
+                black_box(r.route_key(&k, i as u64, &loads))
             })
         });
         // Same stream through LEAST_OUTSTANDING_REQUESTS: extraction plus a trivial pick, so the difference to
@@ -83,12 +85,41 @@ fn benches(c: &mut Criterion) {
             bench.iter(|| {
                 i = (i + 1) % others.len();
                 let k = extract_key(CHAT, black_box(&others[i]), None, s.prefix_length).unwrap();
-                black_box(lor.route_key(&k, i as u64, 0, &loads))
+                black_box(lor.route_key(&k, i as u64, &loads))
             })
         });
         g.finish();
     }
 }
 
-criterion_group!(decision, benches);
+/// The decision against the endpoint count: the same 4 KB conversation stream on a warmed router with N
+/// endpoints whose loads (in flight, pending prefill) differ, so candidates are scored, not just the top taken.
+fn by_endpoints(c: &mut Criterion) {
+    let keys: Vec<_> =
+        (0..256).map(|i| extract_key(CHAT, &body(4 * 1024, 1000 + i * 97), None, 8192).unwrap()).collect();
+    let mut g = c.benchmark_group("endpoints");
+    for n in [8usize, 64, 256, 1000] {
+        let s = Settings {
+            endpoints: (0..n).map(|i| format!("10.{}.{}.{}:8000", i / 65536, (i / 256) % 256, i % 256)).collect(),
+            ..Settings::default()
+        };
+        let loads: Vec<EndpointLoad> = (0..n)
+            .map(|i| EndpointLoad { in_flight: (i % 7) as u32, pending_prefill: ((i * 7919) % 20_000) as u32, server: None })
+            .collect();
+        let mut r = Router::new(s);
+        for k in &keys {
+            r.route_key(k, 0, &loads);
+        }
+        let mut i = 0usize;
+        g.bench_function(BenchmarkId::new("route", n), |bench| {
+            bench.iter(|| {
+                i = (i + 1) % keys.len();
+                black_box(r.route_key(black_box(&keys[i]), i as u64, &loads))
+            })
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(decision, benches, by_endpoints);
 criterion_main!(decision);

@@ -52,7 +52,7 @@ fn main() {
     let mut r = Router::new(Settings { strategy, ..s.clone() });
     for b in &bodies {
         let k = extract_key(CHAT, b, None, s.prefix_length).unwrap();
-        r.route_key(&k, 0, 0, &loads);
+        r.route_key(&k, 0, &loads);
     }
     for n in 0..iters {
         let b = &bodies[n % bodies.len()];
@@ -69,7 +69,7 @@ fn main() {
             }
             _ => {
                 let k = extract_key(CHAT, black_box(b), None, s.prefix_length).unwrap();
-                black_box(r.route_key(&k, n as u64, 0, &loads));
+                black_box(r.route_key(&k, n as u64, &loads));
             }
         }
     }

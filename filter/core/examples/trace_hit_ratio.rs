@@ -80,21 +80,20 @@ fn text(ids: &[u64]) -> Vec<u8> {
 
 #[derive(Clone, Copy)]
 enum Pol {
-    Core(Strategy, f64),
+    Core(Strategy),
     FirstBlockHash,
 }
 
 fn run(reqs: &[Req], n: usize, cap: usize, pol: Pol) -> (f64, f64, f64) {
-    let (strategy, factor) = match pol {
-        Pol::Core(s, f) => (s, f),
-        Pol::FirstBlockHash => (Strategy::Random, 0.0),
+    let strategy = match pol {
+        Pol::Core(s) => s,
+        Pol::FirstBlockHash => Strategy::Random,
     };
     let settings = Settings {
         strategy,
         prefix_length: 65536,
         block_size: BLOCK,
         concurrency_threshold: 10,
-        load_factor: factor,
         index_capacity: 1 << 18,
         endpoints: (0..n).map(|i| format!("10.0.0.{i}:8000")).collect(),
         ..Settings::default()
@@ -122,7 +121,7 @@ fn run(reqs: &[Req], n: usize, cap: usize, pol: Pol) -> (f64, f64, f64) {
             }
             Pol::Core(..) => {
                 let key = RequestKey::new(BodyKind::Raw, None, None, text(&r.ids));
-                let d = router.route_key(&key, xxh3_64(&k.to_le_bytes()), r.t_ms, &loads).unwrap();
+                let d = router.route_key(&key, xxh3_64(&k.to_le_bytes()), &loads).unwrap();
                 overflow += (d.reason == Reason::Overflow) as u64;
                 d.endpoint
             }
@@ -149,12 +148,10 @@ fn main() {
     };
     println!("{} requests, 8 endpoints; block hit ratio (max endpoint share, overflow share)", reqs.len());
     let pols = [
-        ("random", Pol::Core(Strategy::Random, 0.0)),
-        ("least outstanding", Pol::Core(Strategy::LeastOutstandingRequests, 0.0)),
+        ("random", Pol::Core(Strategy::Random)),
+        ("least outstanding", Pol::Core(Strategy::LeastOutstandingRequests)),
         ("hash of first block + threshold 10", Pol::FirstBlockHash),
-        ("PREFIX_AWARE threshold 10, load_factor 0", Pol::Core(Strategy::PrefixAware, 0.0)),
-        ("PREFIX_AWARE threshold 10, load_factor 1.25", Pol::Core(Strategy::PrefixAware, 1.25)),
-        ("PREFIX_AWARE threshold 10, load_factor 2", Pol::Core(Strategy::PrefixAware, 2.0)),
+        ("PREFIX_AWARE threshold 10", Pol::Core(Strategy::PrefixAware)),
     ];
     println!("| policy | C = 1000 blocks | C = 3000 blocks |\n|---|---|---|");
     for (name, p) in pols {

@@ -41,9 +41,6 @@ pub struct RawConfig {
     pub prefix_length: Option<u64>,
     pub block_size: Option<u64>,
     pub concurrency_threshold: Option<u64>,
-    pub load_factor: Option<f64>,
-    pub miss_choices: Option<u64>,
-    pub miss_load_margin: Option<u64>,
     pub tenant_header: Option<String>,
     pub max_body_bytes: Option<u64>,
     pub endpoints: Option<Vec<String>>,
@@ -80,12 +77,6 @@ pub const PREFIX_LENGTH_RANGE: (u64, u64) = (1024, 65536);
 pub const BLOCK_SIZE_RANGE: (u64, u64) = (16, 8192);
 /// Allowed range of `concurrency_threshold` (in-flight requests on one endpoint); from issue 2.
 pub const CONCURRENCY_THRESHOLD_RANGE: (u64, u64) = (1, 1024);
-/// Allowed range of a non-zero `load_factor` (bounded-load factor c; 0 turns the bound off).
-pub const LOAD_FACTOR_RANGE: (f64, f64) = (1.0, 10.0);
-/// Allowed range of `miss_choices` (rendezvous candidates compared by load when a request has no useful match).
-pub const MISS_CHOICES_RANGE: (u64, u64) = (1, 16);
-/// Allowed range of `miss_load_margin` (in-flight requests).
-pub const MISS_LOAD_MARGIN_RANGE: (u64, u64) = (1, 1024);
 /// Allowed range of `max_body_bytes`.
 pub const MAX_BODY_BYTES_RANGE: (u64, u64) = (1024, 64 * 1024 * 1024);
 /// Allowed range of `index_capacity` in blocks.
@@ -117,30 +108,6 @@ pub struct Settings {
     /// An endpoint with this many requests in flight (or more) is overloaded. 1..=1024, default 10 (the threshold
     /// that kept hit ratio in `shared/notes/routing-findings.md`).
     pub concurrency_threshold: u32,
-    /// Bounded-load factor c relative to the mean load: an endpoint may take a request while its load + 1 is at
-    /// most ceil(c·(total + 1)/N) (Mirrokni, Thorup, Zadimoghaddam, "Consistent Hashing with Bounded Loads",
-    /// SODA 2018 / arXiv 2016). 1.0..=10.0, or 0 for off; default 0 (off).
-    /// Issue 2 proposed 1.25; this project's replayer measured the bound costing TTFT p50 and hit ratio on every
-    /// workload tried (BENCHMARKS.md, "Choosing the filter's defaults"), matching `shared/notes/routing-findings.md`:
-    /// with small integer loads a relative cap keeps pushing requests off the endpoint that holds their prefix.
-    /// `concurrency_threshold` stays the guard.
-    pub load_factor: f64,
-    /// PREFIX_AWARE, requests without a useful index match: how many of the key's top rendezvous candidates are
-    /// compared by load (effective in-flight requests); the least-loaded one the overload guard admits wins,
-    /// ties going to rendezvous order. 1 = the pure consistent pick (top candidate only); d ≥ 2 is
-    /// "power of d choices" (Mitzenmacher, "The Power of Two Choices in Randomized Load Balancing", IEEE TPDS
-    /// 2001), restricted to the key's rendezvous ranking so that every replica with the same loads makes the same
-    /// choice and equal loads give exactly the consistent pick. Values above N compare all endpoints.
-    /// 1..=16, default 1: the replayer measured d = 2 (with `miss_load_margin` 4) −11 % TTFT p50 / −13 % p90 on a
-    /// near-saturated low-reuse Mooncake setting, a tie with 8 endpoints and a small loss on multi-turn chat
-    /// (docs/bench/replay.md §3c), so it stays opt-in.
-    pub miss_choices: usize,
-    /// With `miss_choices` ≥ 2: a request without a useful match leaves its rendezvous top only for a candidate
-    /// with at least this many fewer requests in flight (effective load), so small load differences do not
-    /// scatter a key over its candidates (a later turn handled by a replica or Envoy worker without the index
-    /// entry falls back to the same key). 1..=1024 in-flight requests, default 1 (any lower load wins); with
-    /// d = 2, margin 1 cost 7–26 % of the hit ratio on the replayer and 4 kept it within 5 % (docs/bench/replay.md §3c).
-    pub miss_load_margin: u32,
     /// Request header carrying the tenant id (lower-cased here; HTTP/2 header names are lower case). Default
     /// `x-warmpath-prefix-id`.
     pub tenant_header: String,
@@ -175,9 +142,6 @@ impl Default for Settings {
             prefix_length: 8192,
             block_size: 128,
             concurrency_threshold: 10,
-            load_factor: 0.0,
-            miss_choices: 1,
-            miss_load_margin: 1,
             tenant_header: "x-warmpath-prefix-id".to_string(),
             max_body_bytes: 1 << 20,
             endpoints: Vec::new(),
@@ -257,26 +221,6 @@ impl Settings {
                 as u32,
             None => d.concurrency_threshold,
         };
-        let load_factor = match raw.load_factor {
-            Some(0.0) => 0.0,
-            Some(v) if v.is_finite() && (LOAD_FACTOR_RANGE.0..=LOAD_FACTOR_RANGE.1).contains(&v) => v,
-            Some(v) => {
-                return Err(ConfigError::OutOfRange {
-                    field: "load_factor",
-                    value: v.to_string(),
-                    allowed: "0 (off) or 1.0..=10.0 (multiple of mean load)",
-                })
-            }
-            None => d.load_factor,
-        };
-        let miss_choices = match raw.miss_choices {
-            Some(v) => in_range("miss_choices", v, MISS_CHOICES_RANGE, "1..=16 rendezvous candidates")? as usize,
-            None => d.miss_choices,
-        };
-        let miss_load_margin = match raw.miss_load_margin {
-            Some(v) => in_range("miss_load_margin", v, MISS_LOAD_MARGIN_RANGE, "1..=1024 in-flight requests")? as u32,
-            None => d.miss_load_margin,
-        };
         let tenant_header = match raw.tenant_header {
             Some(h) if is_header_name(&h) => h.to_ascii_lowercase(),
             Some(h) => {
@@ -329,9 +273,6 @@ impl Settings {
             prefix_length,
             block_size,
             concurrency_threshold,
-            load_factor,
-            miss_choices,
-            miss_load_margin,
             tenant_header,
             max_body_bytes,
             endpoints,
@@ -440,8 +381,6 @@ mod tests {
         let s = Settings::from_json(br#"{"endpoints":["127.0.0.1:8001"]}"#).unwrap();
         assert_eq!(s.strategy, Strategy::PrefixAware);
         assert_eq!(s.prefix_length, 8192);
-        assert_eq!(s.load_factor, 0.0);
-        assert_eq!(s.miss_choices, 1);
         assert_eq!(s.tenant_header, "x-warmpath-prefix-id");
         assert_eq!(s.endpoints, vec!["127.0.0.1:8001".to_string()]);
     }
@@ -450,15 +389,13 @@ mod tests {
     fn full_config_parses() {
         let s = Settings::from_json(
             br#"{"strategy":"LEAST_OUTSTANDING_REQUESTS","prefix_length":2048,"block_size":64,
-                "concurrency_threshold":4,"load_factor":0,"miss_choices":2,"tenant_header":"X-Tenant","max_body_bytes":4096,
+                "concurrency_threshold":4,"tenant_header":"X-Tenant","max_body_bytes":4096,
                 "endpoints":["127.0.0.1:1"," [::1]:2 ","127.0.0.1:1"],"index_capacity":100,"debug_header":true,
                 "feed":{"cluster":"warmpath-controller","interval_ms":500}}"#,
         )
         .unwrap();
         assert_eq!(s.strategy, Strategy::LeastOutstandingRequests);
         assert_eq!(s.block_size, 64);
-        assert_eq!(s.load_factor, 0.0);
-        assert_eq!(s.miss_choices, 2);
         assert_eq!(s.tenant_header, "x-tenant");
         assert_eq!(s.endpoints, vec!["127.0.0.1:1".to_string(), "[::1]:2".to_string()]);
         let f = s.feed.unwrap();
@@ -471,14 +408,12 @@ mod tests {
         assert!(e.contains("`prefix_length` = 99") && e.contains("1024..=65536"), "{e}");
         let e = err(r#"{"concurrency_threshold":0,"endpoints":["127.0.0.1:1"]}"#);
         assert!(e.contains("concurrency_threshold") && e.contains("1..=1024"), "{e}");
-        let e = err(r#"{"load_factor":0.5,"endpoints":["127.0.0.1:1"]}"#);
-        assert!(e.contains("load_factor") && e.contains("0.5"), "{e}");
-        for bad in ["0", "17", "-1", "1.5"] {
-            let e = err(&format!(r#"{{"miss_choices":{bad},"endpoints":["127.0.0.1:1"]}}"#));
-            assert!(e.contains("miss_choices") || e.contains(bad), "{e}");
+        // The knobs of the earlier load-blind miss placement are gone (the predicted-TTFT rule subsumes them):
+        // a configuration still naming one is refused, not silently ignored.
+        for old in [r#""load_factor":1.25"#, r#""miss_choices":2"#, r#""miss_load_margin":4"#] {
+            let e = err(&format!(r#"{{{old},"endpoints":["127.0.0.1:1"]}}"#));
+            assert!(e.contains(old.split('"').nth(1).unwrap()), "{e}");
         }
-        let e = err(r#"{"miss_choices":17,"endpoints":["127.0.0.1:1"]}"#);
-        assert!(e.contains("`miss_choices` = 17") && e.contains("1..=16"), "{e}");
         let e = err(r#"{"endpoints":["localhost:80"]}"#);
         assert!(e.contains("endpoints[0]") && e.contains("localhost:80") && e.contains("IP:port"), "{e}");
         let e = err(r#"{"endpoints":[]}"#);

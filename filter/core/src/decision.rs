@@ -13,8 +13,8 @@ pub enum Reason {
     PrefixMatch,
     /// PREFIX_AWARE: the rendezvous-hash choice for the request's key (no useful match).
     ConsistentPick,
-    /// PREFIX_AWARE: the preferred endpoint was overloaded; the next rendezvous candidate or the least-loaded
-    /// endpoint was used instead.
+    /// PREFIX_AWARE: the preferred endpoint (the holder of the longest useful match, else the key's rendezvous
+    /// top) was at `concurrency_threshold`, or another candidate had a lower predicted time to first token.
     Overflow,
     /// No key could be extracted (bad body, GET, too large...): routed by least outstanding requests.
     FailOpen,
@@ -57,12 +57,23 @@ pub struct Decision {
     pub matched_blocks: u32,
     /// Bytes of extracted text covered by that match (full blocks plus a matched partial-block checkpoint).
     pub matched_len: usize,
+    /// Prefill work this request is expected to cost the chosen endpoint, in bytes of prompt text (prompt length
+    /// minus `matched_len`; 0 for policies that do not estimate it). The shell adds it to the endpoint's
+    /// [`crate::EndpointLoad::pending_prefill`] until the first response byte arrives.
+    pub prefill_bytes: u32,
 }
 
 impl Decision {
     /// A decision for `endpoints[i]` with no prefix match.
     pub fn new(endpoints: &[Endpoint], i: usize, reason: Reason) -> Decision {
-        Decision { endpoint: i, address: endpoints[i].address.clone(), reason, matched_blocks: 0, matched_len: 0 }
+        Decision {
+            endpoint: i,
+            address: endpoints[i].address.clone(),
+            reason,
+            matched_blocks: 0,
+            matched_len: 0,
+            prefill_bytes: 0,
+        }
     }
 
     /// Sets the matched prefix.

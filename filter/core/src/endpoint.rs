@@ -39,12 +39,16 @@ pub struct EndpointLoad {
     pub in_flight: u32,
     /// Server-side load, when the feed provides it.
     pub server: Option<ServerLoad>,
+    /// Prefill work this gateway has sent to the endpoint that has not produced its first response byte yet, in
+    /// bytes of prompt text (the sum of [`crate::Decision::prefill_bytes`] of those requests; shared across Envoy
+    /// workers). It is the queue a new request waits behind before its own prefill starts.
+    pub pending_prefill: u32,
 }
 
 impl EndpointLoad {
     /// Load with only an in-flight count.
     pub fn in_flight(n: u32) -> EndpointLoad {
-        EndpointLoad { in_flight: n, server: None }
+        EndpointLoad { in_flight: n, ..EndpointLoad::default() }
     }
 
     /// Outstanding requests used by the policies: the larger of this gateway's in-flight count and the

@@ -2,8 +2,10 @@
 //!
 //! An endpoint whose request failed before any response byte (connect failure, reset, a 5xx answer, or Envoy
 //! retrying the request elsewhere) is down for a back-off period that doubles with each consecutive failure, from
-//! [`BACKOFF_BASE_MS`] up to [`BACKOFF_MAX_MS`]. A success clears it at once; when the period expires it is a
-//! candidate again (the next request there is the probe: a failure doubles the period, a success clears it).
+//! [`BACKOFF_BASE_MS`] up to [`BACKOFF_MAX_MS`]. A success clears it at once. When the period expires, one request
+//! is sent there as the probe ([`Health::claim_probe`]) while the others keep avoiding it for up to
+//! [`PROBE_WINDOW_MS`]: a failed probe doubles the period, a successful one clears it. So a dead endpoint costs one
+//! request per back-off period (served anyway by Envoy's retry), not every request picked for it in that moment.
 //!
 //! Down endpoints are not candidates for any policy: [`avoid_down`] moves a pick that landed on a down endpoint to
 //! the least-loaded endpoint that is up. When every endpoint is down the pick stands — a request is never dropped
@@ -21,13 +23,19 @@ pub const BACKOFF_BASE_MS: u64 = 1_000;
 /// Envoy's outlier-detection base ejection time, 30 s).
 pub const BACKOFF_MAX_MS: u64 = 30_000;
 
+/// How long the other requests keep away from an endpoint whose probe is under way, in ms: the probe's answer
+/// (its response headers) normally comes well within it; if not, the next request becomes a probe too.
+pub const PROBE_WINDOW_MS: u64 = 1_000;
+
 /// The failure state of one endpoint.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Health {
     /// Consecutive failures since the last success.
     pub failures: u32,
-    /// End of the current back-off period (ms since the epoch); the endpoint is down before it.
+    /// End of the current back-off period or probe window (ms since the epoch); the endpoint is down before it.
     pub down_until_ms: u64,
+    /// True while a probe request is under way (`down_until_ms` is then the end of the probe window).
+    pub probing: bool,
 }
 
 impl Health {
@@ -45,11 +53,24 @@ impl Health {
     /// A failure reported while the endpoint is already down (a request placed before it went down, ending now)
     /// keeps the current period: one outage is one step of back-off, however many requests were in flight.
     pub fn failed(&mut self, now_ms: u64) {
-        if self.is_down(now_ms) {
+        if self.is_down(now_ms) && !self.probing {
             return;
         }
+        self.probing = false;
         self.failures = self.failures.saturating_add(1);
         self.down_until_ms = now_ms.saturating_add(Self::backoff_ms(self.failures));
+    }
+
+    /// Claims the probe of an endpoint whose back-off expired (it failed before and is not down at `now_ms`): the
+    /// claiming request goes there, every other request avoids it until the probe's outcome or for
+    /// [`PROBE_WINDOW_MS`]. False when there is nothing to probe (never failed, or still down).
+    pub fn claim_probe(&mut self, now_ms: u64) -> bool {
+        if self.failures == 0 || self.is_down(now_ms) {
+            return false;
+        }
+        self.probing = true;
+        self.down_until_ms = now_ms.saturating_add(PROBE_WINDOW_MS);
+        true
     }
 
     /// A request placed on this endpoint succeeded: up, back-off reset.
@@ -116,6 +137,34 @@ mod tests {
         // The probe after the period fails: twice as long.
         h.failed(BACKOFF_BASE_MS);
         assert_eq!((h.failures, h.down_until_ms), (2, 3 * BACKOFF_BASE_MS));
+    }
+
+    #[test]
+    fn one_probe_after_the_backoff_and_its_outcome_decides() {
+        let mut h = Health::default();
+        assert!(!h.claim_probe(0), "nothing to probe on a healthy endpoint");
+        h.failed(0);
+        assert!(!h.claim_probe(BACKOFF_BASE_MS - 1), "still down");
+        assert!(h.claim_probe(BACKOFF_BASE_MS), "the first request after the period is the probe");
+        assert!(h.is_down(BACKOFF_BASE_MS + 1), "the others keep away while it runs");
+        assert!(!h.claim_probe(BACKOFF_BASE_MS + 1), "one probe at a time");
+        // The probe fails: twice the period, counted from the failure.
+        h.failed(BACKOFF_BASE_MS + 5);
+        assert_eq!((h.failures, h.down_until_ms, h.probing), (2, BACKOFF_BASE_MS + 5 + 2 * BACKOFF_BASE_MS, false));
+        // The next probe succeeds: clear.
+        let t = h.down_until_ms;
+        assert!(h.claim_probe(t));
+        h.succeeded();
+        assert!(h.is_clear() && !h.is_down(t));
+    }
+
+    #[test]
+    fn a_probe_without_an_answer_lets_another_probe_after_the_window() {
+        let mut h = Health::default();
+        h.failed(0);
+        assert!(h.claim_probe(BACKOFF_BASE_MS));
+        assert!(h.claim_probe(BACKOFF_BASE_MS + PROBE_WINDOW_MS), "the window ran out: the next request probes");
+        assert_eq!(h.failures, 1, "an unanswered probe is not a failure");
     }
 
     #[test]

@@ -1,6 +1,5 @@
-//! The overload guard shared by the policies: an absolute in-flight threshold plus the bounded-load rule of
-//! Mirrokni, Thorup and Zadimoghaddam ("Consistent Hashing with Bounded Loads", SODA 2018): with total load m
-//! over N endpoints and factor c, an endpoint may take one more request while load + 1 ≤ ceil(c·(m + 1)/N).
+//! The overload guard shared by the policies: a hard cap on requests in flight per endpoint
+//! (`concurrency_threshold`), and a full KV cache with a queue.
 
 use crate::endpoint::{Endpoint, EndpointLoad};
 use crate::hrw;
@@ -10,27 +9,19 @@ use crate::hrw;
 pub struct LoadGuard {
     /// Requests in flight at which an endpoint is overloaded (`concurrency_threshold`).
     pub threshold: u32,
-    /// Per-endpoint cap from the bounded-load rule; `u64::MAX` when the factor is 0 (off).
-    pub cap: u64,
 }
 
 impl LoadGuard {
-    /// Guard for `n` endpoints with the given loads (missing entries count as idle).
-    pub fn new(threshold: u32, load_factor: f64, n: usize, loads: &[EndpointLoad]) -> LoadGuard {
-        let total: u64 = (0..n).map(|i| load_at(loads, i).effective() as u64).sum();
-        let cap = if load_factor > 0.0 && n > 0 {
-            (load_factor * (total + 1) as f64 / n as f64).ceil() as u64
-        } else {
-            u64::MAX
-        };
-        LoadGuard { threshold, cap }
+    /// Guard with the given `concurrency_threshold`.
+    pub fn new(threshold: u32) -> LoadGuard {
+        LoadGuard { threshold }
     }
 
-    /// True when endpoint `i` can take one more request.
+    /// True when endpoint `i` can take one more request: fewer than `threshold` requests outstanding
+    /// ([`EndpointLoad::effective`]) and no saturated KV cache.
     pub fn admits(&self, loads: &[EndpointLoad], i: usize) -> bool {
         let l = load_at(loads, i);
-        let eff = l.effective();
-        eff < self.threshold && (eff as u64) < self.cap && !l.kv_saturated()
+        l.effective() < self.threshold && !l.kv_saturated()
     }
 }
 
@@ -56,19 +47,19 @@ mod tests {
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
     use super::*;
+    use crate::endpoint::ServerLoad;
 
     #[test]
-    fn bounded_load_cap_follows_mtz() {
-        let loads = [EndpointLoad::in_flight(3), EndpointLoad::in_flight(0), EndpointLoad::in_flight(0)];
-        // total 3, c 1.25, N 3: cap = ceil(1.25·4/3) = 2, so endpoint 0 (load 3) is refused, the others admitted.
-        let g = LoadGuard::new(100, 1.25, 3, &loads);
-        assert_eq!(g.cap, 2);
-        assert!(!g.admits(&loads, 0));
+    fn threshold_and_full_kv_cache_refuse() {
+        let loads = [
+            EndpointLoad::in_flight(3),
+            EndpointLoad::in_flight(2),
+            EndpointLoad { server: Some(ServerLoad { waiting: 1, running: 0, kv_cache_usage: 0.99 }), ..Default::default() },
+        ];
+        let g = LoadGuard::new(3);
+        assert!(!g.admits(&loads, 0), "load 3 at threshold 3 is overloaded");
         assert!(g.admits(&loads, 1));
-        let off = LoadGuard::new(100, 0.0, 3, &loads);
-        assert!(off.admits(&loads, 0));
-        let thr = LoadGuard::new(3, 0.0, 3, &loads);
-        assert!(!thr.admits(&loads, 0), "load 3 at threshold 3 is overloaded");
-        assert!(thr.admits(&loads, 1));
+        assert!(!g.admits(&loads, 2), "full KV cache with a queue");
+        assert!(g.admits(&loads, 7), "missing entries are idle");
     }
 }

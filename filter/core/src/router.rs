@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use crate::config::{normalize_address, Settings, Strategy};
 use crate::error::ConfigError;
 use crate::decision::{Decision, Reason};
-use crate::endpoint::{Endpoint, EndpointLoad};
+use crate::endpoint::{Endpoint, EndpointLoad, ServerLoad};
 use crate::extract::RequestKey;
 use crate::load::least_loaded;
 use crate::policy::{self, PickInput, Policy};
@@ -19,6 +19,10 @@ pub const REMEMBERED_ADDRESSES: usize = 1024;
 pub struct Router {
     settings: Settings,
     endpoints: Vec<Endpoint>,
+    /// Server-reported load of each endpoint (parallel to `endpoints`), from this router's feed.
+    server_loads: Vec<Option<ServerLoad>>,
+    /// Some entry of `server_loads` is set.
+    has_server_loads: bool,
     ids: HashMap<String, u32>,
     next_id: u32,
     policy: Box<dyn Policy>,
@@ -28,7 +32,7 @@ impl Router {
     /// A router for `settings` with `settings.endpoints` as the endpoint set and an empty prefix index.
     pub fn new(settings: Settings) -> Router {
         let policy = policy::create(&settings);
-        let mut r = Router { endpoints: Vec::new(), ids: HashMap::new(), next_id: 0, policy, settings };
+        let mut r = Router { endpoints: Vec::new(), server_loads: Vec::new(), has_server_loads: false, ids: HashMap::new(), next_id: 0, policy, settings };
         let eps = r.settings.endpoints.clone();
         r.install_endpoints(eps);
         r
@@ -70,10 +74,42 @@ impl Router {
         Ok(())
     }
 
+    /// Replaces the endpoint set and the server-reported loads together (a feed snapshot): `endpoints[i]` is an
+    /// address and the load its server reported, if any. The loads belong to this router alone, so two plugins
+    /// with two feeds in one VM never see each other's. Endpoints without a load have none; [`Router::set_endpoints`] and
+    /// [`Router::reconfigure`] keep the loads of the addresses that stay.
+    ///
+    /// Errors: as [`Router::set_endpoints`]; the set and the loads are then unchanged.
+    pub fn set_feed_endpoints(&mut self, endpoints: Vec<(String, Option<ServerLoad>)>) -> Result<(), ConfigError> {
+        let loads: HashMap<String, ServerLoad> = endpoints
+            .iter()
+            .filter_map(|(a, l)| Some((normalize_address(a)?, (*l)?)))
+            .collect();
+        self.set_endpoints(endpoints.into_iter().map(|(a, _)| a).collect())?;
+        self.server_loads = self.endpoints.iter().map(|e| loads.get(&e.address).copied()).collect();
+        self.has_server_loads = self.server_loads.iter().any(Option::is_some);
+        Ok(())
+    }
+
+    /// Server-reported load of `endpoints()[i]` from the last feed snapshot, if any.
+    pub fn server_load(&self, i: usize) -> Option<ServerLoad> {
+        self.server_loads.get(i).copied().flatten()
+    }
+
     fn install_endpoints(&mut self, addresses: Vec<String>) {
         if self.ids.len() > addresses.len() + REMEMBERED_ADDRESSES {
             self.ids.retain(|a, _| addresses.contains(a));
         }
+        let old_loads: HashMap<&str, ServerLoad> = self
+            .endpoints
+            .iter()
+            .zip(&self.server_loads)
+            .filter_map(|(e, l)| Some((e.address.as_str(), (*l)?)))
+            .collect();
+        let server_loads: Vec<Option<ServerLoad>> = addresses.iter().map(|a| old_loads.get(a.as_str()).copied()).collect();
+        drop(old_loads);
+        self.has_server_loads = server_loads.iter().any(Option::is_some);
+        self.server_loads = server_loads;
         self.endpoints = addresses
             .into_iter()
             .map(|a| {
@@ -103,9 +139,23 @@ impl Router {
 
     /// Routes one request. `input.key` is the extracted key (`None` after an extraction error: the request is
     /// routed by least outstanding requests with [`Reason::FailOpen`]); `input.prefix` is filled in here when
-    /// absent. `loads[i]` belongs to `endpoints()[i]`. Updates the prefix index. Returns `None` only when the
+    /// absent. `loads[i]` belongs to `endpoints()[i]`; an entry without a server load gets the one from the last
+    /// feed snapshot ([`Router::set_feed_endpoints`]). Updates the prefix index. Returns `None` only when the
     /// endpoint set is empty.
     pub fn route(&mut self, input: &PickInput, loads: &[EndpointLoad]) -> Option<Decision> {
+        let merged: Vec<EndpointLoad>;
+        let loads = if self.has_server_loads {
+            merged = (0..self.endpoints.len())
+                .map(|i| {
+                    let mut l = crate::load::load_at(loads, i);
+                    l.server = l.server.or(self.server_load(i));
+                    l
+                })
+                .collect();
+            &merged[..]
+        } else {
+            loads
+        };
         let Some(key) = input.key else {
             return self.fail_open(input.random, loads);
         };
@@ -115,14 +165,12 @@ impl Router {
             computed = PrefixHashes::compute(key.namespace, &key.text, self.settings.block_size);
             input.prefix = Some(&computed);
         }
-        let decision = self.policy.pick(&input, &self.endpoints, loads)?;
-        self.policy.on_routed(&input, &self.endpoints, &decision);
-        Some(decision)
+        self.policy.pick(&input, &self.endpoints, loads)
     }
 
-    /// Convenience: routes a key with the given randomness and time.
-    pub fn route_key(&mut self, key: &RequestKey, random: u64, now_ms: u64, loads: &[EndpointLoad]) -> Option<Decision> {
-        self.route(&PickInput { key: Some(key), prefix: None, random, now_ms }, loads)
+    /// Convenience: routes a key with the given randomness.
+    pub fn route_key(&mut self, key: &RequestKey, random: u64, loads: &[EndpointLoad]) -> Option<Decision> {
+        self.route(&PickInput { key: Some(key), random, ..PickInput::default() }, loads)
     }
 
     /// The fail-open choice: least outstanding requests, ties broken by `random`. `None` when there are no

@@ -26,7 +26,7 @@ const BODIES: &[&str] = &[
 ];
 
 const CONFIGS: &[&str] = &[
-    r#"{"strategy":"PREFIX_AWARE","prefix_length":2048,"block_size":64,"concurrency_threshold":4,"load_factor":1.25,"tenant_header":"x-t","max_body_bytes":65536,"endpoints":["127.0.0.1:1","[::1]:2"],"index_capacity":128,"debug_header":true,"feed":{"cluster":"c","path":"/v1/endpoints","interval_ms":500}}"#,
+    r#"{"strategy":"PREFIX_AWARE","prefix_length":2048,"block_size":64,"concurrency_threshold":4,"tenant_header":"x-t","max_body_bytes":65536,"endpoints":["127.0.0.1:1","[::1]:2"],"index_capacity":128,"debug_header":true,"feed":{"cluster":"c","path":"/v1/endpoints","interval_ms":500}}"#,
     r#"{"strategy":"RANDOM","endpoints":["10.0.0.1:8000"]}"#,
     r#"{"endpoints":["10.0.0.1:8000"],"upstream_clusters":["outbound|8000||vllm.llm.svc.cluster.local","httproute/llm/chat/rule/0","pool-a"]}"#,
 ];

@@ -117,7 +117,6 @@ fn routing_table() -> Value {
         prefix_length: 4096,
         block_size: 64,
         concurrency_threshold: 4,
-        load_factor: 1.25,
         endpoints: (0..5).map(|i| format!("127.0.0.1:{}", 7000 + i)).collect(),
         ..Settings::default()
     };
@@ -148,14 +147,15 @@ fn routing_table() -> Value {
                 let x = xxh3_64(&[step, i].map(u64::to_le_bytes).concat());
                 EndpointLoad {
                     in_flight: (x % 6) as u32,
+                    pending_prefill: ((x >> 16) % 1500) as u32,
                     server: (x >> 60 == 0).then_some(ServerLoad { waiting: (x >> 8) as u32 % 3, running: 2, kv_cache_usage: 0.97 }),
                 }
             })
             .collect();
         let d = r
-            .route(&PickInput { key: Some(&key), prefix: None, random: xxh3_64(&step.to_le_bytes()), now_ms: step * 10 }, &loads)
+            .route(&PickInput { key: Some(&key), random: xxh3_64(&step.to_le_bytes()), ..PickInput::default() }, &loads)
             .unwrap();
-        rows.push(json!([d.address, d.reason.as_str(), d.matched_blocks, d.matched_len]));
+        rows.push(json!([d.address, d.reason.as_str(), d.matched_blocks, d.matched_len, d.prefill_bytes]));
     }
     Value::Array(rows)
 }

@@ -69,7 +69,7 @@ fn main() {
         let mut router = Router::new(s.clone());
         time("extract_key + route (PREFIX_AWARE)", size, iters, |i| {
             if let Ok(k) = extract_key("/v1/chat/completions", &bodies[i % 256], None, s.prefix_length) {
-                let d = router.route(&PickInput { key: Some(&k), random: i as u64, now_ms: i as u64, ..PickInput::default() }, &loads);
+                let d = router.route(&PickInput { key: Some(&k), random: i as u64, ..PickInput::default() }, &loads);
                 std::hint::black_box(&d);
             }
         });

@@ -3,11 +3,10 @@
 //! and publishes it in shared data; every VM applies a newer published snapshot to its router on its own tick.
 //!
 //! When the feed is unreachable or answers garbage, the last good snapshot stays in force and the failure is
-//! counted (`warmpath.feed.failures.<cause>`). Endpoint-set changes go through `Router::set_endpoints`, which keeps
-//! the prefix index and the in-flight counters of endpoints that stay.
+//! counted (`warmpath.feed.failures.<cause>`). Endpoint-set changes and the servers' reported loads go to the plugin's own router together
+//! (`Router::set_feed_endpoints`), which keeps the prefix index and the in-flight counters of endpoints that stay.
 
 use std::cell::RefCell;
-use std::collections::HashMap;
 use std::rc::Rc;
 use std::time::Duration;
 
@@ -27,16 +26,6 @@ const LEASE_KEY: &str = "warmpath.feed.lease.";
 /// A lease lasts this many poll intervals, so a vanished owner (VM torn down) is replaced after a few ticks.
 const LEASE_INTERVALS: u64 = 3;
 
-thread_local! {
-    // Server-reported load per endpoint address from the last applied snapshot (per VM).
-    static SERVER_LOADS: RefCell<HashMap<String, ServerLoad>> = RefCell::new(HashMap::new());
-}
-
-/// Server-side load of `address` from the last applied feed snapshot, if any.
-pub fn server_load(address: &str) -> Option<ServerLoad> {
-    SERVER_LOADS.with(|m| m.borrow().get(address).copied())
-}
-
 /// Poller state of one root context.
 pub struct FeedPoller {
     settings: FeedSettings,
@@ -46,6 +35,8 @@ pub struct FeedPoller {
     pending: Option<u32>,
     applied_cas: Option<u32>,
     applied_version: Option<u64>,
+    /// True once a failed dispatch (e.g. no such cluster) was logged.
+    dispatch_warned: bool,
 }
 
 impl FeedPoller {
@@ -61,6 +52,7 @@ impl FeedPoller {
             pending: None,
             applied_cas: None,
             applied_version: None,
+            dispatch_warned: false,
         }
     }
 
@@ -78,7 +70,18 @@ impl FeedPoller {
                 metrics.count("warmpath.feed.polls", 1);
                 self.pending = Some(token);
             }
-            Err(_) => metrics.count("warmpath.feed.failures.dispatch", 1),
+            Err(status) => {
+                metrics.count("warmpath.feed.failures.dispatch", 1);
+                // The cluster's existence cannot be checked at configure time; say it once per poller.
+                if !self.dispatch_warned {
+                    self.dispatch_warned = true;
+                    warn!(
+                        "feed: cannot call cluster {:?} ({status:?}): does the Envoy cluster exist? Counted in \
+                         warmpath.feed.failures.dispatch; logged once",
+                        self.settings.cluster
+                    );
+                }
+            }
         }
     }
 
@@ -128,20 +131,14 @@ impl FeedPoller {
             return;
         }
         let Ok(mut router) = router.try_borrow_mut() else { return };
-        let addresses: Vec<String> = snapshot.endpoints.iter().map(|e| e.address.clone()).collect();
-        if let Err(e) = router.set_endpoints(addresses) {
+        // The server loads go to this plugin's router with its endpoints (never VM-wide: another plugin in this VM
+        // has its own feed and its own loads).
+        let endpoints: Vec<(String, Option<ServerLoad>)> =
+            snapshot.endpoints.iter().map(|e| (e.address.clone(), e.load.map(ServerLoad::from))).collect();
+        if let Err(e) = router.set_feed_endpoints(endpoints) {
             warn!("feed snapshot version {} not applied: {e}", snapshot.version);
             return metrics.count("warmpath.feed.failures.invalid", 1);
         }
-        SERVER_LOADS.with(|m| {
-            let mut m = m.borrow_mut();
-            m.clear();
-            for e in &snapshot.endpoints {
-                if let Some(load) = e.load {
-                    m.insert(e.address.clone(), ServerLoad::from(load));
-                }
-            }
-        });
         info!("feed snapshot version {} applied: {} endpoints", snapshot.version, snapshot.endpoints.len());
         self.applied_version = Some(snapshot.version);
         metrics.count("warmpath.feed.applied", 1);

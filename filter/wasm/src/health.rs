@@ -13,11 +13,12 @@ use crate::outcome::{classify, Observed, Outcome};
 const MAX_CAS_ATTEMPTS: usize = 64;
 
 const HEALTH_KEY: &str = "warmpath.health";
-/// Bytes of one health entry after the address: consecutive failures (u32 LE), end of the back-off (u64 LE, ms).
-const HEALTH_VALUE_LEN: usize = 12;
+/// Bytes of one health entry after the address: consecutive failures (u32 LE), end of the back-off or probe window
+/// (u64 LE, ms), probe under way (u8, 0 or 1).
+const HEALTH_VALUE_LEN: usize = 13;
 
 /// One read of the failure-state table (`warmpath.health`): entries `[address length: u8][address bytes]
-/// [failures: u32 LE][down until: u64 LE, ms since the epoch]`, only for endpoints that are not clear (a success
+/// [failures: u32 LE][down until: u64 LE, ms since the epoch][probing: u8]`, only for endpoints that are not clear (a success
 /// removes the entry), so the table is empty — one read per request, no write — while everything is healthy.
 pub struct HealthTable {
     bytes: Vec<u8>,
@@ -50,8 +51,9 @@ impl HealthTable {
             let (addr, tail) = tail.split_at(len);
             let failures = u32::from_le_bytes(tail[0..4].try_into().ok()?);
             let down_until_ms = u64::from_le_bytes(tail[4..12].try_into().ok()?);
+            let probing = tail[12] == 1;
             rest = &tail[HEALTH_VALUE_LEN..];
-            Some((addr, Health { failures, down_until_ms }))
+            Some((addr, Health { failures, down_until_ms, probing }))
         })
     }
 
@@ -72,6 +74,7 @@ impl HealthTable {
             out.extend_from_slice(address.as_bytes());
             out.extend_from_slice(&health.failures.to_le_bytes());
             out.extend_from_slice(&health.down_until_ms.to_le_bytes());
+            out.push(u8::from(health.probing));
         }
         Some(out)
     }
@@ -83,6 +86,7 @@ fn push_health(out: &mut Vec<u8>, address: &[u8], h: Health) {
     out.extend_from_slice(address);
     out.extend_from_slice(&h.failures.to_le_bytes());
     out.extend_from_slice(&h.down_until_ms.to_le_bytes());
+    out.push(u8::from(h.probing));
 }
 
 /// Applies `change` to the failure state of `address` with compare-and-swap; writes nothing when the state does
@@ -114,15 +118,38 @@ pub fn update(address: &str, change: impl Fn(&mut Health)) -> Option<Health> {
 }
 
 
-/// The endpoint to send a request to instead of `endpoints[picked]` when that one is down (in back-off at `now_ms`)
-/// and another is up: the least-loaded up endpoint ([`warmpath_core::health::avoid_down`]). One shared-data read.
-pub fn avoid_down(endpoints: &[Endpoint], loads: &[EndpointLoad], picked: usize, now_ms: u64) -> Option<String> {
+/// Where a pick goes once endpoint health is taken into account.
+#[derive(Debug, Default)]
+pub struct Placement {
+    /// Send the request here instead of the pick (the pick is down, this one is up).
+    pub instead: Option<String>,
+    /// The request is the probe of an endpoint whose back-off expired: learn from its response headers.
+    pub probe: bool,
+}
+
+/// Places a pick of `endpoints[picked]`: a down endpoint (in back-off or probe window at `now_ms`) is replaced by
+/// the least-loaded up endpoint ([`warmpath_core::health::avoid_down`]); an endpoint whose back-off expired gets
+/// this request as its probe if no other request claimed it first. One shared-data read while everything is
+/// healthy.
+pub fn place(endpoints: &[Endpoint], loads: &[EndpointLoad], picked: usize, now_ms: u64) -> Placement {
     let table = HealthTable::read();
     if table.is_empty() {
-        return None;
+        return Placement::default();
     }
-    let down: Vec<bool> = endpoints.iter().map(|e| table.get(&e.address).is_down(now_ms)).collect();
-    warmpath_core::health::avoid_down(picked, &down, loads).map(|i| endpoints[i].address.clone())
+    let mut down: Vec<bool> = endpoints.iter().map(|e| table.get(&e.address).is_down(now_ms)).collect();
+    let Some(address) = endpoints.get(picked).map(|e| e.address.as_str()) else { return Placement::default() };
+    if !down[picked] && table.get(address).failures > 0 {
+        // Half-open: claim the probe, compare-and-swap so that one request wins.
+        let claimed = std::cell::Cell::new(false);
+        let written = update(address, |h| claimed.set(h.claim_probe(now_ms)));
+        if claimed.get() && written.is_some_and(|h| h.probing) {
+            return Placement { instead: None, probe: true };
+        }
+        // Another request is the probe: keep away like from a down endpoint.
+        down[picked] = true;
+    }
+    let instead = warmpath_core::health::avoid_down(picked, &down, loads).map(|i| endpoints[i].address.clone());
+    Placement { instead, probe: false }
 }
 
 /// An attribute of the ended stream as text.
@@ -189,9 +216,9 @@ mod tests {
     fn health_entries_round_trip_and_clear_ones_are_dropped() {
         let t = HealthTable { bytes: Vec::new(), cas: None };
         assert!(t.get("127.0.0.1:1").is_clear());
-        let down = Health { failures: 2, down_until_ms: 1_234_567 };
+        let down = Health { failures: 2, down_until_ms: 1_234_567, probing: true };
         let t = HealthTable { bytes: t.with("127.0.0.1:1", down).expect("fits"), cas: None };
-        let t = HealthTable { bytes: t.with("[::1]:2", Health { failures: 1, down_until_ms: 9 }).expect("fits"), cas: None };
+        let t = HealthTable { bytes: t.with("[::1]:2", Health { failures: 1, down_until_ms: 9, probing: false }).expect("fits"), cas: None };
         assert_eq!(t.get("127.0.0.1:1"), down);
         assert_eq!(t.get("[::1]:2").failures, 1);
         let t = HealthTable { bytes: t.with("127.0.0.1:1", Health::default()).expect("fits"), cas: None };

@@ -18,7 +18,8 @@ use warmpath_core::{extract_key, EndpointLoad, PickInput, Reason, RequestKey, St
 use crate::stream::{Mode, RouteOn, Step, Stream};
 use crate::outcome::Outcome;
 use crate::root::{now_ms, random_u64, Shared};
-use crate::{feed, health, shared, DEBUG_HEADER, DESTINATION_HEADER, ORIGINAL_DST_HEADER};
+use crate::shared::Counter;
+use crate::{health, shared, DEBUG_HEADER, DESTINATION_HEADER, ORIGINAL_DST_HEADER};
 
 /// Counters of passive failure learning (`health`).
 mod metric {
@@ -77,6 +78,10 @@ pub struct FilterHttp {
     tenant: Option<String>,
     /// Pause/route/slot bookkeeping (`stream`).
     stream: Stream,
+    /// True when this request is the probe of an endpoint whose back-off expired (`health::place`).
+    probe: bool,
+    /// Size of the buffered request body, bytes (0 until it is read).
+    body_len: usize,
     debug: Option<String>,
 }
 
@@ -90,6 +95,8 @@ impl FilterHttp {
             path: String::new(),
             tenant: None,
             stream: Stream::new(),
+            probe: false,
+            body_len: 0,
             debug: None,
         }
     }
@@ -150,6 +157,7 @@ impl FilterHttp {
             self.route(shared, params, None, Some(cause::BODY_UNAVAILABLE));
             return;
         };
+        self.body_len = body.len();
         match extract_key(&self.path, body, self.tenant.as_deref(), params.prefix_length) {
             Ok(key) => self.route(shared, params, Some(&key), None),
             Err(e) => self.route(shared, params, None, Some(e.as_str())),
@@ -159,14 +167,21 @@ impl FilterHttp {
     /// Picks an endpoint for `key` (`None`: fail open for `cause`), takes an in-flight slot, sets the header.
     fn route(&mut self, shared: &Shared, params: Params, key: Option<&RequestKey>, cause: Option<&str>) {
         let Ok(mut router) = shared.router.try_borrow_mut() else { return };
-        // This gateway's in-flight count (all workers) plus what the feed says the server itself reports.
+        // This gateway's in-flight count and pending prefill work (all workers); the router adds what its feed
+        // says the server itself reports.
         let table = shared::Table::read();
+        let prefix_aware = router.settings().strategy == Strategy::PrefixAware;
+        let pending = prefix_aware.then(|| shared::Table::read_of(Counter::PendingPrefill));
         let loads: Vec<EndpointLoad> = router
             .endpoints()
             .iter()
-            .map(|e| EndpointLoad { in_flight: table.get(&e.address), server: feed::server_load(&e.address) })
+            .map(|e| EndpointLoad {
+                in_flight: table.get(&e.address),
+                pending_prefill: pending.as_ref().map_or(0, |p| p.get(&e.address)),
+                server: None,
+            })
             .collect();
-        let input = PickInput { key, random: random_u64(u64::from(self.context_id)), now_ms: now_ms(), ..PickInput::default() };
+        let input = PickInput { key, random: random_u64(u64::from(self.context_id)), body_len: self.body_len, ..PickInput::default() };
         let strategy = router.settings().strategy;
         let Some(mut decision) = router.route(&input, &loads) else {
             // No endpoints known yet (feed not delivered): leave the header unset so Envoy's fallback policy routes.
@@ -175,10 +190,12 @@ impl FilterHttp {
             return;
         };
         // Passive failure learning: a pick on an endpoint in back-off goes to the least-loaded endpoint that is up.
-        if let Some(address) = health::avoid_down(router.endpoints(), &loads, decision.endpoint, now_ms()) {
+        let placement = health::place(router.endpoints(), &loads, decision.endpoint, now_ms());
+        if let Some(address) = placement.instead {
             shared.metrics.count(metric::PICKS_AVOIDED_DOWN, 1);
             decision.address = address;
         }
+        self.probe = placement.probe;
         drop(router);
         if let Some(c) = cause {
             shared.metrics.fail_open(c);
@@ -190,6 +207,13 @@ impl FilterHttp {
             Some(_) => self.stream.took_slot(decision.address.clone()),
             None => shared.metrics.count("warmpath.cas_failures", 1),
         }
+        if decision.prefill_bytes > 0 {
+            let bytes = decision.prefill_bytes.min(i32::MAX as u32);
+            match shared::add_to(Counter::PendingPrefill, &decision.address, bytes as i32, pending) {
+                Some(_) => self.stream.took_pending(decision.address.clone(), bytes),
+                None => shared.metrics.count("warmpath.cas_failures", 1),
+            }
+        }
         set_request_header(DESTINATION_HEADER, Some(&decision.address));
         if params.debug_header {
             self.debug = Some(format!("{};{};matched={}", decision.address, decision.reason.as_str(), decision.matched_len));
@@ -198,6 +222,18 @@ impl FilterHttp {
 }
 
 impl Context for FilterHttp {}
+
+impl FilterHttp {
+    /// Gives back this stream's pending prefill work, if the state machine says it is time.
+    fn release_pending(&mut self) {
+        let Some((address, bytes)) = self.stream.take_pending() else { return };
+        if shared::add_to(Counter::PendingPrefill, &address, -(bytes as i32), None).is_none() {
+            if let Some(shared) = &self.shared {
+                shared.metrics.count("warmpath.cas_failures", 1);
+            }
+        }
+    }
+}
 
 impl FilterHttp {
     /// Carries out a step of the stream state machine.
@@ -265,6 +301,13 @@ impl HttpContext for FilterHttp {
             .flatten()
             .and_then(|s| s.parse::<u16>().ok());
         self.stream.on_response_headers(status);
+        if std::mem::take(&mut self.probe) {
+            // This request probes an endpoint whose back-off expired: its answer decides at once, so the requests
+            // waiting out the probe window need not wait for the end of a long (streamed) response.
+            if let Some(address) = self.stream.slot() {
+                health::learn(address, now_ms());
+            }
+        }
         if let Some(d) = self.debug.take() {
             let _ = hostcalls::set_map_value(MapType::HttpResponseHeaders, DEBUG_HEADER, Some(&d));
         }
@@ -272,13 +315,16 @@ impl HttpContext for FilterHttp {
     }
 
     fn on_http_response_body(&mut self, body_size: usize, _end_of_stream: bool) -> Action {
-        self.stream.on_response_body(body_size);
+        if self.stream.on_response_body(body_size) {
+            self.release_pending();
+        }
         Action::Continue
     }
 
     fn on_log(&mut self) {
         // Runs once for every stream that ends — finished, reset by either side, or aborted by the client.
         let Some(ended) = self.stream.on_end() else { return };
+        self.release_pending();
         if let Some(address) = ended.slot {
             let outcome = health::learn(&address, now_ms());
             if let Some(shared) = &self.shared {

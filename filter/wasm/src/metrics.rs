@@ -147,7 +147,17 @@ impl Metrics {
 /// The gauge name of an endpoint's in-flight counter: dots and colons become `_` so Envoy's stat name stays one
 /// token (`127.0.0.1:8001` → `warmpath.in_flight.127_0_0_1_8001`).
 pub fn in_flight_gauge_name(address: &str) -> String {
-    let mut s = String::from("warmpath.in_flight.");
+    endpoint_gauge_name("warmpath.in_flight.", address)
+}
+
+/// The gauge name of an endpoint's pending prefill work in bytes (`warmpath.pending_prefill.<endpoint>`, named
+/// like [`in_flight_gauge_name`]).
+pub fn pending_prefill_gauge_name(address: &str) -> String {
+    endpoint_gauge_name("warmpath.pending_prefill.", address)
+}
+
+fn endpoint_gauge_name(prefix: &str, address: &str) -> String {
+    let mut s = String::from(prefix);
     s.extend(address.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }));
     s
 }
@@ -160,5 +170,6 @@ mod tests {
     fn gauge_names_are_single_tokens() {
         assert_eq!(in_flight_gauge_name("127.0.0.1:8001"), "warmpath.in_flight.127_0_0_1_8001");
         assert_eq!(in_flight_gauge_name("[::1]:80"), "warmpath.in_flight.___1__80");
+        assert_eq!(pending_prefill_gauge_name("127.0.0.1:8001"), "warmpath.pending_prefill.127_0_0_1_8001");
     }
 }

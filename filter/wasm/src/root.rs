@@ -28,6 +28,8 @@ thread_local! {
     // One VM = one thread. The router of each plugin (by Envoy plugin name), created by its first valid configuration.
     static ROUTERS: RefCell<HashMap<String, Rc<RefCell<Router>>>> = RefCell::new(HashMap::new());
     static RNG: RefCell<u64> = const { RefCell::new(0) };
+    // Endpoints whose in-flight gauge this VM has reported (see `refresh_gauges`).
+    static REPORTED: RefCell<std::collections::BTreeSet<String>> = const { RefCell::new(std::collections::BTreeSet::new()) };
 }
 
 /// Milliseconds since the Unix epoch from the host clock (0 if the host refuses).
@@ -90,9 +92,28 @@ impl FilterRoot {
         let endpoints = router.endpoints();
         shared.metrics.gauge("warmpath.endpoints", endpoints.len() as u64);
         let table = shared::Table::read();
+        let pending = shared::Table::read_of(shared::Counter::PendingPrefill);
         for e in endpoints {
             shared.metrics.gauge(&metrics::in_flight_gauge_name(&e.address), u64::from(table.get(&e.address)));
+            shared
+                .metrics
+                .gauge(&metrics::pending_prefill_gauge_name(&e.address), u64::from(pending.get(&e.address)));
         }
+        // Endpoints that left (an LDS update or the feed removed them) keep their shared count reported until it is
+        // 0, then drop out: a gauge must not freeze at its last value. The count is the shared one, so every plugin
+        // instance of the VM reports the same value.
+        REPORTED.with(|reported| {
+            let mut reported = reported.borrow_mut();
+            reported.retain(|a| {
+                if endpoints.iter().any(|e| &e.address == a) {
+                    return true;
+                }
+                let n = table.get(a);
+                shared.metrics.gauge(&metrics::in_flight_gauge_name(a), u64::from(n));
+                n > 0
+            });
+            reported.extend(endpoints.iter().map(|e| e.address.clone()));
+        });
     }
 }
 
@@ -140,13 +161,12 @@ impl RootContext for FilterRoot {
         self.feed = settings.feed.clone().map(|f| FeedPoller::new(f, self.context_id));
         let _ = hostcalls::set_tick_period(tick);
         info!(
-            "configured plugin={plugin} strategy={} endpoints={} prefix_length={} block_size={} concurrency_threshold={} load_factor={} max_body_bytes={} feed={} upstream_clusters={}",
+            "configured plugin={plugin} strategy={} endpoints={} prefix_length={} block_size={} concurrency_threshold={} max_body_bytes={} feed={} upstream_clusters={}",
             settings.strategy.as_str(),
             settings.endpoints.len(),
             settings.prefix_length,
             settings.block_size,
             settings.concurrency_threshold,
-            settings.load_factor,
             settings.max_body_bytes,
             settings.feed.as_ref().map(|f| f.cluster.as_str()).unwrap_or("none"),
             if settings.upstream_clusters.is_empty() { "all".to_string() } else { settings.upstream_clusters.join(",") },

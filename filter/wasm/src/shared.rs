@@ -1,7 +1,8 @@
-//! State shared by every VM (main thread and each Envoy worker) through proxy-wasm shared data: the in-flight request
-//! counters per endpoint and the feed poller's lease. This is the only compare-and-swap code in the filter.
+//! State shared by every VM (main thread and each Envoy worker) through proxy-wasm shared data: two counters per
+//! endpoint ([`Counter`]: requests in flight, and pending prefill work in bytes of prompt text) and the feed poller's
+//! lease. This is the only compare-and-swap code in the filter.
 //!
-//! All counters live under one key, `warmpath.in_flight`, as a small table of entries
+//! Each counter lives under one key (`warmpath.in_flight`, `warmpath.pending_prefill`) as a small table of entries
 //! `[address length: u8][address bytes][count: u32 LE]`, so a request costs one read (loads of every endpoint, plus
 //! the CAS token) and one write to take its slot, and one read + one write to release it — independent of the
 //! number of endpoints. Entries whose count drops to 0 are pruned on the next write, which bounds the table by the
@@ -13,23 +14,46 @@
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::Status;
 
-const KEY: &str = "warmpath.in_flight";
+/// A per-endpoint counter shared by every worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Counter {
+    /// Requests sent to the endpoint that have not ended.
+    InFlight,
+    /// Bytes of prompt text sent to the endpoint whose first response byte has not arrived
+    /// (`warmpath_core::EndpointLoad::pending_prefill`).
+    PendingPrefill,
+}
+
+impl Counter {
+    fn key(self) -> &'static str {
+        match self {
+            Counter::InFlight => "warmpath.in_flight",
+            Counter::PendingPrefill => "warmpath.pending_prefill",
+        }
+    }
+}
 /// Attempts before an update gives up (counted as a CAS failure by the caller); contention is between a few worker
 /// threads, so a handful of retries always suffices in practice.
 const MAX_CAS_ATTEMPTS: usize = 64;
 
 /// One read of the counter table.
 pub struct Table {
+    counter: Counter,
     bytes: Vec<u8>,
     cas: Option<u32>,
 }
 
 impl Table {
-    /// Reads the table (empty on a missing key or a host error).
+    /// Reads the in-flight table (empty on a missing key or a host error).
     pub fn read() -> Table {
-        match hostcalls::get_shared_data(KEY) {
-            Ok((bytes, cas)) => Table { bytes: bytes.unwrap_or_default(), cas },
-            Err(_) => Table { bytes: Vec::new(), cas: None },
+        Table::read_of(Counter::InFlight)
+    }
+
+    /// Reads the table of `counter` (empty on a missing key or a host error).
+    pub fn read_of(counter: Counter) -> Table {
+        match hostcalls::get_shared_data(counter.key()) {
+            Ok((bytes, cas)) => Table { counter, bytes: bytes.unwrap_or_default(), cas },
+            Err(_) => Table { counter, bytes: Vec::new(), cas: None },
         }
     }
 
@@ -91,8 +115,10 @@ fn push_entry(out: &mut Vec<u8>, address: &[u8], count: u32) {
 /// Creates the table if it does not exist yet, so that later writes always carry a CAS token (Envoy ignores the
 /// token when it creates a key). Called at configure time, before traffic.
 pub fn init() {
-    if let Ok((None, _)) = hostcalls::get_shared_data(KEY) {
-        let _ = hostcalls::set_shared_data(KEY, Some(&[]), None);
+    for c in [Counter::InFlight, Counter::PendingPrefill] {
+        if let Ok((None, _)) = hostcalls::get_shared_data(c.key()) {
+            let _ = hostcalls::set_shared_data(c.key(), Some(&[]), None);
+        }
     }
 }
 
@@ -102,12 +128,17 @@ pub fn init() {
 /// Returns the new count, or `None` when the host kept refusing the write (`MAX_CAS_ATTEMPTS` mismatches in a row,
 /// or another host error).
 pub fn add(address: &str, delta: i32, read: Option<Table>) -> Option<u32> {
-    let mut table = read.unwrap_or_else(Table::read);
+    add_to(Counter::InFlight, address, delta, read)
+}
+
+/// [`add`] for the table of `counter` (`read`, if given, must be that table).
+pub fn add_to(counter: Counter, address: &str, delta: i32, read: Option<Table>) -> Option<u32> {
+    let mut table = read.filter(|t| t.counter == counter).unwrap_or_else(|| Table::read_of(counter));
     for _ in 0..MAX_CAS_ATTEMPTS {
         let (bytes, next) = table.with_delta(address, delta)?;
-        match hostcalls::set_shared_data(KEY, Some(&bytes), table.cas) {
+        match hostcalls::set_shared_data(counter.key(), Some(&bytes), table.cas) {
             Ok(()) => return Some(next),
-            Err(Status::CasMismatch) => table = Table::read(),
+            Err(Status::CasMismatch) => table = Table::read_of(counter),
             Err(_) => return None,
         }
     }
@@ -143,8 +174,9 @@ pub fn take_lease(key: &str, owner: u64, now_ms: u64, ttl_ms: u64) -> bool {
 mod tests {
     use super::*;
 
+
     fn table(bytes: Vec<u8>) -> Table {
-        Table { bytes, cas: None }
+        Table { counter: Counter::InFlight, bytes, cas: None }
     }
 
     #[test]

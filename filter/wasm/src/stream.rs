@@ -78,6 +78,9 @@ pub struct Stream {
     status: Option<u16>,
     /// True once the first response body byte was seen.
     first_byte: bool,
+    /// Prefill work (endpoint, bytes of prompt text) this stream added to the endpoint's pending prefill; held
+    /// until the first response body byte or the end of the stream, whichever comes first.
+    pending: Option<(String, u32)>,
     ended: bool,
 }
 
@@ -101,7 +104,7 @@ impl Default for Stream {
 impl Stream {
     /// A stream whose request headers have not arrived.
     pub fn new() -> Self {
-        Stream { phase: Phase::Start, slot: None, status: None, first_byte: false, ended: false }
+        Stream { phase: Phase::Start, slot: None, status: None, first_byte: false, pending: None, ended: false }
     }
 
     /// The request headers arrived; `end_of_stream` means there is no body.
@@ -152,6 +155,25 @@ impl Stream {
     pub fn took_slot(&mut self, address: String) {
         if self.slot.is_none() && !self.ended {
             self.slot = Some(address);
+        }
+    }
+
+    /// The routed request added `bytes` of prefill work to `address`'s pending prefill (taken once; ignored after
+    /// the first response byte or the end).
+    pub fn took_pending(&mut self, address: String, bytes: u32) {
+        if self.pending.is_none() && !self.first_byte && !self.ended {
+            self.pending = Some((address, bytes));
+        }
+    }
+
+    /// The pending prefill work to release now, once: after the first response body byte (the server has
+    /// prefilled the prompt: for streaming responses that is the first token; a non-streaming body arrives when
+    /// generation is done) or at the end of the stream (finished, reset, aborted) if no byte came.
+    pub fn take_pending(&mut self) -> Option<(String, u32)> {
+        if self.first_byte || self.ended {
+            self.pending.take()
+        } else {
+            None
         }
     }
 
@@ -294,5 +316,32 @@ mod tests {
         assert!(!s.on_response_body(3), "first byte reported once");
         let end = s.on_end().expect("end");
         assert_eq!((end.status, end.first_byte), (Some(200), true));
+    }
+
+    #[test]
+    fn pending_prefill_is_released_once_at_the_first_byte() {
+        let mut s = Stream::new();
+        s.on_request_headers(BODY, true);
+        s.took_pending("10.0.0.1:80".into(), 700);
+        assert_eq!(s.take_pending(), None, "held while the prompt is being prefilled");
+        s.on_response_headers(Some(200));
+        assert_eq!(s.take_pending(), None, "response headers come before the first token");
+        assert!(s.on_response_body(5));
+        assert_eq!(s.take_pending(), Some(("10.0.0.1:80".into(), 700)));
+        assert_eq!(s.take_pending(), None, "released once");
+        s.on_end();
+        assert_eq!(s.take_pending(), None, "nothing left at the end");
+    }
+
+    #[test]
+    fn pending_prefill_is_released_at_the_end_of_a_reset_stream() {
+        let mut s = Stream::new();
+        s.on_request_headers(BODY, true);
+        s.took_pending("10.0.0.1:80".into(), 300);
+        assert!(s.on_end().is_some());
+        assert_eq!(s.take_pending(), Some(("10.0.0.1:80".into(), 300)));
+        assert_eq!(s.take_pending(), None);
+        s.took_pending("10.0.0.2:80".into(), 1);
+        assert_eq!(s.take_pending(), None, "nothing is taken after the end");
     }
 }

@@ -54,7 +54,11 @@ fn condition<'a>(p: &'a InferenceRoutingPolicy, type_: &str) -> &'a k8s_openapi:
 /// The wasm filter's `PluginConfig` (Envoy v3 JSON) inside an Istio `EnvoyFilter` `HTTP_FILTER` patch.
 fn wasm_plugin_config(o: &DynamicObject) -> serde_json::Value {
     let patches = o.data["spec"]["configPatches"].as_array().expect("an EnvoyFilter");
-    let filter = patches.iter().find(|p| p["applyTo"] == "HTTP_FILTER").map(|p| &p["patch"]["value"]).expect("a wasm HTTP filter patch");
+    let filter = patches
+        .iter()
+        .find(|p| p["applyTo"] == "HTTP_FILTER" && p["patch"]["operation"] == "INSERT_BEFORE")
+        .map(|p| &p["patch"]["value"])
+        .expect("a wasm HTTP filter patch");
     assert_eq!(filter["typed_config"]["@type"], "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm");
     filter["typed_config"]["config"].clone()
 }
@@ -108,7 +112,12 @@ async fn envoy_gateway_create_switch_restart_delete() {
     assert_eq!(wasm["code"]["http"]["sha256"].as_str().unwrap().len(), 64);
     let epp = get_owned(&client, "EnvoyPatchPolicy", GW_NS, EPP_POLICY).await.unwrap();
     assert_eq!(epp.data["spec"]["jsonPatches"][0]["name"], plugin(&eep)["feed"]["cluster"], "feed cluster added");
-    let listener_patch = &epp.data["spec"]["jsonPatches"][1];
+    // First the native strip of client destination headers, at the head of every HTTP filter chain of the listener.
+    let strip = &epp.data["spec"]["jsonPatches"][1];
+    assert_eq!((strip["name"].as_str(), strip["operation"]["jsonPath"].as_str(), strip["operation"]["path"].as_str()),
+        (Some("gateways/inference-gw/http"), Some("$..http_filters"), Some("/0")));
+    assert_eq!(strip["operation"]["value"], warmpath_envoy_config::strip_client_destination_headers());
+    let listener_patch = &epp.data["spec"]["jsonPatches"][2];
     assert_eq!(listener_patch["name"], "gateways/inference-gw/http");
     assert_eq!(
         listener_patch["operation"]["jsonPath"],
@@ -185,8 +194,10 @@ async fn istio_provider_is_detected_from_the_gateway_class() {
     assert_eq!(plugin(&ef)["feed"]["cluster"], feed_cluster);
     assert_eq!(wasm["vm_config"]["code"]["remote"]["http_uri"]["cluster"], feed_cluster);
     let patches = ef.data["spec"]["configPatches"].as_array().unwrap();
-    let http = patches.iter().find(|p| p["applyTo"] == "HTTP_FILTER").unwrap();
-    assert_eq!(http["patch"]["operation"], "INSERT_BEFORE");
+    // First in the gateway's chain, the native strip of client destination headers; the wasm filter before the router.
+    let ops: Vec<&str> = patches.iter().filter(|p| p["applyTo"] == "HTTP_FILTER").filter_map(|p| p["patch"]["operation"].as_str()).collect();
+    assert_eq!(ops, ["INSERT_FIRST", "INSERT_BEFORE"]);
+    let http = patches.iter().find(|p| p["applyTo"] == "HTTP_FILTER" && p["patch"]["operation"] == "INSERT_BEFORE").unwrap();
     assert_eq!(http["match"]["listener"]["filterChain"]["filter"]["subFilter"]["name"], "envoy.filters.http.router");
     let cluster = patches.iter().find(|p| p["applyTo"] == "CLUSTER").unwrap();
     assert_eq!(cluster["match"]["cluster"]["service"], "vllm.llm.svc.cluster.local");
@@ -357,6 +368,8 @@ async fn envoy_gateway_patches_the_xds_listener_of_each_attached_port() {
             .filter(|p| p["type"] == "type.googleapis.com/envoy.config.listener.v3.Listener")
             .map(|p| p["name"].as_str().unwrap())
             .collect();
+        // Per listener: the native header strip, then the option on the wasm filter.
+        let want: Vec<&str> = want.iter().flat_map(|n| [*n, *n]).collect();
         assert_eq!(names, want, "{section:?} {port:?}");
     }
 }
@@ -401,7 +414,9 @@ async fn one_policy_on_several_routes_of_one_gateway() {
             let epp = get_owned(&client, "EnvoyPatchPolicy", GW_NS, "warmpath-feed-policy-llm-multi").await.unwrap();
             let patches = epp.data["spec"]["jsonPatches"].as_array().unwrap();
             let clusters = patches.iter().filter(|p| p["type"] == "type.googleapis.com/envoy.config.cluster.v3.Cluster").count();
-            let paths: Vec<&str> = patches.iter().filter_map(|p| p["operation"]["jsonPath"].as_str()).collect();
+            let paths: Vec<&str> = patches.iter().filter_map(|p| p["operation"]["jsonPath"].as_str()).filter(|p| p.contains("/wasm/0")).collect();
+            let strips = patches.iter().filter(|p| p["operation"]["path"] == "/0").count();
+            assert_eq!(strips, 1, "the native strip is inserted once per listener, not once per route");
             assert_eq!(clusters, 1, "the feed cluster is added once");
             assert_eq!(paths.len(), 2, "{paths:?}");
             assert!(paths[0].contains("/llm/warmpath-chat/wasm/0") && paths[1].contains("/llm/warmpath-chat-v2/wasm/0"), "{paths:?}");

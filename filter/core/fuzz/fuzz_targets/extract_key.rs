@@ -17,7 +17,7 @@ fuzz_target!(|data: &[u8]| {
             index_capacity: 64,
             ..Settings::default()
         });
-        let d = r.route_key(&k, sel as u64, 0, &[EndpointLoad::in_flight(1)]).unwrap();
+        let d = r.route_key(&k, sel as u64, &[EndpointLoad::in_flight(1)]).unwrap();
         assert!(d.endpoint < 2);
     }
 });

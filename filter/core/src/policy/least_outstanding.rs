@@ -55,7 +55,7 @@ mod tests {
         // Server-reported queue counts as load.
         let loads = [
             EndpointLoad::in_flight(2),
-            EndpointLoad { in_flight: 0, server: Some(ServerLoad { waiting: 4, running: 2, kv_cache_usage: 0.5 }) },
+            EndpointLoad { server: Some(ServerLoad { waiting: 4, running: 2, kv_cache_usage: 0.5 }), ..Default::default() },
             EndpointLoad::in_flight(3),
         ];
         assert_eq!(p.pick(&PickInput::default(), &eps, &loads).unwrap().endpoint, 0);

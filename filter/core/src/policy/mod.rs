@@ -26,9 +26,10 @@ pub struct PickInput<'a> {
     pub prefix: Option<&'a PrefixHashes>,
     /// Caller-supplied randomness (the core has no random source), uniform over u64.
     pub random: u64,
-    /// Caller-supplied time in milliseconds (any epoch; only differences matter). The core never reads a clock.
-    /// The built-in policies do not use it yet (the prefix index ages by CLOCK eviction, not by time).
-    pub now_ms: u64,
+    /// Size of the request body in bytes, or 0 when unknown. When the key was cut at `prefix_length`
+    /// (`key.truncated`), PREFIX_AWARE takes it as the prompt's length for the uncached-work estimate (the text
+    /// past the key is never in the index, so all of it is uncached).
+    pub body_len: usize,
 }
 
 /// A routing policy. `pick` is the only required method; the hooks default to doing nothing.
@@ -36,12 +37,11 @@ pub trait Policy: Send {
     /// Metric label of the policy (the strategy name, e.g. `PREFIX_AWARE`).
     fn name(&self) -> &'static str;
 
-    /// Chooses an endpoint. `loads[i]` belongs to `endpoints[i]` (missing entries count as idle).
+    /// Chooses an endpoint for one request and updates the policy's own state for it (e.g. records the prefix
+    /// in the index) in the same call: one call per request, so nothing is carried between a choice and its
+    /// bookkeeping. `loads[i]` belongs to `endpoints[i]` (missing entries count as idle).
     /// Returns `None` only when `endpoints` is empty.
     fn pick(&mut self, input: &PickInput, endpoints: &[Endpoint], loads: &[EndpointLoad]) -> Option<Decision>;
-
-    /// Called after the router used `decision` for `input` (e.g. to update the prefix index).
-    fn on_routed(&mut self, _input: &PickInput, _endpoints: &[Endpoint], _decision: &Decision) {}
 
     /// Called when the endpoint set changed; `endpoints` is the new set.
     fn on_endpoints_changed(&mut self, _endpoints: &[Endpoint]) {}

@@ -16,28 +16,43 @@
 //! conversations). Both are monotone along a chain (an ancestor is recorded whenever a descendant is), so the
 //! common part and the longest match are each found by binary search over the chain.
 //!
-//! ## Decision
+//! ## Decision: lowest predicted time to first token
 //! 1. Longest match `m`: the deepest full block present in the index (binary search), then the deepest
 //!    checkpoint of block `m` present (probed from long to short).
-//! 2. If the deepest matched node is not common, route to its most recent holder that the overload guard
-//!    admits ([`Reason::PrefixMatch`]): a growing conversation keeps landing where its history is cached.
-//!    A common match that covers the whole text (a repeated request) goes to a holder too, the first one in
-//!    rendezvous order.
-//! 3. Otherwise the key is the first non-common node: the common blocks, then the first checkpoint of the next
-//!    block that is not common (else that whole block, else the whole tail). The endpoint is the rendezvous
-//!    top for that key ([`Reason::ConsistentPick`]); every replica computes the same key once it has seen the
-//!    shared prefix, and turn k+1 gets turn k's key as long as turn 1 reached that checkpoint.
-//!    With `miss_choices` d ≥ 2 the top yields to the least-loaded of the key's next d − 1 rendezvous
-//!    candidates when that one has at least `miss_load_margin` fewer requests in flight (ties to the
-//!    higher-ranked one): still a function of (key, endpoint set, loads), so replicas that see the same loads
-//!    agree, equal loads give the top candidate, and a key never leaves its d candidates while its top is
-//!    admitted. The margin keeps small load differences from scattering a key: a later turn handled by a
-//!    replica or Envoy worker whose index lacks the first turn falls back to the same key.
-//! 4. Overload guard ([`LoadGuard`]): an endpoint at `concurrency_threshold` in-flight or above the bounded-load
-//!    cap is skipped; the request goes to the next endpoint in rendezvous order, else the least-loaded one
-//!    ([`Reason::Overflow`]).
+//! 2. The key: the first non-common node (the common blocks, then the first checkpoint of the next block that is
+//!    not common, else that whole block, else the whole tail). Every replica computes the same key once it has
+//!    seen the shared prefix, and turn k+1 gets turn k's key as long as turn 1 reached that checkpoint.
+//! 3. Candidates: the holders of the deepest matched node, the key's top [`RENDEZVOUS_CANDIDATES`] rendezvous
+//!    endpoints, and the least-loaded endpoint (least waiting prefill work, then fewest requests outstanding).
+//!    Finding the last two is one pass over the endpoints with a few multiplications each (no sort).
+//! 4. For each candidate `e` the predicted time to first token, in bytes of prompt text to prefill before this
+//!    request's first token:
 //!
-//! `on_routed` records the chain under the chosen endpoint.
+//!    `ttft(e) = waiting(e) + max(prompt − cached(e), 0)`
+//!
+//!    - `cached(e)`: the longest match of this request's chain that the index lists `e` as a holder of (the
+//!      matched length for holders of the deepest node, else the deepest full block `e` holds, by binary search),
+//!      and at least the part of the match the traffic diverged after at least [`BRANCH_FACTOR`]·N times: such a
+//!      prefix (a shared system prompt) is continued by many different requests, so it becomes cached wherever
+//!      one of them goes once; counting it only at its first holders would send all of its traffic there.
+//!    - `prompt`: the extracted text's length, or the body's length when the key was cut at `prefix_length`.
+//!    - `waiting(e)`: the larger of the prefill work this gateway sent to `e` that has not produced a first
+//!      response byte ([`EndpointLoad::pending_prefill`]), and what the server itself reports queued
+//!      (`waiting` requests × the mean uncached work of the requests this policy routed).
+//!
+//!    This is the prefill part of NVIDIA Dynamo's KV router cost (`prefill_load_scale × max(active_prefill +
+//!    prompt_blocks − overlap_blocks, 0) + decode_blocks`, Dynamo `docs/architecture/kv_cache_routing.md`) with
+//!    scale 1: a first-come-first-served engine (vLLM's and SGLang's default schedulers) prefills what is queued
+//!    before a new request, at a rate that is the same for every endpoint of one pool, so the rate cancels out of
+//!    the comparison and no coefficient needs tuning. The decode term is left out: it needs the output length,
+//!    which a gateway does not know, and under chunked prefill decode steps slow prefill by a factor that depends
+//!    on the engine's batch budget; the hard cap below bounds it instead.
+//! 5. Lowest prediction wins; ties go to the higher rendezvous score for the key, so with equal loads a request
+//!    with a useful match goes to a holder, one without to the key's rendezvous top — the consistent pick every
+//!    replica computes. A candidate at `concurrency_threshold` (or with a full KV cache and a queue) is never
+//!    chosen; when every candidate is, the least-loaded endpoint under the cap is, else the least-loaded one.
+//!
+//! The chosen endpoint's chain is recorded in the index in the same call.
 
 use std::borrow::Cow;
 
@@ -48,6 +63,7 @@ use crate::endpoint::{Endpoint, EndpointLoad};
 use crate::hrw;
 use crate::index::{BlockInfo, PrefixIndex, MAX_HOLDERS};
 use crate::load::{least_loaded, load_at, LoadGuard};
+use crate::RequestKey;
 use crate::prefix::{checkpoint_hash, checkpoint_step, PrefixHashes};
 
 /// A node is common when the traffic diverged below it at least `BRANCH_FACTOR × N` times (N endpoints).
@@ -59,23 +75,40 @@ const SEPARATOR: u8 = 0x1e;
 /// Most message-end checkpoints per block (bounds the hashing work on adversarial text full of separators).
 pub const MAX_SEPARATOR_CHECKPOINTS: usize = 4;
 
+/// Rendezvous candidates of a request's key compared by predicted time to first token (besides the match's
+/// holders and the least-loaded endpoint). Two: the key's top, and one consistent alternative every replica
+/// agrees on when the top is busy.
+pub const RENDEZVOUS_CANDIDATES: usize = 2;
+
+/// Weight of the newest request in the running mean of uncached work per request (an exponential moving average
+/// over about this many requests), used to turn a server-reported queue length into prefill work.
+const MEAN_WINDOW: f64 = 64.0;
+
 /// Longest-prefix-match + consistent-hash policy owning the bounded prefix index.
 pub struct PrefixAwarePolicy {
     block_size: usize,
     threshold: u32,
-    load_factor: f64,
-    /// Rendezvous candidates compared by load for a request without a useful match (`miss_choices`, ≥ 1).
-    miss_choices: usize,
-    /// In-flight difference needed to leave the rendezvous top on a miss (`miss_load_margin`, ≥ 1).
-    miss_margin: u32,
     index: PrefixIndex,
     /// Endpoint ids of the last endpoint list seen, in order.
     ids: Vec<u32>,
+    /// [`hrw::address_hash`] of each endpoint of that list, in order.
+    addr_hashes: Vec<u64>,
     /// Position of each endpoint id in that list (`usize::MAX` = not present), indexed by id.
     pos_by_id: Vec<usize>,
-    /// Common-block count of the last pick, keyed by (namespace, full blocks, last block hash), so `on_routed`
-    /// right after `pick` does not search the index again.
-    last_common: Option<((u64, usize, u64), usize)>,
+    /// Running mean of the uncached work of routed requests, bytes of prompt text.
+    mean_uncached: f64,
+}
+
+/// One candidate endpoint of a decision.
+#[derive(Debug, Clone, Copy)]
+struct Candidate {
+    pos: usize,
+    /// Predicted prefill work before this request's first token, bytes.
+    ttft: u64,
+    /// Rendezvous score for the request's key (ties go to the higher).
+    score: u64,
+    /// Bytes of this request's text the index expects cached there.
+    cached: usize,
 }
 
 /// What the index says about one request.
@@ -89,10 +122,11 @@ struct Plan {
     deepest: Option<u64>,
     /// The deepest matched node is not common: its holders are the placement.
     useful: bool,
-    /// Hash of the deepest matched full block (for reporting matches of other choices).
-    last_full: Option<u64>,
     /// Leading common full blocks.
     common_blocks: usize,
+    /// Bytes of the match that many requests diverged after (see [`BRANCH_FACTOR`]): counted as cached at every
+    /// endpoint.
+    shared_len: usize,
 }
 
 impl PrefixAwarePolicy {
@@ -101,13 +135,11 @@ impl PrefixAwarePolicy {
         PrefixAwarePolicy {
             block_size: settings.block_size,
             threshold: settings.concurrency_threshold,
-            load_factor: settings.load_factor,
-            miss_choices: settings.miss_choices.max(1),
-            miss_margin: settings.miss_load_margin.max(1),
             index: PrefixIndex::new(settings.index_capacity),
             ids: Vec::new(),
+            addr_hashes: Vec::new(),
             pos_by_id: Vec::new(),
-            last_common: None,
+            mean_uncached: 0.0,
         }
     }
 
@@ -116,11 +148,25 @@ impl PrefixAwarePolicy {
         &self.index
     }
 
+    /// Adopts `endpoints` as the current list. Per request (from `pick`) only the length and the ends are compared,
+    /// so the check stays O(1); a change of the list is announced by [`Policy::on_endpoints_changed`], which
+    /// compares everything.
     fn sync(&mut self, endpoints: &[Endpoint]) {
+        let ends = |ids: &[u32]| (ids.first().copied(), ids.last().copied());
+        if self.ids.len() == endpoints.len()
+            && ends(&self.ids) == (endpoints.first().map(|e| e.id), endpoints.last().map(|e| e.id))
+        {
+            return;
+        }
+        self.sync_all(endpoints);
+    }
+
+    fn sync_all(&mut self, endpoints: &[Endpoint]) {
         if self.ids.len() == endpoints.len() && self.ids.iter().zip(endpoints).all(|(a, e)| *a == e.id) {
             return;
         }
         self.ids = endpoints.iter().map(|e| e.id).collect();
+        self.addr_hashes = endpoints.iter().map(hrw::address_hash).collect();
         self.pos_by_id.iter_mut().for_each(|p| *p = usize::MAX);
         for (i, e) in endpoints.iter().enumerate() {
             let id = e.id as usize;
@@ -141,6 +187,12 @@ impl PrefixAwarePolicy {
 
     fn present(&self, hash: u64) -> bool {
         self.index.get(hash).is_some_and(|i| self.active_holders(&i) > 0)
+    }
+
+    /// True when the traffic diverged below `hash` at least `BRANCH_FACTOR × N` times.
+    fn is_branching(&self, hash: u64) -> bool {
+        let need_branches = (self.ids.len() as u16).saturating_mul(BRANCH_FACTOR).max(2);
+        self.index.get(hash).is_some_and(|i| i.branches >= need_branches)
     }
 
     fn is_common(&self, hash: u64) -> bool {
@@ -216,7 +268,13 @@ impl PrefixAwarePolicy {
             Some((_, h)) if self.is_common(h) && m > common => (last_full, start),
             _ => (deepest, matched_len),
         };
-        Plan { matched_blocks: m, matched_len, deepest, useful, last_full, common_blocks: common }
+        // The branching part of the match (a subset of the common part; both are prefixes of the chain).
+        let branching = self.search(blocks, common, |s, h| s.is_branching(h));
+        let shared_len = match partial {
+            Some((c, h)) if branching == m && self.is_branching(h) => start + c,
+            _ => branching * bs,
+        };
+        Plan { matched_blocks: m, matched_len, deepest, useful, common_blocks: common, shared_len }
     }
 
     /// Rendezvous key: the first non-common node after the `common` leading blocks (see the module docs).
@@ -266,119 +324,28 @@ impl PrefixAwarePolicy {
     }
 }
 
-/// The endpoint for a request without a useful match, or `None` when the key's rendezvous top is not admitted
-/// by the guard (the caller overflows along the rendezvous order, as with one choice). Otherwise the top,
-/// unless one of the next `d` − 1 endpoints in rendezvous order is admitted and has at least `margin` fewer
-/// requests in flight (effective load): then the least-loaded of those, ties to the better rendezvous rank.
-/// With `d` = 1, or equal loads, this is the rendezvous top.
-fn miss_choice(
-    key: u64,
-    d: usize,
-    margin: u32,
-    endpoints: &[Endpoint],
-    loads: &[EndpointLoad],
-    guard: &LoadGuard,
-) -> Option<usize> {
-    let load = |i| load_at(loads, i).effective();
-    if d <= 1 {
-        return hrw::top(key, endpoints).filter(|&i| guard.admits(loads, i));
-    }
-    let order = hrw::order(key, endpoints);
-    let top = *order.first()?;
-    if !guard.admits(loads, top) {
-        return None;
-    }
-    // `min_by_key` keeps the first of equal minima, i.e. the better rendezvous rank.
-    let best = order.into_iter().take(d).skip(1).filter(|&i| guard.admits(loads, i)).min_by_key(|&i| load(i));
-    match best {
-        Some(b) if load(b).saturating_add(margin) <= load(top) => Some(b),
-        _ => Some(top),
-    }
+/// Prefill work queued at an endpoint, bytes: this gateway's pending prefill, or the server's own queue
+/// (`waiting` × `mean_uncached`) when that says more.
+fn waiting_work(load: &EndpointLoad, mean_uncached: f64) -> u64 {
+    let server = load.server.map_or(0, |s| (f64::from(s.waiting) * mean_uncached) as u64);
+    u64::from(load.pending_prefill).max(server)
 }
 
-fn fingerprint(ph: &PrefixHashes) -> (u64, usize, u64) {
-    (ph.namespace, ph.blocks.len(), ph.blocks.last().copied().unwrap_or(0))
-}
-
-impl Policy for PrefixAwarePolicy {
-    fn name(&self) -> &'static str {
-        "PREFIX_AWARE"
+impl PrefixAwarePolicy {
+    /// Bytes of `chain` the index expects cached at endpoint `pos`: `matched_len` for a holder of the deepest
+    /// matched node, else the deepest full block (of the `plan.matched_blocks` present) it holds. Holders are
+    /// recorded along whole chains, so "holds block k" holds on a prefix of the blocks and a binary search finds
+    /// the deepest. The branching part of the match counts as cached everywhere (see the module docs).
+    fn cached_at(&self, plan: &Plan, blocks: &[u64], pos: usize) -> usize {
+        if self.holds(plan.deepest, pos) {
+            return plan.matched_len.max(plan.shared_len);
+        }
+        let k = self.search(blocks, plan.matched_blocks, |s, h| s.holds(Some(h), pos));
+        (k * self.block_size).max(plan.shared_len)
     }
 
-    fn pick(&mut self, input: &PickInput, endpoints: &[Endpoint], loads: &[EndpointLoad]) -> Option<Decision> {
-        if endpoints.is_empty() {
-            return None;
-        }
-        self.sync(endpoints);
-        let n = endpoints.len();
-        let guard = LoadGuard::new(self.threshold, self.load_factor, n, loads);
-        let Some(key) = input.key.filter(|k| !k.text.is_empty()) else {
-            let i = least_loaded(input.random, endpoints, loads)?;
-            return Some(Decision::new(endpoints, i, Reason::LeastOutstanding));
-        };
-        let ph: Cow<PrefixHashes> = match input.prefix {
-            Some(p) if p.block_size == self.block_size && p.namespace == key.namespace => Cow::Borrowed(p),
-            _ => Cow::Owned(PrefixHashes::compute(key.namespace, &key.text, self.block_size)),
-        };
-        let plan = self.plan(&key.text, &ph);
-        self.last_common = Some((fingerprint(&ph), plan.common_blocks));
-        let blocks = plan.matched_blocks as u32;
-        // Follow the match when it is useful, or when it covers the whole text (a repeat: any holder has it
-        // all; holders are tried in rendezvous order so replicas agree).
-        if let Some(h) = plan.deepest.filter(|_| plan.useful || plan.matched_len >= key.text.len()) {
-            let mut holders: Vec<usize> = self
-                .index
-                .get(h)
-                .map(|i| i.holders.iter().filter_map(|&id| self.pos(id)).collect())
-                .unwrap_or_default();
-            if !plan.useful {
-                let key_hash = self.consistent_key(&key.text, &ph, plan.common_blocks);
-                holders.sort_by_key(|&i| std::cmp::Reverse(hrw::score(key_hash, &endpoints[i])));
-            }
-            if let Some(&i) = holders.iter().find(|&&i| guard.admits(loads, i)) {
-                return Some(Decision::new(endpoints, i, Reason::PrefixMatch).with_match(blocks, plan.matched_len));
-            }
-        }
-        let report = |s: &Self, i: usize, reason| {
-            let d = Decision::new(endpoints, i, reason);
-            if s.holds(plan.deepest, i) {
-                d.with_match(blocks, plan.matched_len)
-            } else if s.holds(plan.last_full, i) {
-                d.with_match(blocks, plan.matched_blocks * s.block_size)
-            } else {
-                d
-            }
-        };
-        let key_hash = self.consistent_key(&key.text, &ph, plan.common_blocks);
-        if !plan.useful {
-            if let Some(i) = miss_choice(key_hash, self.miss_choices, self.miss_margin, endpoints, loads, &guard) {
-                return Some(report(self, i, Reason::ConsistentPick));
-            }
-        }
-        let next = hrw::order(key_hash, endpoints).into_iter().find(|&i| guard.admits(loads, i));
-        let i = match next {
-            Some(i) => i,
-            None => least_loaded(key_hash, endpoints, loads)?,
-        };
-        Some(report(self, i, Reason::Overflow))
-    }
-
-    fn on_routed(&mut self, input: &PickInput, endpoints: &[Endpoint], decision: &Decision) {
-        let Some(key) = input.key.filter(|k| !k.text.is_empty()) else { return };
-        if decision.reason == Reason::FailOpen || decision.endpoint >= endpoints.len() {
-            return;
-        }
-        self.sync(endpoints);
-        let id = endpoints[decision.endpoint].id;
-        let ph: Cow<PrefixHashes> = match input.prefix {
-            Some(p) if p.block_size == self.block_size && p.namespace == key.namespace => Cow::Borrowed(p),
-            _ => Cow::Owned(PrefixHashes::compute(key.namespace, &key.text, self.block_size)),
-        };
-        let common = match self.last_common.take() {
-            Some((f, c)) if f == fingerprint(&ph) => c,
-            _ => self.plan(&key.text, &ph).common_blocks,
-        };
-        let chain = self.chain(&key.text, &ph, common);
+    /// Records `chain` under endpoint `id`, counting divergences (see [`BRANCH_FACTOR`]).
+    fn record(&mut self, chain: &[u64], id: u32) {
         let pos_by_id = std::mem::take(&mut self.pos_by_id);
         let active = |h: u32| pos_by_id.get(h as usize).is_some_and(|&p| p != usize::MAX);
         let mut diverged = false;
@@ -398,8 +365,129 @@ impl Policy for PrefixAwarePolicy {
         self.pos_by_id = pos_by_id;
     }
 
-    fn on_endpoints_changed(&mut self, endpoints: &[Endpoint]) {
+    /// The decision for a request with text (steps 1–5 of the module docs), without recording it.
+    fn decide(&mut self, key: &RequestKey, ph: &PrefixHashes, plan: &Plan, body_len: usize, endpoints: &[Endpoint], loads: &[EndpointLoad]) -> Decision {
+        let guard = LoadGuard::new(self.threshold);
+        let key_hash = self.consistent_key(&key.text, ph, plan.common_blocks);
+        let kf = hrw::key_factor(key_hash);
+        let prompt = if key.truncated { key.text.len().max(body_len) } else { key.text.len() };
+        let mean = self.mean_uncached;
+        // Two passes over the endpoints, a few operations each (no sort): the key's top rendezvous endpoints, and
+        // the least-loaded admitted endpoint.
+        let mut top = [(0u64, usize::MAX); RENDEZVOUS_CANDIDATES];
+        for (i, &h) in self.addr_hashes.iter().enumerate() {
+            let score = hrw::score_hashed(kf, h);
+            if top[RENDEZVOUS_CANDIDATES - 1].1 == usize::MAX || score > top[RENDEZVOUS_CANDIDATES - 1].0 {
+                let mut j = RENDEZVOUS_CANDIDATES - 1;
+                while j > 0 && (top[j - 1].1 == usize::MAX || score > top[j - 1].0) {
+                    top[j] = top[j - 1];
+                    j -= 1;
+                }
+                top[j] = (score, i);
+            }
+        }
+        // Least waiting work, then fewest outstanding; ties go to the higher score, computed only for them.
+        let mut least: Option<(u64, u32, usize)> = None;
+        let mut least_score = 0u64;
+        for i in 0..endpoints.len() {
+            if !guard.admits(loads, i) {
+                continue;
+            }
+            let l = load_at(loads, i);
+            let rank = (waiting_work(&l, mean), l.effective());
+            let better = match least {
+                None => true,
+                Some((w, e, _)) if rank < (w, e) => true,
+                Some((w, e, _)) if rank == (w, e) => {
+                    let sc = hrw::score_hashed(kf, self.addr_hashes[i]);
+                    if sc > least_score {
+                        least_score = sc;
+                        least = Some((w, e, i));
+                    }
+                    false
+                }
+                _ => false,
+            };
+            if better {
+                least_score = hrw::score_hashed(kf, self.addr_hashes[i]);
+                least = Some((rank.0, rank.1, i));
+            }
+        }
+        let mut cands: Vec<usize> = Vec::with_capacity(MAX_HOLDERS + RENDEZVOUS_CANDIDATES + 1);
+        if let Some(info) = plan.deepest.and_then(|h| self.index.get(h)) {
+            cands.extend(info.holders.iter().filter_map(|&id| self.pos(id)));
+        }
+        cands.extend(top.iter().filter(|t| t.1 != usize::MAX).map(|t| t.1));
+        cands.extend(least.map(|l| l.2));
+        cands.sort_unstable();
+        cands.dedup();
+        let best = cands
+            .iter()
+            .filter(|&&i| guard.admits(loads, i))
+            .map(|&i| {
+                let cached = self.cached_at(plan, &ph.blocks, i);
+                let waiting = waiting_work(&load_at(loads, i), mean);
+                let ttft = waiting + prompt.saturating_sub(cached) as u64;
+                Candidate { pos: i, ttft, score: hrw::score_hashed(kf, self.addr_hashes[i]), cached }
+            })
+            .min_by(|a, b| a.ttft.cmp(&b.ttft).then_with(|| b.score.cmp(&a.score)));
+        let capped = best.is_none();
+        let best = match best {
+            Some(c) => c,
+            None => {
+                // Every endpoint is at the cap: the least-loaded one (the request is never refused).
+                let i = least_loaded(key_hash, endpoints, loads).expect("endpoints are not empty");
+                let cached = self.cached_at(plan, &ph.blocks, i);
+                Candidate { pos: i, ttft: 0, score: 0, cached }
+            }
+        };
+        let holds_match = best.cached > 0 && self.holds(plan.deepest, best.pos);
+        let reason = if capped {
+            Reason::Overflow
+        } else if holds_match && (plan.useful || plan.matched_len >= key.text.len()) {
+            Reason::PrefixMatch
+        } else if !plan.useful && best.pos == top[0].1 {
+            Reason::ConsistentPick
+        } else {
+            Reason::Overflow
+        };
+        let cached = best.cached.min(key.text.len());
+        let uncached = prompt.saturating_sub(cached);
+        self.mean_uncached += (uncached as f64 - self.mean_uncached) / MEAN_WINDOW;
+        let mut d = Decision::new(endpoints, best.pos, reason)
+            .with_match((cached / self.block_size).min(plan.matched_blocks) as u32, cached);
+        d.prefill_bytes = u32::try_from(uncached).unwrap_or(u32::MAX);
+        d
+    }
+}
+
+impl Policy for PrefixAwarePolicy {
+    fn name(&self) -> &'static str {
+        "PREFIX_AWARE"
+    }
+
+    fn pick(&mut self, input: &PickInput, endpoints: &[Endpoint], loads: &[EndpointLoad]) -> Option<Decision> {
+        if endpoints.is_empty() {
+            return None;
+        }
         self.sync(endpoints);
+        let Some(key) = input.key.filter(|k| !k.text.is_empty()) else {
+            let i = least_loaded(input.random, endpoints, loads)?;
+            return Some(Decision::new(endpoints, i, Reason::LeastOutstanding));
+        };
+        let ph: Cow<PrefixHashes> = match input.prefix {
+            Some(p) if p.block_size == self.block_size && p.namespace == key.namespace => Cow::Borrowed(p),
+            _ => Cow::Owned(PrefixHashes::compute(key.namespace, &key.text, self.block_size)),
+        };
+        let plan = self.plan(&key.text, &ph);
+        let decision = self.decide(key, &ph, &plan, input.body_len, endpoints, loads);
+        let chain = self.chain(&key.text, &ph, plan.common_blocks);
+        self.record(&chain, endpoints[decision.endpoint].id);
+        Some(decision)
+    }
+
+    fn on_endpoints_changed(&mut self, endpoints: &[Endpoint]) {
+        self.sync_all(endpoints);
     }
 
     fn reconfigure(&mut self, settings: &Settings) -> bool {
@@ -407,9 +495,6 @@ impl Policy for PrefixAwarePolicy {
             return false;
         }
         self.threshold = settings.concurrency_threshold;
-        self.load_factor = settings.load_factor;
-        self.miss_choices = settings.miss_choices.max(1);
-        self.miss_margin = settings.miss_load_margin.max(1);
         if settings.index_capacity != self.index.capacity() {
             self.index.set_capacity(settings.index_capacity);
         }

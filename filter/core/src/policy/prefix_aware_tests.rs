@@ -23,7 +23,6 @@ fn settings(n: usize) -> Settings {
         prefix_length: 4096,
         block_size: 64,
         concurrency_threshold: 10,
-        load_factor: 0.0,
         endpoints: addrs(n),
         ..Settings::default()
     }
@@ -57,7 +56,7 @@ fn key(messages: &[(&str, &str)]) -> RequestKey {
 }
 
 fn route(r: &mut Router, k: &RequestKey) -> crate::Decision {
-    r.route_key(k, 0, 0, &[]).unwrap()
+    r.route_key(k, 0, &[]).unwrap()
 }
 
 #[test]
@@ -84,7 +83,7 @@ fn decisions_are_deterministic() {
             .map(|i| {
                 let k = key(&[("system", &sys), ("user", &words(i % 40, 100 + (i as usize * 37) % 400))]);
                 let loads: Vec<EndpointLoad> = (0..5).map(|e| EndpointLoad::in_flight(((i + e) % 7) as u32)).collect();
-                let d = r.route_key(&k, i.wrapping_mul(0x9e37_79b9), i, &loads).unwrap();
+                let d = r.route_key(&k, i.wrapping_mul(0x9e37_79b9), &loads).unwrap();
                 (d.endpoint, d.reason, d.matched_blocks, d.matched_len)
             })
             .collect::<Vec<_>>()
@@ -268,20 +267,20 @@ fn overflow_at_the_concurrency_threshold() {
     let (mut r, p) = primed(s.clone(), &k);
     let mut loads = vec![EndpointLoad::in_flight(0); 3];
     loads[p] = EndpointLoad::in_flight(1);
-    let d = r.route_key(&k, 0, 0, &loads).unwrap();
+    let d = r.route_key(&k, 0, &loads).unwrap();
     assert_eq!((d.endpoint, d.reason), (p, Reason::PrefixMatch), "below the threshold");
     loads[p] = EndpointLoad::in_flight(2);
     let (mut r, _) = primed(s.clone(), &k);
-    let d = r.route_key(&k, 0, 0, &loads).unwrap();
+    let d = r.route_key(&k, 0, &loads).unwrap();
     assert_eq!(d.reason, Reason::Overflow, "at the threshold");
     assert_ne!(d.endpoint, p);
     // A repeat while p is still busy lands on the same overflow endpoint (it now holds the prefix too).
-    let again = r.route_key(&k, 0, 0, &loads).unwrap();
+    let again = r.route_key(&k, 0, &loads).unwrap();
     assert_eq!(again.endpoint, d.endpoint);
     // All endpoints saturated: least loaded, still reported as overflow.
     let (mut r, _) = primed(s, &k);
     let full = vec![EndpointLoad::in_flight(5), EndpointLoad::in_flight(3), EndpointLoad::in_flight(4)];
-    let d = r.route_key(&k, 0, 0, &full).unwrap();
+    let d = r.route_key(&k, 0, &full).unwrap();
     assert_eq!((d.endpoint, d.reason), (1, Reason::Overflow));
 }
 
@@ -297,8 +296,8 @@ fn overflow_follows_rendezvous_order() {
     for _ in 0..5 {
         let (mut r, _) = primed(s.clone(), &k);
         let (mut other, _) = primed(s.clone(), &k);
-        let d = r.route_key(&k, 0, 0, &loads).unwrap();
-        assert_eq!(other.route_key(&k, 0, 0, &loads).unwrap().endpoint, d.endpoint);
+        let d = r.route_key(&k, 0, &loads).unwrap();
+        assert_eq!(other.route_key(&k, 0, &loads).unwrap().endpoint, d.endpoint);
         assert!(chosen.is_empty() || d.reason == Reason::Overflow);
         chosen.push(d.endpoint);
         loads[d.endpoint] = EndpointLoad::in_flight(1);
@@ -306,37 +305,6 @@ fn overflow_follows_rendezvous_order() {
     let mut sorted = chosen.clone();
     sorted.sort();
     assert_eq!(sorted, vec![0, 1, 2, 3, 4], "each overflow finds a new admitted endpoint: {chosen:?}");
-}
-
-#[test]
-fn bounded_load_factor_overflows_relative_to_mean() {
-    let mut s = settings(3);
-    s.load_factor = 1.25;
-    s.concurrency_threshold = 100;
-    let k = key(&[("user", &words(8, 400))]);
-    let (_, p) = primed(s.clone(), &k);
-    let case = |loads: &[u32]| {
-        let (mut r, _) = primed(s.clone(), &k);
-        let l: Vec<EndpointLoad> = loads.iter().map(|&x| EndpointLoad::in_flight(x)).collect();
-        r.route_key(&k, 0, 0, &l).unwrap().reason
-    };
-    let mut loads = [0u32; 3];
-    loads[p] = 2; // total 2: cap ceil(1.25·3/3) = 2, load 2 + 1 > 2 → refused
-    assert_eq!(case(&loads), Reason::Overflow);
-    loads[p] = 1; // total 1: cap ceil(1.25·2/3) = 1 → refused
-    assert_eq!(case(&loads), Reason::Overflow);
-    // total 3: cap ceil(1.25·4/3) = 2 → load 1 admitted
-    assert_eq!(case(&[1, 1, 1]), Reason::PrefixMatch);
-    s.load_factor = 0.0;
-    loads[p] = 2;
-    assert_eq!(
-        {
-            let (mut r, _) = primed(s.clone(), &k);
-            r.route_key(&k, 0, 0, &loads.map(EndpointLoad::in_flight)).unwrap().reason
-        },
-        Reason::PrefixMatch,
-        "factor 0 turns the bound off"
-    );
 }
 
 #[test]
@@ -348,8 +316,8 @@ fn server_load_joins_the_guard() {
     let case = |server: ServerLoad| {
         let (mut r, _) = primed(s.clone(), &k);
         let mut loads = vec![EndpointLoad::in_flight(0); 3];
-        loads[p] = EndpointLoad { in_flight: 0, server: Some(server) };
-        r.route_key(&k, 0, 0, &loads).unwrap()
+        loads[p] = EndpointLoad { server: Some(server), ..Default::default() };
+        r.route_key(&k, 0, &loads).unwrap()
     };
     let queued = case(ServerLoad { waiting: 3, running: 1, kv_cache_usage: 0.2 });
     assert_eq!(queued.reason, Reason::Overflow, "queue at the server");
@@ -364,12 +332,12 @@ fn empty_text_and_missing_key() {
     let mut r = Router::new(settings(3));
     let k = RequestKey::new(crate::BodyKind::Raw, None, None, Vec::new());
     let loads = [EndpointLoad::in_flight(3), EndpointLoad::in_flight(1), EndpointLoad::in_flight(2)];
-    let d = r.route_key(&k, 0, 0, &loads).unwrap();
+    let d = r.route_key(&k, 0, &loads).unwrap();
     assert_eq!((d.endpoint, d.reason), (1, Reason::LeastOutstanding));
     let d = r.route(&crate::PickInput::default(), &loads).unwrap();
     assert_eq!((d.endpoint, d.reason), (1, Reason::FailOpen));
     r.set_endpoints(vec![]).unwrap();
-    assert!(r.route_key(&k, 0, 0, &[]).is_none());
+    assert!(r.route_key(&k, 0, &[]).is_none());
 }
 
 #[test]
@@ -409,141 +377,145 @@ fn index_stays_bounded() {
     for i in 0..100 {
         let k = key(&[("user", &words(i, 2000))]);
         let input = crate::PickInput { key: Some(&k), ..Default::default() };
-        let d = p.pick(&input, &eps, &[]).unwrap();
-        p.on_routed(&input, &eps, &d);
+        p.pick(&input, &eps, &[]).unwrap();
         assert!(p.index().len() <= 64);
     }
 }
 
-/// For a fresh key on an empty index: its rendezvous top `p` (idle loads) and second `q` (where `p`'s overflow
-/// goes with `concurrency_threshold` 1), taken from `miss_choices` = 1 routers.
-fn top_two(n: usize, k: &RequestKey) -> (usize, usize) {
-    let mut s = settings(n);
-    let p = Router::new(s.clone()).route_key(k, 0, 0, &[]).unwrap().endpoint;
-    s.concurrency_threshold = 1;
-    let mut loads = vec![EndpointLoad::in_flight(0); n];
-    loads[p] = EndpointLoad::in_flight(1);
-    let d = Router::new(s).route_key(k, 0, 0, &loads).unwrap();
-    assert_eq!(d.reason, Reason::Overflow);
-    (p, d.endpoint)
-}
-
-fn with_choices(n: usize, d: usize) -> Settings {
-    Settings { miss_choices: d, ..settings(n) }
+/// Loads with `pending_prefill` bytes of prefill work waiting at each endpoint.
+fn pending(work: &[u32]) -> Vec<EndpointLoad> {
+    work.iter().map(|&w| EndpointLoad { pending_prefill: w, ..Default::default() }).collect()
 }
 
 #[test]
-fn miss_choices_with_equal_loads_is_the_consistent_pick() {
+fn equal_loads_give_the_consistent_pick() {
+    // Whatever the (equal) load, a fresh key goes to the same endpoint as on an idle fleet, on every replica
+    // (another endpoint order included): the rendezvous top of its key.
+    let n = 6;
     for seed in 0..40u64 {
         let k = key(&[("user", &words(100 + seed, 300))]);
-        let (p, _) = top_two(5, &k);
-        for load in [0, 3] {
-            let loads = vec![EndpointLoad::in_flight(load); 5];
-            for d in [1, 2, 3, 16] {
-                let got = Router::new(with_choices(5, d)).route_key(&k, 0, 0, &loads).unwrap();
-                assert_eq!((got.endpoint, got.reason), (p, Reason::ConsistentPick), "seed {seed} d {d} load {load}");
-            }
+        let idle = Router::new(settings(n)).route_key(&k, 0, &[]).unwrap();
+        assert_eq!(idle.reason, Reason::ConsistentPick, "seed {seed}");
+        for (in_flight, work) in [(0, 0), (3, 0), (2, 5000), (9, 100_000)] {
+            let loads = vec![EndpointLoad { in_flight, pending_prefill: work, server: None }; n];
+            let d = Router::new(settings(n)).route_key(&k, seed, &loads).unwrap();
+            assert_eq!((d.address.as_str(), d.reason), (idle.address.as_str(), Reason::ConsistentPick), "seed {seed}");
+            let mut reversed = settings(n);
+            reversed.endpoints.reverse();
+            let other = Router::new(reversed).route_key(&k, seed + 1, &loads).unwrap();
+            assert_eq!(other.address, idle.address, "seed {seed}: replica with another endpoint order");
         }
     }
 }
 
 #[test]
-fn miss_choices_two_takes_the_second_candidate_when_the_top_is_busier() {
-    let k = key(&[("user", &words(11, 300))]);
-    let (p, q) = top_two(5, &k);
-    let mut loads = vec![EndpointLoad::in_flight(0); 5];
-    loads[p] = EndpointLoad::in_flight(1);
-    let d = Router::new(with_choices(5, 2)).route_key(&k, 0, 0, &loads).unwrap();
-    assert_eq!((d.endpoint, d.reason), (q, Reason::ConsistentPick));
-    // One choice ignores load below the threshold.
-    let d = Router::new(with_choices(5, 1)).route_key(&k, 0, 0, &loads).unwrap();
-    assert_eq!((d.endpoint, d.reason), (p, Reason::ConsistentPick));
-    // Never outside the top two: idle endpoints elsewhere do not attract the request.
-    loads = vec![EndpointLoad::in_flight(0); 5];
-    loads[p] = EndpointLoad::in_flight(4);
-    loads[q] = EndpointLoad::in_flight(3);
-    let d = Router::new(with_choices(5, 2)).route_key(&k, 0, 0, &loads).unwrap();
-    assert_eq!((d.endpoint, d.reason), (q, Reason::ConsistentPick));
-    // Server-reported queues count as load too.
-    loads = vec![EndpointLoad::in_flight(0); 5];
-    loads[p] = EndpointLoad { in_flight: 0, server: Some(ServerLoad { waiting: 2, running: 1, kv_cache_usage: 0.1 }) };
-    assert_eq!(Router::new(with_choices(5, 2)).route_key(&k, 0, 0, &loads).unwrap().endpoint, q);
-    // The top at the threshold: the overflow rule, as with one choice (next admitted in rendezvous order).
-    let mut s = with_choices(5, 2);
-    s.concurrency_threshold = 2;
-    loads = vec![EndpointLoad::in_flight(0); 5];
-    loads[p] = EndpointLoad::in_flight(2);
-    let d = Router::new(s).route_key(&k, 0, 0, &loads).unwrap();
-    assert_eq!((d.endpoint, d.reason), (q, Reason::Overflow));
-    // Both candidates at the threshold: overflow further down the rendezvous order, as with one choice.
-    let mut s = with_choices(5, 2);
-    s.concurrency_threshold = 2;
-    loads = vec![EndpointLoad::in_flight(0); 5];
-    loads[p] = EndpointLoad::in_flight(2);
-    loads[q] = EndpointLoad::in_flight(2);
-    let d = Router::new(s).route_key(&k, 0, 0, &loads).unwrap();
-    assert_eq!(d.reason, Reason::Overflow);
-    assert!(d.endpoint != p && d.endpoint != q);
+fn a_loaded_holder_loses_only_when_the_predicted_ttft_says_so() {
+    // Turn 1 is cached at p (`matched` bytes); turn 2 extends it. Another endpoint has nothing cached, so its
+    // prediction is the whole prompt; p's is its waiting work plus the new part. p keeps the conversation while
+    // its waiting work is below what it has cached, and loses it beyond.
+    let n = 4;
+    let t = conversation(31, None, 2, 300);
+    let (_, p) = primed(settings(n), &t[0]);
+    let (mut probe, _) = primed(settings(n), &t[0]);
+    let d = probe.route_key(&t[1], 0, &[]).unwrap();
+    assert_eq!((d.endpoint, d.reason), (p, Reason::PrefixMatch));
+    let matched = d.matched_len as u32;
+    let prompt = t[1].text.len() as u32;
+    assert!(matched > 0 && matched < prompt, "matched {matched} of {prompt}");
+    assert_eq!(d.prefill_bytes, prompt - matched, "prefill work charged = uncached part");
+    for (work, stays) in [(0, true), (matched / 2, true), (matched - 1, true), (matched + 1, false), (matched * 3, false)] {
+        let (mut r, _) = primed(settings(n), &t[0]);
+        let mut w = vec![0u32; n];
+        w[p] = work;
+        let d = r.route_key(&t[1], 0, &pending(&w)).unwrap();
+        if stays {
+            assert_eq!((d.endpoint, d.reason), (p, Reason::PrefixMatch), "waiting {work} < cached {matched}");
+        } else {
+            assert_ne!(d.endpoint, p, "waiting {work} > cached {matched}");
+            assert_eq!((d.reason, d.matched_len, d.prefill_bytes), (Reason::Overflow, 0, prompt));
+        }
+    }
+    // Every other endpoint just as busy: the holder is still the cheapest.
+    let (mut r, _) = primed(settings(n), &t[0]);
+    let d = r.route_key(&t[1], 0, &pending(&vec![matched * 3; n])).unwrap();
+    assert_eq!((d.endpoint, d.reason), (p, Reason::PrefixMatch));
 }
 
 #[test]
-fn miss_choices_is_deterministic_and_stays_in_the_top_d() {
-    let n = 6;
-    for seed in 0..60u64 {
-        let k = key(&[("user", &words(200 + seed, 300))]);
-        let (p, q) = top_two(n, &k);
-        // Loads derived from the seed, below the threshold.
-        let loads: Vec<EndpointLoad> =
-            (0..n).map(|i| EndpointLoad::in_flight((xxh3_64(&[seed as u8, i as u8]) % 9) as u32)).collect();
-        let a = Router::new(with_choices(n, 2)).route_key(&k, 0, 0, &loads).unwrap();
-        let mut reversed = with_choices(n, 2);
-        reversed.endpoints.reverse();
-        let rev_loads: Vec<EndpointLoad> = loads.iter().rev().copied().collect();
-        let b = Router::new(reversed).route_key(&k, 0, 0, &rev_loads).unwrap();
-        assert_eq!(a.address, b.address, "same choice on a replica listing endpoints in another order");
-        assert!(a.endpoint == p || a.endpoint == q, "seed {seed}: {} outside top two {p},{q}", a.endpoint);
-        let (lp, lq) = (loads[p].effective(), loads[q].effective());
-        assert_eq!(a.endpoint, if lq < lp { q } else { p }, "seed {seed}: loads {lp} / {lq}");
-        // With d = N the choice is the least-loaded endpoint overall.
-        let all = Router::new(with_choices(n, 16)).route_key(&k, 0, 0, &loads).unwrap();
-        let min = loads.iter().map(|l| l.effective()).min().unwrap();
-        assert_eq!(loads[all.endpoint].effective(), min);
+fn a_miss_avoids_an_endpoint_with_queued_prefill_work() {
+    // Fresh key, its rendezvous top q busy with queued prefill: the request goes where it waits least.
+    let n = 5;
+    let k = key(&[("user", &words(41, 300))]);
+    let q = Router::new(settings(n)).route_key(&k, 0, &[]).unwrap().endpoint;
+    let mut w = vec![0u32; n];
+    w[q] = 1;
+    let d = Router::new(settings(n)).route_key(&k, 0, &pending(&w)).unwrap();
+    assert_ne!(d.endpoint, q, "one byte more waiting work decides a tie");
+    assert_eq!(d.reason, Reason::Overflow);
+    // Its alternative is the same on every replica with the same loads.
+    let again = Router::new(settings(n)).route_key(&k, 9, &pending(&w)).unwrap();
+    assert_eq!(again.endpoint, d.endpoint);
+    // All busy, one less: that one.
+    let mut w = vec![50_000u32; n];
+    let least = (q + 2) % n;
+    w[least] = 10;
+    assert_eq!(Router::new(settings(n)).route_key(&k, 0, &pending(&w)).unwrap().endpoint, least);
+}
+
+#[test]
+fn the_concurrency_threshold_is_a_hard_cap() {
+    // Random loads: the choice is never at the threshold while some endpoint is below it, however attractive
+    // its predicted TTFT (here the holder with everything cached and no waiting work).
+    let n = 5;
+    let mut s = settings(n);
+    s.concurrency_threshold = 3;
+    let t = conversation(51, None, 2, 300);
+    for seed in 0..200u64 {
+        let (mut r, p) = primed(s.clone(), &t[0]);
+        let loads: Vec<EndpointLoad> = (0..n)
+            .map(|i| EndpointLoad {
+                in_flight: (xxh3_64(&[seed as u8, i as u8, 1]) % 5) as u32,
+                pending_prefill: (xxh3_64(&[seed as u8, i as u8, 2]) % 2000) as u32,
+                server: None,
+            })
+            .collect();
+        let d = r.route_key(&t[1], seed, &loads).unwrap();
+        let below = loads.iter().any(|l| l.in_flight < 3);
+        if below {
+            assert!(loads[d.endpoint].in_flight < 3, "seed {seed}: chose {} at the cap ({loads:?})", d.endpoint);
+        }
+        if loads[p].in_flight >= 3 {
+            assert_ne!(d.endpoint, p);
+        }
     }
 }
 
 #[test]
-fn miss_choices_next_turn_follows_the_first_turn() {
-    // Turn 1 finds its top candidate busy and goes to the second; turn 2 has a useful match and follows it even
-    // when the loads have flipped, so the conversation's cache is reused.
-    let t = conversation(21, None, 2, 200);
-    let (p, q) = top_two(4, &t[0]);
-    let mut r = Router::new(with_choices(4, 2));
-    let mut loads = vec![EndpointLoad::in_flight(0); 4];
-    loads[p] = EndpointLoad::in_flight(2);
-    let first = r.route_key(&t[0], 0, 0, &loads).unwrap();
-    assert_eq!((first.endpoint, first.reason), (q, Reason::ConsistentPick));
-    loads[p] = EndpointLoad::in_flight(0);
-    loads[q] = EndpointLoad::in_flight(3);
-    let second = r.route_key(&t[1], 0, 0, &loads).unwrap();
-    assert_eq!((second.endpoint, second.reason), (q, Reason::PrefixMatch));
+fn server_reported_queue_raises_the_estimate() {
+    // p holds turn 1; the feed says p has requests waiting. Each counts as the mean uncached work of the requests
+    // routed so far, so a long enough queue sends turn 2 elsewhere even with no pending work seen by this gateway.
+    let n = 4;
+    let t = conversation(61, None, 2, 300);
+    let with_waiting = |waiting: u32| {
+        let (mut r, p) = primed(Settings { concurrency_threshold: 1000, ..settings(n) }, &t[0]);
+        let mut loads = vec![EndpointLoad::default(); n];
+        loads[p].server = Some(ServerLoad { waiting, running: 0, kv_cache_usage: 0.1 });
+        (r.route_key(&t[1], 0, &loads).unwrap().endpoint, p)
+    };
+    let (d, p) = with_waiting(0);
+    assert_eq!(d, p);
+    let (d, p) = with_waiting(500);
+    assert_ne!(d, p, "a long server queue outweighs the cached prefix");
 }
 
 #[test]
-fn miss_load_margin_keeps_the_top_for_small_differences() {
-    let k = key(&[("user", &words(12, 300))]);
-    let (p, q) = top_two(5, &k);
-    let s = Settings { miss_load_margin: 3, ..with_choices(5, 2) };
-    let case = |lp: u32, lq: u32| {
-        let mut loads = vec![EndpointLoad::in_flight(0); 5];
-        loads[p] = EndpointLoad::in_flight(lp);
-        loads[q] = EndpointLoad::in_flight(lq);
-        let d = Router::new(s.clone()).route_key(&k, 0, 0, &loads).unwrap();
-        assert_eq!(d.reason, Reason::ConsistentPick);
-        d.endpoint
-    };
-    assert_eq!(case(2, 0), p, "difference 2 < margin 3");
-    assert_eq!(case(5, 3), p, "difference 2 < margin 3");
-    assert_eq!(case(3, 0), q, "difference 3 = margin");
-    assert_eq!(case(9, 1), q);
-    assert_eq!(case(0, 0), p);
+fn a_cut_key_takes_the_body_length_as_the_prompt() {
+    let s = Settings { prefix_length: 1024, ..settings(3) };
+    let body = chat(&[("user", &words(71, 5000))]);
+    let k = extract_key(CHAT, &body, None, 1024).unwrap();
+    assert!(k.truncated);
+    let mut r = Router::new(s);
+    let input = crate::PickInput { key: Some(&k), body_len: body.len(), ..Default::default() };
+    let d = r.route(&input, &[]).unwrap();
+    assert_eq!(d.prefill_bytes as usize, body.len());
 }

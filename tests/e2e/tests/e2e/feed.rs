@@ -154,3 +154,53 @@ async fn bad_feed_documents_keep_the_last_good_snapshot() {
     }
     assert!(rig.envoy.log().contains("feed snapshot rejected"), "no log line for the bad document");
 }
+
+/// Two policies on one listener, each with its own feed (one feed cluster, two paths): every feed's server loads
+/// stay with its own plugin's router. Both feeds report their pool's first endpoint with a long queue, so
+/// LEAST_OUTSTANDING_REQUESTS must never pick it; when one VM-wide table held the loads, each snapshot applied
+/// erased the other plugin's loads, and that plugin sent about a third of its requests to its queued endpoint.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_plugins_keep_their_own_feeds_server_loads() {
+    const PER_POOL: usize = 3;
+    let pools = [("pool-a", "/a/", "warmpath-a", "/v1/feed/a"), ("pool-b", "/b/", "warmpath-b", "/v1/feed/b")];
+    let upstreams = Upstream::start_many(2 * PER_POOL + 1).await.expect("upstreams");
+    let a: Vec<SocketAddr> = upstreams.iter().map(Upstream::addr).collect();
+    let queued = FeedLoad { waiting: 50, running: 4, kv_cache_usage: 0.5 };
+    let feed = FeedServer::start(String::new()).await.expect("feed");
+    let mut cfg = EnvoyConfig::new(a[2 * PER_POOL..].to_vec(), "{}")
+        .with_wasm(filter_wasm().expect("filter module"))
+        .with_feed(FeedCluster { name: "warmpath_feed".into(), address: feed.addr() });
+    for (i, (cluster, prefix, plugin, path)) in pools.iter().enumerate() {
+        let pool = &a[i * PER_POOL..(i + 1) * PER_POOL];
+        let eps: Vec<(SocketAddr, Option<FeedLoad>)> =
+            pool.iter().enumerate().map(|(k, &addr)| (addr, (k == 0).then_some(queued))).collect();
+        feed.set_snapshot_at(path, snapshot(1 + i as u64, &eps));
+        let plugin_cfg = json!({
+            "endpoints": [], "debug_header": true, "strategy": "LEAST_OUTSTANDING_REQUESTS",
+            "upstream_clusters": [cluster],
+            "feed": {"cluster": "warmpath_feed", "path": path, "interval_ms": INTERVAL_MS},
+        });
+        cfg = cfg.with_plugin(*plugin, plugin_cfg.to_string()).with_pool(*cluster, *prefix, pool.to_vec());
+    }
+    let envoy = EnvoyProcess::start(cfg, CONCURRENCY).await.expect("envoy");
+    let client = reqwest::Client::builder().timeout(Duration::from_secs(20)).build().expect("client");
+    let rig = Rig { upstreams, envoy, client };
+    // Both feeds applied in every worker VM (one count per plugin and VM).
+    let vms = u64::from(CONCURRENCY);
+    let s = rig.stats_until(|s| s.filter("feed.applied") >= 2 * vms).await;
+    assert!(s.filter("feed.applied") >= 2 * vms, "feeds not applied; log:\n{}", rig.envoy.log());
+    tokio::time::sleep(Duration::from_millis(3 * INTERVAL_MS)).await;
+    used(&rig);
+    for i in 0..30 {
+        for (_, prefix, _, _) in pools {
+            let body = json!({"model": "m", "messages": [{"role": "user", "content": prompt(&format!("loads {i}"), 500)}]});
+            let r = rig.post(&format!("{prefix}v1/chat/completions"), body.to_string().into_bytes(), &[]).await;
+            assert_eq!(r.status, 200, "{r:?}");
+        }
+    }
+    let counts: Vec<usize> = rig.upstreams.iter().map(Upstream::count).collect();
+    assert_eq!(counts[0], 0, "pool-a's queued endpoint got requests: {counts:?}");
+    assert_eq!(counts[PER_POOL], 0, "pool-b's queued endpoint got requests: {counts:?}");
+    assert_eq!(counts[1] + counts[2], 30, "{counts:?}");
+    assert_eq!(counts[PER_POOL + 1] + counts[PER_POOL + 2], 30, "{counts:?}");
+}

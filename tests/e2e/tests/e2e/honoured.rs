@@ -1,6 +1,7 @@
-//! Picks Envoy cannot honour: an endpoint in the plugin configuration that is not a member of the Envoy cluster is
-//! accepted at configure time (the filter cannot see the cluster), but every pick of it that Envoy sends elsewhere
-//! is counted (`warmpath.picks_not_honoured`, from the upstream address Envoy reports) and logged once.
+//! What the filter cannot check at configure time (it cannot see Envoy's clusters) is counted and logged once when
+//! it shows: an endpoint that is not a member of the Envoy cluster (every pick of it that Envoy sends elsewhere is
+//! counted in `warmpath.picks_not_honoured`, from the upstream address Envoy reports), and a feed cluster that does
+//! not exist (`warmpath.feed.failures.dispatch`).
 
 use std::time::Duration;
 
@@ -41,4 +42,26 @@ async fn picks_of_a_non_member_are_counted_and_logged_once() {
     let log = envoy.log();
     let lines = log.lines().filter(|l| l.contains("did not honour the pick") && l.contains(&outsider)).count();
     assert!((1..=CONCURRENCY as usize).contains(&lines), "{lines} log lines (once per worker VM at most):\n{log}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_feed_cluster_is_logged_once() {
+    let upstreams = Upstream::start_many(1).await.expect("upstreams");
+    let members: Vec<_> = upstreams.iter().map(Upstream::addr).collect();
+    let plugin = json!({"endpoints": [members[0].to_string()],
+        "feed": {"cluster": "no_such_cluster", "path": "/v1/endpoints", "interval_ms": 100}});
+    let cfg = EnvoyConfig::new(members.clone(), plugin.to_string()).with_wasm(filter_wasm().expect("module"));
+    let envoy = EnvoyProcess::start(cfg, CONCURRENCY).await.expect("envoy");
+    // Many poll intervals.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let mut s = envoy.stats().await.expect("stats");
+    while s.filter("feed.failures.dispatch") < 10 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        s = envoy.stats().await.expect("stats");
+    }
+    assert!(s.filter("feed.failures.dispatch") >= 10, "{}", envoy.log());
+    let log = envoy.log();
+    let lines = log.lines().filter(|l| l.contains("cannot call cluster") && l.contains("no_such_cluster")).count();
+    // Once per poller: one per VM (main thread and each worker) at most.
+    assert!((1..=CONCURRENCY as usize + 1).contains(&lines), "{lines} log lines for {} failed dispatches:\n{log}", s.filter("feed.failures.dispatch"));
 }

@@ -80,3 +80,51 @@ async fn counters_return_to_zero_after_upstream_timeouts() {
     assert_eq!(total_in_flight(&rig, &after), 0);
     assert!(after.get("cluster.model_servers.upstream_rq_timeout") >= 6);
 }
+
+fn pending_gauge_name(addr: &str) -> String {
+    let mut s = String::from("pending_prefill.");
+    s.extend(addr.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }));
+    s
+}
+
+fn total_pending(rig: &Rig, s: &Stats) -> u64 {
+    rig.upstreams.iter().map(|u| s.filter(&pending_gauge_name(&u.addr().to_string()))).sum()
+}
+
+/// PREFIX_AWARE's pending prefill work (bytes of prompt sent to an endpoint whose first response byte has not come
+/// back, shared by the workers) is held while the upstream has not answered, and given back by every stream: ones
+/// that finish, and ones the client resets while waiting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pending_prefill_returns_to_zero_after_every_stream() {
+    let rig = Rig::start(3, json!({"strategy": "PREFIX_AWARE"})).await;
+    for u in &rig.upstreams {
+        u.hold();
+    }
+    // 6 clients with distinct 2,000-character prompts that give up after 1.5 s.
+    let impatient = reqwest::Client::builder().timeout(Duration::from_millis(1500)).build().expect("client");
+    let mut tasks = Vec::new();
+    for i in 0..6 {
+        let (c, url) = (impatient.clone(), format!("{}/v1/chat/completions", rig.envoy.url()));
+        let body = json!({"model": "m", "messages": [{"role": "user", "content": prompt(&format!("pending {i}"), 2000)}]});
+        tasks.push(tokio::spawn(async move { c.post(url).body(body.to_string()).send().await.is_err() }));
+    }
+    let during = rig.stats_until(|s| total_in_flight(&rig, s) == 6 && total_pending(&rig, s) >= 6 * 2000).await;
+    assert_eq!(total_in_flight(&rig, &during), 6);
+    assert!(total_pending(&rig, &during) >= 6 * 2000, "held prompts count as pending prefill: {}", total_pending(&rig, &during));
+    for t in tasks {
+        assert!(t.await.expect("join"), "client should have timed out");
+    }
+    let after = rig.stats_until(|s| total_pending(&rig, s) == 0 && total_in_flight(&rig, s) == 0).await;
+    assert_eq!(total_pending(&rig, &after), 0, "reset streams left pending prefill");
+    assert_eq!(total_in_flight(&rig, &after), 0);
+    for u in &rig.upstreams {
+        u.release();
+    }
+    // Finished streams (the first body byte releases the work, the end would too) leave nothing either.
+    for i in 0..9 {
+        assert_eq!(rig.chat(&prompt(&format!("after {i}"), 1500)).await.status, 200);
+    }
+    let done = rig.stats_until(|s| total_pending(&rig, s) == 0).await;
+    assert_eq!(total_pending(&rig, &done), 0);
+    assert_eq!(done.filter("cas_failures"), 0);
+}

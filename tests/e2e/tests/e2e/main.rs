@@ -10,6 +10,7 @@ mod config;
 mod feed;
 mod failopen;
 mod failover;
+mod gauges;
 mod honoured;
 mod inflight;
 mod module_failure;

@@ -93,7 +93,7 @@ async fn tenants_with_the_same_prompt_route_independently() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn overloaded_preferred_upstream_overflows() {
-    let rig = Rig::start(3, json!({"strategy": "PREFIX_AWARE", "concurrency_threshold": 2, "load_factor": 0})).await;
+    let rig = Rig::start(3, json!({"strategy": "PREFIX_AWARE", "concurrency_threshold": 2})).await;
     let p = prompt("hot prefix", 3000);
     let first = rig.chat(&p).await;
     let home = rig.index_of(&first.upstream).expect("answered by an upstream");
@@ -157,4 +157,50 @@ async fn least_outstanding_avoids_the_busy_upstream() {
     for h in held {
         assert_eq!(h.await.expect("join").status, 200);
     }
+}
+
+/// With four Envoy workers, a conversation whose every turn comes on a fresh connection (so different turns are
+/// handled by different workers, each with its own prefix index) still lands on one upstream: a worker that saw
+/// the earlier turn follows its match, one that did not computes the same consistent key (the first checkpoint of
+/// the first turn), and with idle upstreams the lowest predicted TTFT is that key's rendezvous top.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conversation_on_fresh_connections_sticks_with_four_workers() {
+    let upstreams = warmpath_e2e::Upstream::start_many(4).await.expect("upstreams");
+    let cfg = Rig::config(&upstreams, json!({"strategy": "PREFIX_AWARE"}));
+    let envoy = warmpath_e2e::EnvoyProcess::start(cfg, 4).await.expect("envoy starts");
+    let client = reqwest::Client::builder().timeout(Duration::from_secs(20)).build().expect("client");
+    let rig = Rig { upstreams, envoy, client };
+    let mut homes = BTreeSet::new();
+    for c in 0..6 {
+        // Conversations share no leading text: a worker whose index has not yet seen a shared prefix diverge often
+        // enough still keys on it, while one that has keys past it (one index per worker), so early turns of
+        // conversations behind a shared prompt can split between workers until every worker has seen it diverge.
+        let mut messages = vec![json!({"role": "system", "content": prompt(&format!("persona {c}"), 200)})];
+        let mut seen = BTreeSet::new();
+        for turn in 0..5 {
+            messages.push(json!({"role": "user", "content": prompt(&format!("conv {c} turn {turn}"), 300)}));
+            let body = json!({"model": "m", "messages": messages}).to_string();
+            // A new client per turn: a new connection, accepted by whichever worker the kernel picks.
+            let fresh = reqwest::Client::builder().pool_max_idle_per_host(0).build().expect("client");
+            let r = fresh
+                .post(format!("{}/v1/chat/completions", rig.envoy.url()))
+                .header("connection", "close")
+                .body(body)
+                .send()
+                .await
+                .expect("request through envoy");
+            assert_eq!(r.status(), 200);
+            let upstream = r.headers().get("x-upstream").and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
+            seen.insert(upstream);
+            messages.push(json!({"role": "assistant", "content": prompt(&format!("answer {c} {turn}"), 400)}));
+        }
+        assert_eq!(seen.len(), 1, "conversation {c} spread over {seen:?}");
+        homes.extend(seen);
+    }
+    assert!(homes.len() >= 2, "six conversations all on {homes:?}");
+    // The turns really were handled by more than one worker: every worker VM's counters flush into one stat, so
+    // this reads the connection count per worker from Envoy's own listener stats instead.
+    let s = rig.envoy.stats().await.expect("stats");
+    let workers_used = (0..4).filter(|w| s.get(&format!("listener.127.0.0.1_{}.worker_{w}.downstream_cx_total", rig.envoy.config().listener_port)) > 0).count();
+    assert!(workers_used >= 2, "all 30 connections on one worker: the test proves nothing");
 }

@@ -1,0 +1,44 @@
+//! The in-flight gauges of endpoints that leave (here by an LDS update of the plugin configuration) do not freeze
+//! at their last value: they keep reporting the shared count until their last request ends, then read 0.
+
+use std::sync::Arc;
+
+use serde_json::json;
+use warmpath_e2e::Stats;
+
+use crate::common::Rig;
+
+fn gauge(s: &Stats, addr: &str) -> u64 {
+    let mut name = String::from("in_flight.");
+    name.extend(addr.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }));
+    s.filter(&name)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gauges_of_removed_endpoints_drop_to_zero() {
+    let mut rig = Rig::start_dynamic(3, json!({"strategy": "LEAST_OUTSTANDING_REQUESTS"})).await;
+    rig.upstreams.iter().for_each(|u| u.hold());
+    let removed = rig.upstreams[2].addr().to_string();
+    // Six held requests, two per endpoint (least outstanding requests spreads them).
+    let url = format!("{}/v1/completions", rig.envoy.url());
+    let held: Vec<_> = (0..6)
+        .map(|i| {
+            let (client, url) = (rig.client.clone(), url.clone());
+            tokio::spawn(async move { client.post(url).body(format!(r#"{{"prompt":"{i}"}}"#)).send().await.map(|r| r.status().as_u16()) })
+        })
+        .collect();
+    let s = rig.stats_until(|s| gauge(s, &removed) == 2).await;
+    assert_eq!(gauge(&s, &removed), 2, "two requests in flight on the endpoint to remove");
+
+    // The new configuration no longer names the third endpoint.
+    let two = Rig::config(&rig.upstreams[..2], json!({"strategy": "LEAST_OUTSTANDING_REQUESTS"}));
+    assert!(rig.envoy.update_listener(two).await.expect("lds update"), "update rejected:\n{}", rig.envoy.log());
+    let rig = Arc::new(rig);
+    rig.upstreams.iter().for_each(|u| u.release());
+    for h in held {
+        assert_eq!(h.await.expect("task").expect("request"), 200);
+    }
+    let s = rig.stats_until(|s| gauge(s, &removed) == 0 && s.filter("endpoints") == 2).await;
+    assert_eq!(s.filter("endpoints"), 2, "the update took effect");
+    assert_eq!(gauge(&s, &removed), 0, "the removed endpoint's gauge froze at its last value");
+}

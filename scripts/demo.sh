@@ -8,7 +8,7 @@
 #   - replays the default workload once per strategy and prints the table; CSV + PNG go to out/bench/.
 # Extra arguments go to warmpath-bench (see `scripts/demo.sh --help` and docs/demo.md), e.g.
 #   scripts/demo.sh --workload rag --endpoints 8
-#   scripts/demo.sh --trace ../shared/traces/mooncake_synthetic_trace.jsonl --requests 1000
+#   scripts/demo.sh --trace $WARMPATH_TRACES/mooncake_synthetic_trace.jsonl --requests 1000
 # Ctrl-C stops Envoy and the servers.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -49,7 +49,7 @@ if [ "$want_wbg" = 1 ]; then
   wbg=$(awk '/^name = "wasm-bindgen"$/{getline; gsub(/"/,"",$3); print $3; exit}' Cargo.lock 2>/dev/null || true)
   if [ -n "$wbg" ]; then
     if ! "$TOOLS/bin/wasm-bindgen-test-runner" --version 2>/dev/null | grep -q " $wbg"; then
-      log "wasm-bindgen-cli $wbg (compiles for a few minutes; not --locked, see shared notes)"
+      log "wasm-bindgen-cli $wbg (compiles for a few minutes; not --locked: its lock file pins a crate version the registry no longer serves)"
       cargo install -q wasm-bindgen-cli --version "$wbg" --root "$TOOLS"
     fi
   fi

@@ -21,7 +21,7 @@ struct Args {
     /// Built-in workload (ignored when --trace is given).
     #[arg(long, value_enum, default_value = "chat")]
     workload: WorkloadKind,
-    /// Trace file to replay instead: Mooncake `.jsonl` or Azure `.csv` (e.g. ../shared/traces/mooncake_synthetic_trace.jsonl).
+    /// Trace file to replay instead: Mooncake `.jsonl` or Azure `.csv` (e.g. $WARMPATH_TRACES/mooncake_synthetic_trace.jsonl).
     #[arg(long)]
     trace: Option<PathBuf>,
     /// Number of simulated model servers.

@@ -1,11 +1,12 @@
-//! Loads the public traces from `../shared/traces/` when that folder exists; skips with a message otherwise.
+//! Loads the public traces from the directory named by `WARMPATH_TRACES` (they are not part of the repository);
+//! without the variable there is nothing to load and the test says so.
 
-use warmpath_bench::trace::{load, shared_traces_dir};
+use warmpath_bench::trace::{load, traces_dir, TRACES_ENV};
 
 #[test]
 fn mooncake_and_azure_traces_load_without_bad_lines() {
-    let Some(dir) = shared_traces_dir() else {
-        eprintln!("SKIP: ../shared/traces not found; the trace tests need the public traces beside the repository");
+    let Some(dir) = traces_dir().expect(TRACES_ENV) else {
+        eprintln!("SKIP: {TRACES_ENV} is not set; this test reads the public traces from that directory");
         return;
     };
     let m = load(&dir.join("mooncake_synthetic_trace.jsonl"), 200).expect("mooncake trace");

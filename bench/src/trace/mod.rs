@@ -74,10 +74,20 @@ pub fn load(path: &Path, limit: usize) -> anyhow::Result<TraceLoad> {
     }
 }
 
-/// The shared traces folder (`../shared/traces` beside the repository root, as the project's README says), or
-/// `None` when it does not exist.
-pub fn shared_traces_dir() -> Option<PathBuf> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let dir = root.join("../shared/traces");
-    dir.is_dir().then(|| dir.canonicalize().unwrap_or(dir))
+/// Environment variable naming the directory that holds the public traces (the Mooncake synthetic trace and the
+/// Azure LLM inference traces; they are not part of the repository, see `docs/demo.md`).
+pub const TRACES_ENV: &str = "WARMPATH_TRACES";
+
+/// The public traces directory named by [`TRACES_ENV`], or `None` when the variable is unset or empty.
+/// A variable naming something that is not a directory is an error, so a typo is not mistaken for "no traces".
+pub fn traces_dir() -> anyhow::Result<Option<PathBuf>> {
+    match std::env::var_os(TRACES_ENV) {
+        None => Ok(None),
+        Some(v) if v.is_empty() => Ok(None),
+        Some(v) => {
+            let dir = PathBuf::from(v);
+            anyhow::ensure!(dir.is_dir(), "{TRACES_ENV}={} is not a directory", dir.display());
+            Ok(Some(dir))
+        }
+    }
 }

@@ -10,12 +10,12 @@
 
 use std::collections::BTreeMap;
 
-use serde_json::{json, Value};
+use serde_json::Value;
 use warmpath_core::config::{
     BLOCK_SIZE_RANGE, CONCURRENCY_THRESHOLD_RANGE, 
     PREFIX_LENGTH_RANGE,
 };
-use warmpath_core::{Settings, Strategy};
+use warmpath_core::{RawConfig, RawFeed, Settings, Strategy};
 
 use crate::crd::routing_policy::{BackendRef, FailureMode, InferenceRoutingPolicySpec, LoadSource};
 
@@ -144,23 +144,22 @@ impl RoutingIntent {
     ///
     /// Errors: the filter's validation message (never expected for a validated intent).
     pub fn plugin_config(&self, feed: &FeedTarget, upstream_clusters: &[String]) -> Result<Value, String> {
-        let mut cfg = json!({
-            "strategy": self.strategy.as_str(),
-            "feed": { "cluster": feed.cluster, "path": feed.path, "interval_ms": feed.interval_ms },
-        });
-        let obj = cfg.as_object_mut().expect("object literal");
-        let mut put = |k: &str, v: Option<Value>| {
-            if let Some(v) = v {
-                obj.insert(k.into(), v);
-            }
+        let raw = RawConfig {
+            strategy: Some(self.strategy),
+            prefix_length: self.prefix_length,
+            block_size: self.block_size,
+            concurrency_threshold: self.concurrency_threshold,
+            tenant_header: self.tenant_header.clone(),
+            feed: Some(RawFeed {
+                cluster: Some(feed.cluster.clone()),
+                path: Some(feed.path.clone()),
+                interval_ms: Some(feed.interval_ms),
+            }),
+            upstream_clusters: (!upstream_clusters.is_empty()).then(|| upstream_clusters.to_vec()),
+            ..RawConfig::default()
         };
-        put("prefix_length", self.prefix_length.map(Value::from));
-        put("block_size", self.block_size.map(Value::from));
-        put("concurrency_threshold", self.concurrency_threshold.map(Value::from));
-        put("tenant_header", self.tenant_header.clone().map(Value::from));
-        put("upstream_clusters", (!upstream_clusters.is_empty()).then(|| Value::from(upstream_clusters.to_vec())));
-        let bytes = serde_json::to_vec(&cfg).map_err(|e| e.to_string())?;
-        Settings::from_json(&bytes).map_err(|e| format!("filter rejects the configuration: {e}"))?;
+        let cfg = serde_json::to_value(&raw).map_err(|e| e.to_string())?;
+        Settings::from_raw(raw).map_err(|e| format!("filter rejects the configuration: {e}"))?;
         Ok(cfg)
     }
 }

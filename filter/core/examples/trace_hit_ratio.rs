@@ -4,10 +4,11 @@
 //! Each trace `hash_id` becomes one fixed block of text (one core block), so requests sharing leading ids
 //! share a byte-identical prefix. N endpoints each hold an LRU cache of C blocks; a request hits the leading
 //! blocks its endpoint has cached. In-flight load follows a simple time model (prefill of uncached tokens at
-//! 20k tokens/s, 20 ms per output token). Same model as `shared/notes/routing-findings.md`, so the numbers can
-//! be compared with its table.
+//! 20k tokens/s, 20 ms per output token).
 //!
-//! `cargo run --release -p warmpath-core --example trace_hit_ratio [-- TRACE.jsonl]`
+//! `cargo run --release -p warmpath-core --example trace_hit_ratio [-- TRACE.jsonl]`; without an argument it reads
+//! `mooncake_synthetic_trace.jsonl` from the directory named by `WARMPATH_TRACES` (the public traces are not part
+//! of the repository).
 
 use std::collections::{HashMap, VecDeque};
 
@@ -110,7 +111,7 @@ fn run(reqs: &[Req], n: usize, cap: usize, pol: Pol) -> (f64, f64, f64) {
         let loads: Vec<EndpointLoad> = busy.iter().map(|b| EndpointLoad::in_flight(b.len() as u32)).collect();
         let e = match pol {
             Pol::FirstBlockHash => {
-                // Baseline from the findings: rendezvous on the first block, threshold 10, else least loaded.
+                // First-block baseline: rendezvous on the first block, threshold 10, else least loaded.
                 let key = r.ids.first().copied().unwrap_or(0);
                 let eps = router.endpoints().to_vec();
                 let order = warmpath_core::hrw::order(key, &eps);
@@ -139,9 +140,13 @@ fn run(reqs: &[Req], n: usize, cap: usize, pol: Pol) -> (f64, f64, f64) {
 }
 
 fn main() {
-    let path = std::env::args()
-        .nth(1)
-        .unwrap_or_else(|| concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/traces/mooncake_synthetic_trace.jsonl").into());
+    let Some(path) = std::env::args().nth(1).or_else(|| {
+        let dir = std::env::var("WARMPATH_TRACES").ok().filter(|d| !d.is_empty())?;
+        Some(format!("{dir}/mooncake_synthetic_trace.jsonl"))
+    }) else {
+        eprintln!("no trace: pass a path as the first argument or set WARMPATH_TRACES");
+        return;
+    };
     let Some(reqs) = load(&path) else {
         eprintln!("trace not found at {path}; skipping (pass a path as the first argument)");
         return;

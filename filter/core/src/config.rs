@@ -3,12 +3,12 @@
 
 use std::net::SocketAddr;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::error::ConfigError;
 
 /// Routing strategy, switchable by configuration without rebuilding the filter.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize, Serialize, Default)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum Strategy {
     /// Uniformly random endpoint (randomness supplied by the caller).
@@ -33,30 +33,46 @@ impl Strategy {
 
 /// The plugin configuration JSON exactly as written by the operator. Every field is optional; see
 /// [`Settings`] for defaults and allowed ranges. Unknown fields are rejected (typos must not pass silently).
-#[derive(Debug, Clone, Default, Deserialize)]
+/// Serializing it (absent fields left out) is how the controller writes the configuration it renders, so the
+/// field names exist once, here.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 #[allow(missing_docs)] // fields are documented on `Settings`
 pub struct RawConfig {
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub strategy: Option<Strategy>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub prefix_length: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub block_size: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub concurrency_threshold: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub tenant_header: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub max_body_bytes: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub endpoints: Option<Vec<String>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub index_capacity: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub debug_header: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub feed: Option<RawFeed>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub upstream_clusters: Option<Vec<String>>,
 }
 
 /// Raw form of the optional endpoint/load feed section (filled in later by the controller).
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 #[allow(missing_docs)] // fields are documented on `FeedSettings`
 pub struct RawFeed {
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub cluster: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub path: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub interval_ms: Option<u64>,
 }
 
@@ -71,11 +87,11 @@ pub struct FeedSettings {
     pub interval_ms: u64,
 }
 
-/// Allowed range of `prefix_length` (characters of extracted text for OpenAI bodies, bytes for raw bodies); from issue 2.
+/// Allowed range of `prefix_length` (characters of extracted text for OpenAI bodies, bytes for raw bodies).
 pub const PREFIX_LENGTH_RANGE: (u64, u64) = (1024, 65536);
 /// Allowed range of `block_size` in bytes of the extracted text.
 pub const BLOCK_SIZE_RANGE: (u64, u64) = (16, 8192);
-/// Allowed range of `concurrency_threshold` (in-flight requests on one endpoint); from issue 2.
+/// Allowed range of `concurrency_threshold` (in-flight requests on one endpoint).
 pub const CONCURRENCY_THRESHOLD_RANGE: (u64, u64) = (1, 1024);
 /// Allowed range of `max_body_bytes`.
 pub const MAX_BODY_BYTES_RANGE: (u64, u64) = (1024, 64 * 1024 * 1024);
@@ -106,7 +122,7 @@ pub struct Settings {
     /// `prefix_length`; default 128 (about 32 tokens of English text).
     pub block_size: usize,
     /// An endpoint with this many requests in flight (or more) is overloaded. 1..=1024, default 10 (the threshold
-    /// that kept hit ratio in `shared/notes/routing-findings.md`).
+    /// that kept hit ratio in the offline Mooncake study, `docs/bench/core.md`).
     pub concurrency_threshold: u32,
     /// Request header carrying the tenant id (lower-cased here; HTTP/2 header names are lower case). Default
     /// `x-warmpath-prefix-id`.
@@ -162,11 +178,13 @@ pub(crate) fn shown(s: &str, max: usize) -> String {
     out
 }
 
-fn in_range(field: &'static str, v: u64, (lo, hi): (u64, u64), allowed: &'static str) -> Result<u64, ConfigError> {
+/// `v` if it lies in `lo..=hi`; else an error naming the range (from the constant, so it is written once) and
+/// `unit`.
+fn in_range(field: &'static str, v: u64, (lo, hi): (u64, u64), unit: &str) -> Result<u64, ConfigError> {
     if (lo..=hi).contains(&v) {
         Ok(v)
     } else {
-        Err(ConfigError::OutOfRange { field, value: v.to_string(), allowed })
+        Err(ConfigError::OutOfRange { field, value: v.to_string(), allowed: format!("{lo}..={hi} {unit}") })
     }
 }
 
@@ -201,23 +219,23 @@ impl Settings {
     pub fn from_raw(raw: RawConfig) -> Result<Settings, ConfigError> {
         let d = Settings::default();
         let prefix_length = match raw.prefix_length {
-            Some(v) => in_range("prefix_length", v, PREFIX_LENGTH_RANGE, "1024..=65536 (characters, bytes for raw bodies)")?
+            Some(v) => in_range("prefix_length", v, PREFIX_LENGTH_RANGE, "characters (bytes for raw bodies)")?
                 as usize,
             None => d.prefix_length,
         };
         let block_size = match raw.block_size {
-            Some(v) => in_range("block_size", v, BLOCK_SIZE_RANGE, "16..=8192 bytes")? as usize,
+            Some(v) => in_range("block_size", v, BLOCK_SIZE_RANGE, "bytes")? as usize,
             None => d.block_size,
         };
         if block_size > prefix_length {
             return Err(ConfigError::OutOfRange {
                 field: "block_size",
                 value: block_size.to_string(),
-                allowed: "at most prefix_length",
+                allowed: "at most prefix_length".into(),
             });
         }
         let concurrency_threshold = match raw.concurrency_threshold {
-            Some(v) => in_range("concurrency_threshold", v, CONCURRENCY_THRESHOLD_RANGE, "1..=1024 in-flight requests")?
+            Some(v) => in_range("concurrency_threshold", v, CONCURRENCY_THRESHOLD_RANGE, "in-flight requests")?
                 as u32,
             None => d.concurrency_threshold,
         };
@@ -233,11 +251,11 @@ impl Settings {
             None => d.tenant_header,
         };
         let max_body_bytes = match raw.max_body_bytes {
-            Some(v) => in_range("max_body_bytes", v, MAX_BODY_BYTES_RANGE, "1024..=67108864 bytes")? as usize,
+            Some(v) => in_range("max_body_bytes", v, MAX_BODY_BYTES_RANGE, "bytes")? as usize,
             None => d.max_body_bytes,
         };
         let index_capacity = match raw.index_capacity {
-            Some(v) => in_range("index_capacity", v, INDEX_CAPACITY_RANGE, "64..=4194304 blocks")? as usize,
+            Some(v) => in_range("index_capacity", v, INDEX_CAPACITY_RANGE, "blocks")? as usize,
             None => d.index_capacity,
         };
         let feed = raw.feed.map(validate_feed).transpose()?;
@@ -247,7 +265,7 @@ impl Settings {
             return Err(ConfigError::OutOfRange {
                 field: "endpoints",
                 value: format!("{} entries", raw_endpoints.len()),
-                allowed: "at most 4096 entries",
+                allowed: format!("at most {MAX_ENDPOINTS} entries"),
             });
         }
         let mut endpoints: Vec<String> = Vec::with_capacity(raw_endpoints.len());
@@ -314,7 +332,7 @@ fn validate_upstream_clusters(raw: Vec<String>) -> Result<Vec<String>, ConfigErr
         return Err(ConfigError::OutOfRange {
             field: "upstream_clusters",
             value: format!("{} entries", raw.len()),
-            allowed: "at most 64 Envoy cluster names",
+            allowed: format!("at most {MAX_UPSTREAM_CLUSTERS} Envoy cluster names"),
         });
     }
     let mut out: Vec<String> = Vec::with_capacity(raw.len());
@@ -359,7 +377,7 @@ fn validate_feed(raw: RawFeed) -> Result<FeedSettings, ConfigError> {
         });
     }
     let interval_ms = match raw.interval_ms {
-        Some(v) => in_range("feed.interval_ms", v, FEED_INTERVAL_RANGE, "100..=60000 ms")?,
+        Some(v) => in_range("feed.interval_ms", v, FEED_INTERVAL_RANGE, "ms")?,
         None => 1000,
     };
     Ok(FeedSettings { cluster, path, interval_ms })

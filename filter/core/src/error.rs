@@ -19,7 +19,7 @@ pub enum ConfigError {
         /// The rejected value as written.
         value: String,
         /// The allowed range with its unit, e.g. `1024..=65536 characters`.
-        allowed: &'static str,
+        allowed: String,
     },
     /// A field has a value of the right type but an unusable form (bad address, bad header name, ...).
     #[error("plugin configuration: `{field}` = {value:?} is invalid: {reason}")]

@@ -23,7 +23,7 @@ pub const ROLE_SEP: char = '\u{1f}';
 pub const MSG_SEP: char = '\u{1e}';
 /// Brackets the `type` of a non-text content part in the extracted text.
 pub const PART_MARK: char = '\u{1d}';
-/// Longest accepted tenant id, in ASCII characters (issue 2).
+/// Longest accepted tenant id, in ASCII characters.
 pub const MAX_TENANT_LEN: usize = 64;
 /// Longest accepted `model` value, in bytes; longer values are rejected as [`ExtractError::InvalidField`].
 pub const MAX_MODEL_LEN: usize = 256;

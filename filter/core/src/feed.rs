@@ -1,4 +1,4 @@
-//! The endpoint/load feed document the controller serves and the filter polls (issue 5). One type,
+//! The endpoint/load feed document the controller serves and the filter polls. One type,
 //! shared by both sides, so they cannot drift apart.
 //!
 //! JSON shape: `{"version": 7, "endpoints": [{"address": "10.0.0.5:8000",

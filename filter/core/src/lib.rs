@@ -1,4 +1,4 @@
-//! warmpath-core: the pure routing core of the warmpath filter (issue 2).
+//! warmpath-core: the pure routing core of the warmpath filter.
 //!
 //! It turns a request (path, body, tenant header) into a routing key ([`extract_key`]), hashes the key's
 //! leading text into chained blocks ([`block_hashes`]) and picks a model-server endpoint with one of three

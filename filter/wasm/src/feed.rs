@@ -1,4 +1,4 @@
-//! The endpoint/load feed poller (issue 5): one poller per Envoy, elected among the VMs through a lease in shared
+//! The endpoint/load feed poller: one poller per Envoy, elected among the VMs through a lease in shared
 //! data, fetches the controller's versioned snapshot (`GET feed.path` on Envoy cluster `feed.cluster`) on the tick
 //! and publishes it in shared data; every VM applies a newer published snapshot to its router on its own tick.
 //!

@@ -11,7 +11,8 @@
 //!
 //! ## Common prefixes
 //! A node is *common* when it carries no placement information: it is held by at least half of the endpoints
-//! (`routing-findings.md`: "key = prefix up to the first block not cached on most endpoints"), or the traffic
+//! (the key is the prefix up to the first block not cached on most endpoints: a block every endpoint holds says
+//! nothing about where to go), or the traffic
 //! diverged below it at least [`BRANCH_FACTOR`]·N times (a system prompt followed by many different
 //! conversations). Both are monotone along a chain (an ancestor is recorded whenever a descendant is), so the
 //! common part and the longest match are each found by binary search over the chain.

@@ -5,7 +5,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use warmpath_harness::{filter_wasm, EnvoyConfig, EnvoyProcess, Upstream, DEBUG_HEADER};
 
-/// Envoy worker threads in every test (issue 2 asks for `--concurrency 2`).
+/// Envoy worker threads in every test (two, so that every test crosses workers: each worker has its own VM).
 pub const CONCURRENCY: u32 = 2;
 
 /// Upstreams plus an Envoy in front of them.

@@ -1,4 +1,4 @@
-//! The endpoint/load feed (issue 5) end to end: a real Envoy whose filter polls a local feed server through an
+//! The endpoint/load feed end to end: a real Envoy whose filter polls a local feed server through an
 //! Envoy cluster; endpoints added and removed mid-run, server load joining the overload guard, the feed stopped
 //! (last good snapshot kept, failures counted) and restarted.
 

@@ -26,7 +26,8 @@ fn rendered_configs_pass_envoy_validation() {
         .with_pool("pool-b", "/b/", addrs()[1..].to_vec())
         .with_plugin("warmpath-a", EnvoyConfig::plugin_json(&addrs()[..1], json!({"upstream_clusters": ["pool-a"]})))
         .with_plugin("warmpath-b", EnvoyConfig::plugin_json(&addrs()[1..], json!({"upstream_clusters": ["pool-b"]})));
-    for cfg in [base.clone(), base.clone().with_wasm(&wasm), base.with_wasm(&wasm).with_feed(feed), pools] {
+    let rig = base.clone().with_wasm(&wasm).with_rig_headers();
+    for cfg in [base.clone(), base.clone().with_wasm(&wasm), base.with_wasm(&wasm).with_feed(feed), pools, rig] {
         EnvoyProcess::validate(&cfg).expect("valid bootstrap");
     }
 }
@@ -41,6 +42,22 @@ fn committed_envoy_configs_are_current_and_valid() {
         // The committed file names the module relative to the workspace root; validate with the built module.
         let cfg = if cfg.wasm.is_some() { cfg.with_wasm(&wasm) } else { cfg };
         EnvoyProcess::validate(&cfg).expect("valid");
+    }
+}
+
+/// The debug header is for test rigs: every plugin configuration the project ships has it off, and no shipped
+/// bootstrap adds the rig headers.
+#[test]
+fn shipped_configs_leave_the_debug_header_and_the_rig_headers_off() {
+    // The example configurations leave `endpoints` to the launcher, so read the field itself.
+    let debug = |json: &str| {
+        let v: serde_json::Value = serde_json::from_str(json).expect("plugin config is JSON");
+        v.get("debug_header").and_then(serde_json::Value::as_bool).unwrap_or(false)
+    };
+    assert!(!debug(warmpath_harness::EXAMPLE_PLUGIN_CONFIG), "envoy/plugin-config.json");
+    for (file, cfg) in warmpath_harness::example_configs() {
+        assert!(!debug(&cfg.plugin_config) && !cfg.rig_headers, "{file}");
+        assert!(!cfg.render_static_yaml().contains("x-rig-"), "{file}");
     }
 }
 

@@ -7,6 +7,7 @@
 mod common;
 
 mod config;
+mod debug_header;
 mod feed;
 mod failopen;
 mod failover;

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use serde_json::json;
-use warmpath_e2e::Stats;
+use warmpath_harness::Stats;
 
 use crate::common::Rig;
 

@@ -111,6 +111,9 @@ pub struct EnvoyConfig {
     /// whose clients are the operator; never in a configuration that faces clients, since the decision record
     /// tells how much of a prompt other clients already sent.
     pub rig_headers: bool,
+    /// The retry policy of every route (default `warmpath_envoy_config::retry_policy()`); a test replaces it to see
+    /// the filter under another provider's route policy.
+    pub route_retry_policy: Value,
 }
 
 impl EnvoyConfig {
@@ -130,6 +133,7 @@ impl EnvoyConfig {
             wasm_remote: None,
             plugins: Vec::new(),
             rig_headers: false,
+            route_retry_policy: envoy_config::retry_policy(),
         }
     }
 
@@ -230,7 +234,7 @@ impl EnvoyConfig {
         let timeout = format!("{}s", self.route_timeout_s);
         let route = |prefix: &str, cluster: &str| {
             let mut r = json!({ "match": { "prefix": prefix }, "route": {
-                "cluster": cluster, "timeout": timeout, "retry_policy": envoy_config::retry_policy() } });
+                "cluster": cluster, "timeout": timeout, "retry_policy": self.route_retry_policy } });
             if self.rig_headers {
                 r["response_headers_to_add"] = rig_response_headers();
             }

@@ -13,6 +13,7 @@ use std::rc::Rc;
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::{Action, BufferType, MapType};
+use warmpath_core::headers::{ENVOY_RETRY_ON_HEADER, RETRY_ON};
 use warmpath_core::{extract_key, EndpointLoad, PickInput, Reason, RequestKey, Strategy};
 
 use crate::stream::{Mode, RouteOn, Step, Stream};
@@ -217,6 +218,8 @@ impl FilterHttp {
             }
         }
         set_request_header(DESTINATION_HEADER, Some(&decision.address));
+        // The retry conditions the pick relies on, whatever the route's own policy says (`ENVOY_RETRY_ON_HEADER`).
+        set_request_header(ENVOY_RETRY_ON_HEADER, Some(RETRY_ON));
         // For the operator (access logs), never the client: the pick, why, and how much of the prompt other
         // requests already sent.
         let record = format!("{};{};matched={}", decision.address, decision.reason.as_str(), decision.matched_len);

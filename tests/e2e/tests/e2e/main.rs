@@ -16,6 +16,7 @@ mod honoured;
 mod inflight;
 mod module_failure;
 mod reconfigure;
+mod retry_on;
 mod routing;
 mod shared_listener;
 mod spoofing;

@@ -69,6 +69,9 @@ async fn invalid_plugin_config_is_rejected_with_a_clear_message() {
         (json!({"concurrency_threshold": 5000}), "concurrency_threshold"),
         (json!({"endpoints": ["not-an-address"]}), "endpoints[0]"),
         (json!({"upstream_clusters": ["pool-a", ""]}), "upstream_clusters[1]"),
+        // Endpoints Envoy could never honour.
+        (json!({"endpoints": ["127.0.0.1:0"]}), "endpoints[0]"),
+        (json!({"endpoints": ["127.0.0.1:18001", "[::ffff:127.0.0.1]:18001"]}), "endpoints[1]"),
     ] {
         let cfg = Rig::config(&upstreams, extra);
         let mut envoy = EnvoyProcess::spawn(cfg, CONCURRENCY, false).expect("spawn");
@@ -77,4 +80,20 @@ async fn invalid_plugin_config_is_rejected_with_a_clear_message() {
         let log = envoy.log();
         assert!(log.contains("rejected plugin configuration") && log.contains(needle), "unclear log:\n{log}");
     }
+}
+
+/// A plugin configuration that is not a JSON object is refused with that reason, not with a serde message about
+/// the first array element.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_config_that_is_not_an_object_is_refused_as_such() {
+    let upstreams = Upstream::start_many(1).await.expect("upstreams");
+    let addr = upstreams[0].addr();
+    let cfg = EnvoyConfig::new(vec![addr], format!(r#"["{addr}"]"#)).with_wasm(warmpath_harness::filter_wasm().expect("filter module"));
+    let mut envoy = EnvoyProcess::spawn(cfg, CONCURRENCY, false).expect("spawn");
+    let code = envoy.wait_exit(Duration::from_secs(30)).await.expect("envoy refuses to start");
+    assert_ne!(code, 0);
+    let log = envoy.log();
+    assert!(log.contains("the plugin configuration must be a JSON object"), "unclear log:
+{log}");
+    assert!(!log.contains("unknown variant"), "{log}");
 }

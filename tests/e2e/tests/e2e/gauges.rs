@@ -42,3 +42,22 @@ async fn gauges_of_removed_endpoints_drop_to_zero() {
     assert_eq!(s.filter("endpoints"), 2, "the update took effect");
     assert_eq!(gauge(&s, &removed), 0, "the removed endpoint's gauge froze at its last value");
 }
+
+/// An IPv6 endpoint's gauge has the documented name in Envoy's stats: every character other than a letter or digit
+/// becomes `_` (`[::1]:18011` → `in_flight.___1__18011`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ipv6_endpoints_gauge_has_the_documented_name() {
+    let upstreams = warmpath_harness::Upstream::start_many(2).await.expect("upstreams");
+    let v4: Vec<String> = upstreams.iter().map(|u| u.addr().to_string()).collect();
+    let rig = {
+        let endpoints = json!([v4[0], v4[1], "[::1]:18011"]);
+        let cfg = Rig::config(&upstreams, json!({"strategy": "LEAST_OUTSTANDING_REQUESTS", "endpoints": endpoints}));
+        let envoy = warmpath_harness::EnvoyProcess::start(cfg, crate::common::CONCURRENCY).await.expect("envoy");
+        let client = reqwest::Client::builder().build().expect("client");
+        Rig { upstreams, envoy, client }
+    };
+    let name = "wasmcustom.warmpath.in_flight.___1__18011";
+    let s = rig.stats_until(|s| s.with_prefix(name).any(|(k, _)| k == name)).await;
+    let gauges: Vec<_> = s.with_prefix("wasmcustom.warmpath.in_flight.").collect();
+    assert!(gauges.iter().any(|(k, _)| *k == name), "{gauges:?}");
+}

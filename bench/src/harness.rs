@@ -90,7 +90,7 @@ impl Strategy {
 pub const HARNESS_OWNED_KEYS: [&str; 2] = ["strategy", "endpoints"];
 
 /// The plugin configuration (JSON text) for filter strategy `name` in front of `upstreams`: `strategy` and
-/// `endpoints` from the harness, `debug_header` on, then the fields of `extra` (a JSON object, checked by
+/// `endpoints` from the harness, then the fields of `extra` (a JSON object, checked by
 /// [`check_filter_extra`]).
 pub fn filter_plugin_config(name: &str, upstreams: &[SocketAddr], extra: &Value) -> String {
     let mut fields = json!({"strategy": name});

@@ -38,6 +38,15 @@ pub struct RemoteModule {
     pub sha256: String,
 }
 
+/// Response header of a test rig ([`EnvoyConfig::rig_headers`]): the filter's decision record for the operator,
+/// `<IP:port>;<reason>;matched=<n>`, copied by Envoy from the filter state the filter writes
+/// ([`warmpath_core::headers::DECISION_PROPERTY`]).
+pub const RIG_DECISION_HEADER: &str = "x-rig-decision";
+
+/// Response header of a test rig ([`EnvoyConfig::rig_headers`]): the upstream host that answered, Envoy's
+/// `%UPSTREAM_HOST%`.
+pub const RIG_UPSTREAM_HEADER: &str = "x-rig-upstream-host";
+
 /// Cluster the remote module is fetched through.
 const WASM_MODULE_CLUSTER: &str = "wasm_module";
 
@@ -97,6 +106,14 @@ pub struct EnvoyConfig {
     /// The warmpath filter instances, in chain order. Empty (the default) means one instance named `warmpath`
     /// configured with `plugin_config`.
     pub plugins: Vec<PluginInstance>,
+    /// Add [`RIG_DECISION_HEADER`] and [`RIG_UPSTREAM_HEADER`] to every response (default false): Envoy, not the
+    /// filter, tells the client which backend answered and what the filter decided. For test rigs and benchmarks
+    /// whose clients are the operator; never in a configuration that faces clients, since the decision record
+    /// tells how much of a prompt other clients already sent.
+    pub rig_headers: bool,
+    /// The retry policy of every route (default `warmpath_envoy_config::retry_policy()`); a test replaces it to see
+    /// the filter under another provider's route policy.
+    pub route_retry_policy: Value,
 }
 
 impl EnvoyConfig {
@@ -115,6 +132,8 @@ impl EnvoyConfig {
             pools: Vec::new(),
             wasm_remote: None,
             plugins: Vec::new(),
+            rig_headers: false,
+            route_retry_policy: envoy_config::retry_policy(),
         }
     }
 
@@ -144,6 +163,12 @@ impl EnvoyConfig {
         self
     }
 
+    /// Turns on [`Self::rig_headers`].
+    pub fn with_rig_headers(mut self) -> Self {
+        self.rig_headers = true;
+        self
+    }
+
     /// Adds a feed cluster for the filter's poller.
     pub fn with_feed(mut self, feed: FeedCluster) -> Self {
         self.feed = Some(feed);
@@ -152,11 +177,10 @@ impl EnvoyConfig {
 
     /// The plugin configuration a test writes for `endpoints` plus extra fields (a JSON object whose keys override).
     ///
-    /// `endpoints` is always set from `upstreams`, `debug_header` defaults to true.
+    /// `endpoints` is always set from `upstreams`.
     pub fn plugin_json(upstreams: &[SocketAddr], extra: Value) -> String {
         let mut cfg = json!({
             "endpoints": upstreams.iter().map(|a| a.to_string()).collect::<Vec<_>>(),
-            "debug_header": true,
         });
         if let (Some(base), Value::Object(extra)) = (cfg.as_object_mut(), extra) {
             for (k, v) in extra {
@@ -205,17 +229,19 @@ impl EnvoyConfig {
     }
 
     /// The route list: one prefix route per pool, then the catch-all route to [`MODEL_CLUSTER`], each with the
-    /// retry policy that sends a request failed on a dead endpoint to another one.
+    /// retry policy that sends a request failed on a dead endpoint to another one (and the rig headers, when on).
     fn routes(&self) -> Value {
         let timeout = format!("{}s", self.route_timeout_s);
-        let mut routes: Vec<Value> = self
-            .pools
-            .iter()
-            .map(|p| json!({ "match": { "prefix": p.path_prefix }, "route": {
-                "cluster": p.cluster, "timeout": timeout, "retry_policy": envoy_config::retry_policy() } }))
-            .collect();
-        routes.push(json!({ "match": { "prefix": "/" }, "route": {
-            "cluster": MODEL_CLUSTER, "timeout": timeout, "retry_policy": envoy_config::retry_policy() } }));
+        let route = |prefix: &str, cluster: &str| {
+            let mut r = json!({ "match": { "prefix": prefix }, "route": {
+                "cluster": cluster, "timeout": timeout, "retry_policy": self.route_retry_policy } });
+            if self.rig_headers {
+                r["response_headers_to_add"] = rig_response_headers();
+            }
+            r
+        };
+        let mut routes: Vec<Value> = self.pools.iter().map(|p| route(&p.path_prefix, &p.cluster)).collect();
+        routes.push(route("/", MODEL_CLUSTER));
         Value::Array(routes)
     }
 
@@ -310,6 +336,16 @@ fn override_host_cluster(name: &str, upstreams: &[SocketAddr]) -> Value {
     c["outlier_detection"] = envoy_config::outlier_detection();
     c["circuit_breakers"] = envoy_config::circuit_breakers();
     c
+}
+
+/// Route `response_headers_to_add` of a test rig: Envoy's own record of the upstream host and the filter's decision
+/// (from filter state; a request the filter did not place gets no decision header).
+fn rig_response_headers() -> Value {
+    let decision = format!("%FILTER_STATE(wasm.{}:PLAIN)%", warmpath_core::headers::DECISION_PROPERTY);
+    json!([
+        { "header": { "key": RIG_UPSTREAM_HEADER, "value": "%UPSTREAM_HOST%" } },
+        { "header": { "key": RIG_DECISION_HEADER, "value": decision } },
+    ])
 }
 
 /// Renders any config value as YAML text.

@@ -19,7 +19,7 @@ mod upstream;
 
 pub use config::{
     example_configs, to_yaml, EnvoyConfig, FeedCluster, PluginInstance, Pool, EXAMPLE_PLUGIN_CONFIG, FILTER_STAT_PREFIX,
-    RemoteModule,
+    RemoteModule, RIG_DECISION_HEADER, RIG_UPSTREAM_HEADER,
 };
 pub use envoy::{validate_file, EnvoyProcess};
 pub use feed::FeedServer;
@@ -27,4 +27,4 @@ pub use paths::{envoy_binary, filter_wasm, free_port, workspace_root};
 pub use stats::Stats;
 pub use upstream::{Recorded, Upstream};
 
-pub use warmpath_core::headers::{DEBUG_HEADER, DESTINATION_HEADER, ORIGINAL_DST_HEADER};
+pub use warmpath_core::headers::{DEBUG_HEADER, DECISION_PROPERTY, DESTINATION_HEADER, ORIGINAL_DST_HEADER};

@@ -6,8 +6,10 @@ front of several). From the stream it takes:
   non-empty text (llama.cpp first sends a role-only chunk, which is not a token);
 - llama.cpp's `timings` object in the final chunk: `cache_n` (prompt tokens reused from the KV/prompt cache),
   `prompt_n` (prompt tokens computed), `prompt_ms`;
-- the serving endpoint from the filter's opt-in `x-warmpath-decision` response header
-  (`IP:port;reason;matched=N`), when present.
+- the serving endpoint and the filter's decision from the response headers the measuring Envoy adds
+  (`scripts/envoy.sh render --rig-headers`): `x-rig-upstream-host` (Envoy's `%UPSTREAM_HOST%`) and
+  `x-rig-decision` (`IP:port;reason;matched=N`, the filter's record in Envoy's filter state), when present.
+  The filter itself never tells a client these.
 """
 from __future__ import annotations
 
@@ -18,8 +20,10 @@ import openai
 
 from .servers import MODEL_ALIAS
 
-#: Opt-in response header of the warmpath filter (`debug_header: true`): `IP:port;reason;matched=N`.
-DECISION_HEADER = "x-warmpath-decision"
+#: Response header of the measuring Envoy (rig headers): the filter's decision, `IP:port;reason;matched=N`.
+DECISION_HEADER = "x-rig-decision"
+#: Response header of the measuring Envoy (rig headers): the upstream host that answered, `IP:port`.
+UPSTREAM_HEADER = "x-rig-upstream-host"
 
 
 @dataclass
@@ -28,7 +32,8 @@ class ChatResult:
 
     `ttft_ms`/`total_ms`: milliseconds from request start to first token / end of stream.
     `cache_n`/`prompt_n`: prompt tokens served from cache / computed, from llama.cpp's `timings` (None if absent).
-    `endpoint`/`reason`: from the `x-warmpath-decision` header (None without the filter's debug header).
+    `endpoint`: the upstream that answered (`x-rig-upstream-host`); `reason`/`matched_chars`: the filter's
+    decision (`x-rig-decision`). None without the measuring Envoy's rig headers (e.g. a peer router).
     `error`: the exception text when the request failed (the other fields are then partial).
     """
 
@@ -78,7 +83,8 @@ def stream_chat(client: openai.OpenAI, messages: list[dict], max_tokens: int, mo
             model=model, messages=messages, max_tokens=max_tokens, temperature=0.0, stream=True,
             stream_options={"include_usage": True}, extra_headers=headers or None,
         )
-        res.endpoint, res.reason, res.matched_chars = parse_decision(stream.response.headers.get(DECISION_HEADER))
+        picked, res.reason, res.matched_chars = parse_decision(stream.response.headers.get(DECISION_HEADER))
+        res.endpoint = stream.response.headers.get(UPSTREAM_HEADER) or picked
         with stream:
             for chunk in stream:
                 if res.ttft_ms is None and chunk.choices and chunk.choices[0].delta.content:

@@ -8,9 +8,9 @@ multi-turn chat workload (`workload.py`) with `--concurrency` client threads usi
 `SMG_CACHE_AWARE` and `VLLM_ROUTER_CACHE_AWARE` run the peers' real routers (`peers.py`) in Envoy's place.
 
 Reported per strategy: TTFT p50/p90 (client-side, ms), cached prompt tokens per request (`timings.cache_n`,
-server-side), share of prompt tokens served from cache, requests per server (from the filter's
-`x-warmpath-decision` header; a peer router sends none, so its requests show as unattributed), filter
-decisions by reason, errors, and requests skipped at the time limit.
+server-side), share of prompt tokens served from cache, requests per server (from the measuring Envoy's
+`x-rig-upstream-host` header; a peer router sends none, so its requests show as unattributed), filter
+decisions by reason (`x-rig-decision`), errors, and requests skipped at the time limit.
 
 Exit status: 0 on success, 3 when the llama-server binary cannot run on this CPU (message on stderr),
 1 on any other failure (including a strategy run with failed requests).
@@ -218,7 +218,7 @@ def markdown_common(rows: list[dict]) -> str:
 
 
 def unattributed(row: dict) -> str:
-    """` (+N unattributed)` when N requests carried no endpoint (peer routers send no decision header)."""
+    """` (+N unattributed)` when N requests carried no endpoint (peer routers add no rig headers)."""
     return f" (+{row['unattributed']} unattributed)" if row["unattributed"] else ""
 
 

@@ -24,9 +24,9 @@ DEFAULT_PLUGIN_CONFIG = REPO / "envoy" / "plugin-config.json"
 
 
 def plugin_config(strategy: str, endpoints: list[str], overrides: dict | None = None) -> dict:
-    """`envoy/plugin-config.json` with `strategy`, `endpoints` and `debug_header: true` set, then `overrides`."""
+    """`envoy/plugin-config.json` with `strategy` and `endpoints` set, then `overrides`."""
     cfg = json.loads(DEFAULT_PLUGIN_CONFIG.read_text())
-    cfg.update({"strategy": strategy, "endpoints": endpoints, "debug_header": True})
+    cfg.update({"strategy": strategy, "endpoints": endpoints})
     cfg.update(overrides or {})
     return cfg
 
@@ -55,7 +55,7 @@ class Envoy:
         ups = [a for e in endpoints for a in ("--upstream", e)]
         yaml = subprocess.run(
             ["bash", str(REPO / "scripts" / "envoy.sh"), "render", *ups, "--plugin-config", json.dumps(plugin),
-             "--listener-port", str(self.port), "--admin-port", str(self.admin_port)],
+             "--listener-port", str(self.port), "--admin-port", str(self.admin_port), "--rig-headers"],
             cwd=REPO, check=True, capture_output=True, text=True).stdout
         if yaml.count("timeout: 60s") != 1:
             raise RuntimeError("rendered bootstrap has no single 'timeout: 60s' route timeout to replace")

@@ -412,8 +412,10 @@ fn render_istio(input: &RenderInput<'_>, feed: &FeedTarget) -> Result<Vec<Dynami
                 {
                     "applyTo": "CLUSTER",
                     "match": {"context": "GATEWAY", "cluster": {"service": format!("{svc}.{svc_ns}.svc.cluster.local"), "portNumber": port}},
-                    // Istio's default route retry policy already retries connect failures and 503s on another
-                    // host (`previous_hosts`); the cluster gets outlier detection and a retry budget.
+                    // Istio's default route retry policy retries connect failures and 503s on another host
+                    // (`previous_hosts`), not resets; the filter adds them to every request it places
+                    // (`x-envoy-retry-on`, `warmpath_core::headers::RETRY_ON`). The cluster gets outlier
+                    // detection and a retry budget.
                     "patch": {"operation": "MERGE", "value": {
                         "load_balancing_policy": override_host_lb_policy(),
                         "outlier_detection": envoy_config::outlier_detection(),

@@ -245,6 +245,7 @@ mod tests {
         assert_eq!((s.prefix_length, s.concurrency_threshold, s.tenant_header.as_str()), (4096, 8, "x-tenant"));
         assert!(s.acts_on_cluster(Some("outbound|8000||vllm.llm.svc.cluster.local")) && !s.acts_on_cluster(Some("other")));
         assert_eq!(s.feed.unwrap().path, "/v1/feed/policy/ns/p");
+        assert!(!s.debug_header, "a rendered configuration never turns the client-facing debug header on");
     }
 
     #[test]

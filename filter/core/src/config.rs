@@ -135,7 +135,8 @@ pub struct Settings {
     pub endpoints: Vec<String>,
     /// Capacity of the bounded prefix index, in blocks. 64..=4194304, default 16384.
     pub index_capacity: usize,
-    /// When true the filter adds a response header naming the chosen endpoint and the reason. Default false.
+    /// When true the filter adds the response header `headers::DEBUG_HEADER`: the strategy and the request's own
+    /// fail-open cause, nothing that depends on other clients' requests. Default false.
     pub debug_header: bool,
     /// Optional endpoint/load feed; default none.
     pub feed: Option<FeedSettings>,

@@ -13,7 +13,26 @@ pub const ORIGINAL_DST_HEADER: &str = "x-envoy-original-dst-host";
 /// wasm filter in every shipped or rendered configuration, and by the filter itself.
 pub const CLIENT_DESTINATION_HEADERS: [&str; 2] = [DESTINATION_HEADER, ORIGINAL_DST_HEADER];
 
-/// Opt-in response header (`debug_header: true`, off in every shipped configuration):
-/// `<IP:port>;<reason>;matched=<n>`, `n` the matched prefix length in characters (bytes for raw bodies). For test
-/// rigs only: it names the backend and tells a client how much of its prompt other clients already sent.
+/// Envoy's request header of extra retry conditions (`x-envoy-retry-on`), which Envoy's router adds to the route's
+/// retry policy. The filter sets it to [`RETRY_ON`] on every request it places: a provider whose own route retry
+/// policy lacks a condition (Istio's default retries connect failures and 503s, not resets) then still retries a
+/// request reset by a dying endpoint on another host. The filter's value replaces any a client sent.
+pub const ENVOY_RETRY_ON_HEADER: &str = "x-envoy-retry-on";
+
+/// Envoy retry conditions of every model-server route warmpath configures or renders (Envoy `retry_on` syntax): a
+/// failed connection, a reset before the response, or a retriable status code (503, given with the route's retry
+/// policy).
+pub const RETRY_ON: &str = "connect-failure,reset,retriable-status-codes";
+
+/// Opt-in response header (`debug_header: true`, off in every shipped configuration): `<STRATEGY>` (the configured
+/// strategy, e.g. `PREFIX_AWARE`), or `<STRATEGY>;fail_open=<cause>` when the request could not be keyed (the
+/// `warmpath.fail_open.<cause>` label). Only what the client's own request and the operator's configuration decide:
+/// never the backend, the matched prefix length, the decision reason or any load — those depend on what other
+/// clients sent, and the operator reads them from [`DECISION_PROPERTY`] and the metrics.
 pub const DEBUG_HEADER: &str = "x-warmpath-decision";
+
+/// Envoy filter-state property the filter writes on every request it places, for operators (access logs, not
+/// clients): `<IP:port>;<reason>;matched=<n>`, `n` the matched prefix length in characters (bytes for raw bodies).
+/// Envoy stores it as `wasm.warmpath.decision`: an access log reads it with
+/// `%FILTER_STATE(wasm.warmpath.decision:PLAIN)%`.
+pub const DECISION_PROPERTY: &str = "warmpath.decision";

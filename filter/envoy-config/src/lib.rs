@@ -153,8 +153,9 @@ pub fn retry_policy() -> Value {
     })
 }
 
-/// Envoy `retry_on` conditions of [`retry_policy`].
-pub const RETRY_ON: &str = "connect-failure,reset,retriable-status-codes";
+/// Envoy `retry_on` conditions of [`retry_policy`] (defined in `warmpath_core::headers`: the filter also sends
+/// them as `x-envoy-retry-on` on every request it places).
+pub use warmpath_core::headers::RETRY_ON;
 /// Retries per request in [`retry_policy`]: one other host is enough to get past one dead endpoint; more would
 /// multiply load during a wider outage.
 pub const RETRIES: u32 = 1;

@@ -13,13 +13,14 @@ use std::rc::Rc;
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::{Action, BufferType, MapType};
+use warmpath_core::headers::{ENVOY_RETRY_ON_HEADER, RETRY_ON};
 use warmpath_core::{extract_key, EndpointLoad, PickInput, Reason, RequestKey, Strategy};
 
 use crate::stream::{Mode, RouteOn, Step, Stream};
 use crate::outcome::Outcome;
 use crate::root::{now_ms, random_u64, Shared};
 use crate::shared::Counter;
-use crate::{health, shared, DEBUG_HEADER, DESTINATION_HEADER, ORIGINAL_DST_HEADER};
+use crate::{health, shared, DEBUG_HEADER, DECISION_PROPERTY, DESTINATION_HEADER, ORIGINAL_DST_HEADER};
 
 /// Counters of passive failure learning (`health`).
 mod metric {
@@ -82,6 +83,7 @@ pub struct FilterHttp {
     probe: bool,
     /// Size of the buffered request body, bytes (0 until it is read).
     body_len: usize,
+    /// The debug header's value (`debug_header: true`), added to the response headers.
     debug: Option<String>,
 }
 
@@ -185,6 +187,7 @@ impl FilterHttp {
         let strategy = router.settings().strategy;
         let Some(mut decision) = router.route(&input, &loads) else {
             // No endpoints known yet (feed not delivered): leave the header unset so Envoy's fallback policy routes.
+            self.set_debug(params, strategy, Some("no_endpoints"));
             shared.metrics.fail_open("no_endpoints");
             shared.metrics.decision(strategy, Reason::FailOpen, None);
             return;
@@ -215,8 +218,23 @@ impl FilterHttp {
             }
         }
         set_request_header(DESTINATION_HEADER, Some(&decision.address));
+        // The retry conditions the pick relies on, whatever the route's own policy says (`ENVOY_RETRY_ON_HEADER`).
+        set_request_header(ENVOY_RETRY_ON_HEADER, Some(RETRY_ON));
+        // For the operator (access logs), never the client: the pick, why, and how much of the prompt other
+        // requests already sent.
+        let record = format!("{};{};matched={}", decision.address, decision.reason.as_str(), decision.matched_len);
+        let _ = hostcalls::set_property(vec![DECISION_PROPERTY], Some(record.as_bytes()));
+        self.set_debug(params, strategy, cause);
+    }
+
+    /// Keeps the debug header's value when `debug_header` is on: the strategy and the request's own fail-open
+    /// cause, nothing that depends on other clients' requests or on load (see `DEBUG_HEADER`).
+    fn set_debug(&mut self, params: Params, strategy: Strategy, cause: Option<&str>) {
         if params.debug_header {
-            self.debug = Some(format!("{};{};matched={}", decision.address, decision.reason.as_str(), decision.matched_len));
+            self.debug = Some(match cause {
+                Some(c) => format!("{};fail_open={c}", strategy.as_str()),
+                None => strategy.as_str().to_string(),
+            });
         }
     }
 }

@@ -72,6 +72,10 @@ struct RenderArgs {
     /// Feed cluster as NAME=IP:port.
     #[arg(long)]
     feed: Option<String>,
+    /// Add the test-rig response headers `x-rig-upstream-host` (Envoy's upstream host) and `x-rig-decision` (the
+    /// filter's decision record): for measuring rigs whose client is the operator, never in front of clients.
+    #[arg(long)]
+    rig_headers: bool,
 }
 
 impl RenderArgs {
@@ -96,6 +100,9 @@ impl RenderArgs {
             .ports(self.listener_port, self.admin_port);
         if !self.no_filter {
             cfg = cfg.with_wasm(&self.wasm);
+        }
+        if self.rig_headers {
+            cfg = cfg.with_rig_headers();
         }
         if let Some(feed) = &self.feed {
             let (name, addr) = feed.split_once('=').context("--feed wants NAME=IP:port")?;

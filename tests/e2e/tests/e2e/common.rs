@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use warmpath_harness::{filter_wasm, EnvoyConfig, EnvoyProcess, Upstream, DEBUG_HEADER};
+use warmpath_harness::{filter_wasm, EnvoyConfig, EnvoyProcess, Upstream, DEBUG_HEADER, RIG_DECISION_HEADER};
 
 /// Envoy worker threads in every test (two, so that every test crosses workers: each worker has its own VM).
 pub const CONCURRENCY: u32 = 2;
@@ -16,7 +16,7 @@ pub struct Rig {
 }
 
 impl Rig {
-    /// `n` upstreams, Envoy with the filter configured by `extra` (merged into `{endpoints, debug_header: true}`).
+    /// `n` upstreams, Envoy with the filter configured by `extra` (merged into `{endpoints}`) and the rig headers.
     pub async fn start(n: usize, extra: Value) -> Rig {
         Self::start_with(n, extra, false).await
     }
@@ -39,15 +39,15 @@ impl Rig {
         Rig { upstreams, envoy, client }
     }
 
-    /// The Envoy config for these upstreams with plugin config `extra`.
+    /// The Envoy config for these upstreams with plugin config `extra`, with the rig headers (Envoy tells the test
+    /// which backend answered and what the filter decided).
     pub fn config(upstreams: &[Upstream], extra: Value) -> EnvoyConfig {
         let addrs: Vec<_> = upstreams.iter().map(Upstream::addr).collect();
         let plugin = EnvoyConfig::plugin_json(&addrs, extra);
-        EnvoyConfig::new(addrs, plugin).with_wasm(filter_wasm().expect("filter module"))
+        EnvoyConfig::new(addrs, plugin).with_wasm(filter_wasm().expect("filter module")).with_rig_headers()
     }
 
-    /// POSTs a chat completion whose single user message is `prompt`; returns (status, upstream address that
-    /// answered, debug header).
+    /// POSTs a chat completion whose single user message is `prompt`.
     pub async fn chat(&self, prompt: &str) -> Reply {
         let body = json!({"model": "m", "messages": [{"role": "user", "content": prompt}]});
         self.post("/v1/chat/completions", body.to_string().into_bytes(), &[]).await
@@ -101,19 +101,22 @@ pub struct Reply {
     pub status: u16,
     /// `x-upstream` response header: the upstream that answered.
     pub upstream: String,
-    /// The filter's debug header `x-warmpath-decision` (`<endpoint>;<reason>`), empty when absent.
+    /// The filter's decision record as the rig's Envoy copies it from filter state (`x-rig-decision`,
+    /// `<endpoint>;<reason>;matched=<n>`), empty when absent (no rig headers, or the filter placed nothing).
     pub decision: String,
+    /// The filter's own debug header (`x-warmpath-decision`, `debug_header: true`), empty when absent.
+    pub debug: String,
 }
 
 impl Reply {
     async fn from(r: reqwest::Response) -> Reply {
         let h = |n: &str| r.headers().get(n).and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
-        let (status, upstream, decision) = (r.status().as_u16(), h("x-upstream"), h(DEBUG_HEADER));
+        let (status, upstream, decision, debug) = (r.status().as_u16(), h("x-upstream"), h(RIG_DECISION_HEADER), h(DEBUG_HEADER));
         let _ = r.bytes().await;
-        Reply { status, upstream, decision }
+        Reply { status, upstream, decision, debug }
     }
 
-    /// The reason part of the debug header.
+    /// The reason part of the decision record.
     pub fn reason(&self) -> &str {
         self.decision.split(';').nth(1).unwrap_or("")
     }

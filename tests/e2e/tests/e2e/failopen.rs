@@ -117,7 +117,7 @@ async fn non_utf8_header_values_are_harmless() {
             .await
             .expect("request");
         assert_eq!(r.status(), 200);
-        let decision = r.headers().get(warmpath_harness::DEBUG_HEADER).and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
+        let decision = r.headers().get(warmpath_harness::RIG_DECISION_HEADER).and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
         assert!(decision.ends_with("fail_open;matched=0"), "{decision:?}");
     }
     // The VM is alive and still decides normal requests.

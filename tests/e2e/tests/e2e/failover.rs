@@ -3,7 +3,8 @@
 //! filter learns from the failed requests it placed (passive failure learning, shared across Envoy's workers) and
 //! keeps its picks away from the dead endpoint for a back-off period; the rendered retry policy serves the
 //! requests that reached it before the filter knew. A drained endpoint (it leaves the feed) finishes what it has
-//! and gets nothing new.
+//! and gets nothing new. The kill also runs without the filter (same bootstrap, same retry policy and outlier
+//! detection): the baseline of the figures in BENCHMARKS.md §6.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -68,7 +69,7 @@ impl Load {
                                 let status = r.status();
                                 let flags = r.headers().get("x-envoy-response-flags").and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
                                 match r.text().await {
-                                    Ok(t) if status == 200 => (true, String::new()),
+                                    Ok(_) if status == 200 => (true, String::new()),
                                     Ok(t) => (false, format!("{status} {flags} {t}")),
                                     Err(e) => (false, format!("{status} body: {e}")),
                                 }
@@ -107,9 +108,42 @@ async fn until_completed(load: &Load, n: usize) {
     assert!(load.completed() >= n, "load too slow: {} of {n} requests in 20 s", load.completed());
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_killed_endpoint_stops_getting_traffic_and_comes_back_after_restart() {
-    let rig = Rig::start(3, json!({"strategy": "PREFIX_AWARE"})).await;
+/// What one kill run measured (the figures of BENCHMARKS.md §6).
+struct KillRun {
+    requests: usize,
+    failed: usize,
+    in_flight_at_kill: usize,
+    /// Failed requests sent one back-off period ([`BACKOFF_BASE_MS`]) or more after the kill.
+    failed_late: usize,
+    /// Time from the restart to the victim's first new request (`None`: none within the 6 s watched).
+    back_after: Option<Duration>,
+    stats: warmpath_harness::Stats,
+}
+
+impl KillRun {
+    fn report(&self, label: &str) -> String {
+        let cluster = |k: &str| self.stats.get(&format!("cluster.model_servers.{k}"));
+        format!(
+            "[{label}] {} requests, {} failed (in flight on the victim at the kill: {}), {} failed after the first \
+             back-off; victim back after {:?}; envoy retries={} connect failures={} ejections={}; filter: \
+             picks_avoided_down={} endpoint_failures={}",
+            self.requests,
+            self.failed,
+            self.in_flight_at_kill,
+            self.failed_late,
+            self.back_after,
+            cluster("upstream_rq_retry"),
+            cluster("upstream_cx_connect_fail"),
+            cluster("outlier_detection.ejections_enforced_total"),
+            self.stats.filter("picks_avoided_down"),
+            self.stats.filter("endpoint_failures"),
+        )
+    }
+}
+
+/// The kill scenario on `rig`: load, kill the busiest upstream after 300 completed requests, restart it on the same
+/// address 2.5 s later, watch 6 s more.
+async fn kill_run(rig: &Rig, label: &str) -> KillRun {
     rig.upstreams.iter().for_each(|u| u.set_delay(UPSTREAM_DELAY));
     let load = Load::start(rig.envoy.url());
     until_completed(&load, 300).await;
@@ -134,32 +168,52 @@ async fn a_killed_endpoint_stops_getting_traffic_and_comes_back_after_restart() 
     let done = load.finish().await;
 
     let failed: Vec<&Done> = done.iter().filter(|d| !d.ok).collect();
-    let late = failed.iter().filter(|d| d.started >= killed + Duration::from_millis(BACKOFF_BASE_MS)).count();
-    let s = rig.envoy.stats().await.expect("stats");
-    let report = format!(
-        "{} requests, {} failed (in flight on the victim at the kill: {in_flight_at_kill}), {late} failed after the first \
-         back-off; victim back after {back_after:?}; picks_avoided_down={} endpoint_failures={}",
-        done.len(),
-        failed.len(),
-        s.filter("picks_avoided_down"),
-        s.filter("endpoint_failures"),
-    );
-    eprintln!("{report}");
-    for (k, v) in s.with_prefix("cluster.model_servers.") {
-        if k.contains("retry") || k.contains("outlier") || k.contains("ejections_active") || k.contains("cx_connect_fail") {
-            eprintln!("{k} = {v}");
-        }
-    }
+    let failed_late = failed.iter().filter(|d| d.started >= killed + Duration::from_millis(BACKOFF_BASE_MS)).count();
+    let run = KillRun {
+        requests: done.len(),
+        failed: failed.len(),
+        in_flight_at_kill,
+        failed_late,
+        back_after,
+        stats: rig.envoy.stats().await.expect("stats"),
+    };
+    eprintln!("{}", run.report(label));
     for f in &failed {
-        eprintln!("failed {:?} after the kill: {}", f.started.saturating_duration_since(killed), f.what);
+        eprintln!("[{label}] failed {:?} after the kill: {}", f.started.saturating_duration_since(killed), f.what);
     }
-    assert!(failed.len() <= in_flight_at_kill, "{report}");
-    assert_eq!(late, 0, "{report}");
-    assert!(s.filter("endpoint_failures") >= 1 && s.filter("picks_avoided_down") >= 1, "the filter did not learn: {report}");
+    run
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_endpoint_stops_getting_traffic_and_comes_back_after_restart() {
+    let rig = Rig::start(3, json!({"strategy": "PREFIX_AWARE"})).await;
+    let run = kill_run(&rig, "filter").await;
+    let report = run.report("filter");
+    assert!(run.failed <= run.in_flight_at_kill, "{report}");
+    assert_eq!(run.failed_late, 0, "{report}");
+    assert!(
+        run.stats.filter("endpoint_failures") >= 1 && run.stats.filter("picks_avoided_down") >= 1,
+        "the filter did not learn: {report}"
+    );
     // Down for 2.5 s: back-off periods of 1 s then 2 s, so the next probe after the restart comes within 2 s (one
     // more base period of slack for the shared machine).
     let bound = Duration::from_millis(3 * BACKOFF_BASE_MS);
-    assert!(back_after.is_some_and(|t| t <= bound), "the restarted endpoint got no traffic within {bound:?}: {report}");
+    assert!(run.back_after.is_some_and(|t| t <= bound), "the restarted endpoint got no traffic within {bound:?}: {report}");
+}
+
+/// The baseline of the kill figures: the same scenario through the same Envoy bootstrap without the filter — the
+/// cluster's least-request fallback with the same retry policy, outlier detection and retry budget. A measurement:
+/// it asserts only that the scenario ran without the filter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn baseline_a_killed_endpoint_without_the_filter() {
+    let upstreams = Upstream::start_many(3).await.expect("upstreams");
+    let addrs: Vec<SocketAddr> = upstreams.iter().map(Upstream::addr).collect();
+    let envoy = EnvoyProcess::start(EnvoyConfig::new(addrs, "{}"), CONCURRENCY).await.expect("envoy");
+    let client = reqwest::Client::builder().timeout(Duration::from_secs(20)).build().expect("client");
+    let rig = Rig { upstreams, envoy, client };
+    let run = kill_run(&rig, "baseline, no filter").await;
+    assert!(run.requests > 300 && run.failed <= run.requests, "{}", run.report("baseline, no filter"));
+    assert_eq!(run.stats.filter("endpoint_failures"), 0, "no filter ran");
 }
 
 fn snapshot(version: u64, addrs: &[SocketAddr]) -> String {

@@ -45,11 +45,12 @@ async fn feed_drives_endpoints_and_survives_outages() {
     let mut feed = FeedServer::start(snapshot(1, &[(a[0], None), (a[1], None), (a[2], None)])).await.expect("feed");
     // Envoy's cluster knows all four hosts (as EDS would); the filter picks only among the feed's endpoints.
     let plugin = json!({
-        "endpoints": [], "debug_header": true, "strategy": "PREFIX_AWARE",
+        "endpoints": [], "strategy": "PREFIX_AWARE",
         "feed": {"cluster": "warmpath_feed", "path": "/v1/endpoints", "interval_ms": INTERVAL_MS},
     });
     let cfg = EnvoyConfig::new(a.clone(), plugin.to_string())
         .with_wasm(filter_wasm().expect("filter module"))
+        .with_rig_headers()
         .with_feed(FeedCluster { name: "warmpath_feed".into(), address: feed.addr() });
     let envoy = EnvoyProcess::start(cfg, CONCURRENCY).await.expect("envoy");
     let client = reqwest::Client::builder().timeout(Duration::from_secs(20)).build().expect("client");
@@ -131,11 +132,12 @@ async fn bad_feed_documents_keep_the_last_good_snapshot() {
     let a: Vec<SocketAddr> = upstreams.iter().map(Upstream::addr).collect();
     let feed = FeedServer::start(snapshot(1, &[(a[0], None)])).await.expect("feed");
     let plugin = json!({
-        "endpoints": [], "debug_header": true,
+        "endpoints": [],
         "feed": {"cluster": "warmpath_feed", "interval_ms": INTERVAL_MS},
     });
     let cfg = EnvoyConfig::new(a.clone(), plugin.to_string())
         .with_wasm(filter_wasm().expect("filter module"))
+        .with_rig_headers()
         .with_feed(FeedCluster { name: "warmpath_feed".into(), address: feed.addr() });
     let envoy = EnvoyProcess::start(cfg, CONCURRENCY).await.expect("envoy");
     let client = reqwest::Client::builder().timeout(Duration::from_secs(20)).build().expect("client");
@@ -169,6 +171,7 @@ async fn two_plugins_keep_their_own_feeds_server_loads() {
     let feed = FeedServer::start(String::new()).await.expect("feed");
     let mut cfg = EnvoyConfig::new(a[2 * PER_POOL..].to_vec(), "{}")
         .with_wasm(filter_wasm().expect("filter module"))
+        .with_rig_headers()
         .with_feed(FeedCluster { name: "warmpath_feed".into(), address: feed.addr() });
     for (i, (cluster, prefix, plugin, path)) in pools.iter().enumerate() {
         let pool = &a[i * PER_POOL..(i + 1) * PER_POOL];
@@ -176,7 +179,7 @@ async fn two_plugins_keep_their_own_feeds_server_loads() {
             pool.iter().enumerate().map(|(k, &addr)| (addr, (k == 0).then_some(queued))).collect();
         feed.set_snapshot_at(path, snapshot(1 + i as u64, &eps));
         let plugin_cfg = json!({
-            "endpoints": [], "debug_header": true, "strategy": "LEAST_OUTSTANDING_REQUESTS",
+            "endpoints": [], "strategy": "LEAST_OUTSTANDING_REQUESTS",
             "upstream_clusters": [cluster],
             "feed": {"cluster": "warmpath_feed", "path": path, "interval_ms": INTERVAL_MS},
         });

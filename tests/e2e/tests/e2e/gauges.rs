@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use serde_json::json;
-use warmpath_e2e::Stats;
+use warmpath_harness::Stats;
 
 use crate::common::Rig;
 
@@ -41,4 +41,23 @@ async fn gauges_of_removed_endpoints_drop_to_zero() {
     let s = rig.stats_until(|s| gauge(s, &removed) == 0 && s.filter("endpoints") == 2).await;
     assert_eq!(s.filter("endpoints"), 2, "the update took effect");
     assert_eq!(gauge(&s, &removed), 0, "the removed endpoint's gauge froze at its last value");
+}
+
+/// An IPv6 endpoint's gauge has the documented name in Envoy's stats: every character other than a letter or digit
+/// becomes `_` (`[::1]:18011` → `in_flight.___1__18011`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ipv6_endpoints_gauge_has_the_documented_name() {
+    let upstreams = warmpath_harness::Upstream::start_many(2).await.expect("upstreams");
+    let v4: Vec<String> = upstreams.iter().map(|u| u.addr().to_string()).collect();
+    let rig = {
+        let endpoints = json!([v4[0], v4[1], "[::1]:18011"]);
+        let cfg = Rig::config(&upstreams, json!({"strategy": "LEAST_OUTSTANDING_REQUESTS", "endpoints": endpoints}));
+        let envoy = warmpath_harness::EnvoyProcess::start(cfg, crate::common::CONCURRENCY).await.expect("envoy");
+        let client = reqwest::Client::builder().build().expect("client");
+        Rig { upstreams, envoy, client }
+    };
+    let name = "wasmcustom.warmpath.in_flight.___1__18011";
+    let s = rig.stats_until(|s| s.with_prefix(name).any(|(k, _)| k == name)).await;
+    let gauges: Vec<_> = s.with_prefix("wasmcustom.warmpath.in_flight.").collect();
+    assert!(gauges.iter().any(|(k, _)| *k == name), "{gauges:?}");
 }

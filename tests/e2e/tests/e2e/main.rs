@@ -7,6 +7,7 @@
 mod common;
 
 mod config;
+mod debug_header;
 mod feed;
 mod failopen;
 mod failover;
@@ -15,6 +16,7 @@ mod honoured;
 mod inflight;
 mod module_failure;
 mod reconfigure;
+mod retry_on;
 mod routing;
 mod shared_listener;
 mod spoofing;

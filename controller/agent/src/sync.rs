@@ -32,6 +32,11 @@ pub struct CacheRequest {
     /// Expected sha256 (hex) per file path relative to the cache; files not listed are checked by size/ETag only.
     #[serde(default)]
     pub sha256: BTreeMap<String, String>,
+    /// The only version to make current (a [`fingerprint`], from `ModelCache.status.pinned`): a source
+    /// that now lists anything else is refused with [`AgentError::SourceChanged`] instead of mixing
+    /// versions across nodes, and a current copy of this version is kept whatever the source holds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pin: Option<String>,
 }
 
 impl CacheRequest {
@@ -113,6 +118,10 @@ pub struct SyncReport {
     pub already_current: bool,
     /// Directory pods read (`<root>/<key>/current`).
     pub path: PathBuf,
+    /// Set when the source now lists another version than the pinned one kept current (the version
+    /// the source holds).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_version: Option<String>,
 }
 
 /// Version fingerprint: sha256 over the source, the expected checksums, the Hub commit and the listing
@@ -143,8 +152,14 @@ fn part_path(staging: &Path, rel: &str) -> PathBuf {
 /// a cancel keeps resumable progress (and its allocated space); any other failure (checksum, size, disk)
 /// removes this version's staging directory, so the next attempt starts clean and no space stays taken.
 ///
-/// With `opts.local_first`, a verified current copy made for the same request is returned at once,
-/// without listing or HEADing the source and without waiting for the cache lock.
+/// With `opts.local_first`, a verified current copy made for the same request (of the pinned version,
+/// when `req.pin` is set) is returned at once, without listing or HEADing the source and without
+/// waiting for the cache lock.
+///
+/// With `req.pin`, only that version is ever fetched: the source's listing must fingerprint to it (so
+/// every file has the pinned size and ETag, and every ranged read carries that ETag as `If-Match`).
+/// When it does not, a current copy of the pinned version is kept (`source_version` says what the
+/// source holds now) and a node without one fails with [`AgentError::SourceChanged`].
 pub async fn sync_cache(
     req: &CacheRequest,
     opts: &SyncOptions,
@@ -153,19 +168,20 @@ pub async fn sync_cache(
 ) -> Result<SyncReport> {
     req.validate()?;
     let dir = CacheDir::new(&opts.root, &req.key)?;
+    let kept = |m: ReadyMarker, source_version: Option<String>| SyncReport {
+        key: req.key.clone(),
+        version: m.version,
+        files: m.files.len(),
+        bytes_total: m.bytes,
+        bytes_fetched: 0,
+        bytes_resumed: 0,
+        already_current: true,
+        path: dir.current_link(),
+        source_version,
+    };
     if opts.local_first {
-        let id = request_id(req);
-        if let Some(m) = dir.current().filter(|m| m.request.as_deref() == Some(id.as_str())) {
-            return Ok(SyncReport {
-                key: req.key.clone(),
-                version: m.version,
-                files: m.files.len(),
-                bytes_total: m.bytes,
-                bytes_fetched: 0,
-                bytes_resumed: 0,
-                already_current: true,
-                path: dir.current_link(),
-            });
+        if let Some(m) = serving_copy(req, &dir) {
+            return Ok(kept(m, None));
         }
     }
     let resolved = resolve(&req.source, &opts.auth).await?;
@@ -176,6 +192,15 @@ pub async fn sync_cache(
         }
     }
     let version = fingerprint(req, resolved.pin.as_deref(), &resolved.files);
+    if let Some(pin) = req.pin.as_deref().filter(|p| *p != version) {
+        if let Some(m) = dir.current().filter(|m| m.version == pin) {
+            tracing::warn!(cache = %req.key, pinned = pin, source = %version, "the source changed; keeping the pinned version");
+            return Ok(kept(m, Some(version)));
+        }
+        // A partial download of the pinned version can no longer complete: give its space back.
+        dir.prune_staging("");
+        return Err(AgentError::SourceChanged { pinned: pin.to_string(), found: version });
+    }
     let bytes_total: u64 = resolved.files.iter().map(|f| f.size).sum();
     let report = |stats: FetchStats, already_current| SyncReport {
         key: req.key.clone(),
@@ -186,6 +211,7 @@ pub async fn sync_cache(
         bytes_resumed: stats.bytes_resumed,
         already_current,
         path: dir.current_link(),
+        source_version: None,
     };
     if dir.current().is_some_and(|m| m.version == version) {
         return Ok(report(FetchStats::default(), true));
@@ -205,6 +231,17 @@ pub async fn sync_cache(
             Err(e)
         }
     }
+}
+
+/// The verified current copy that serves `req` without asking the source: the pinned version when
+/// `req.pin` is set, else a copy made for the same request (source and checksums).
+pub fn serving_copy(req: &CacheRequest, dir: &CacheDir) -> Option<ReadyMarker> {
+    let m = dir.current()?;
+    let ok = match &req.pin {
+        Some(pin) => m.version == *pin,
+        None => m.request.as_deref() == Some(request_id(req).as_str()),
+    };
+    ok.then_some(m)
 }
 
 /// Reserves the space of one version, fetches and verifies its files, and commits it.

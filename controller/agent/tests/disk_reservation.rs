@@ -65,6 +65,7 @@ async fn two_downloads_at_once_do_not_fill_the_disk() {
         key: key.into(),
         source: SourceSpec::Http { url: format!("{}/{file}", server.base) },
         sha256: BTreeMap::from([(file.to_string(), sha256_hex(body))]),
+        pin: None,
     };
     let (ra, rb) = (req("ml.a", "a.bin", &a), req("ml.b", "b.bin", &b));
 
@@ -104,7 +105,7 @@ async fn space_is_allocated_before_the_download_not_sparse() {
     let body = payload(3 * MIB, 53);
     std::fs::write(served.path().join("w.bin"), &body).unwrap();
     let server = RangeServer::start(served.path()).await;
-    let req = CacheRequest { key: "ml.w".into(), source: SourceSpec::Http { url: format!("{}/w.bin", server.base) }, sha256: BTreeMap::new() };
+    let req = CacheRequest { key: "ml.w".into(), source: SourceSpec::Http { url: format!("{}/w.bin", server.base) }, sha256: BTreeMap::new(), pin: None };
     let o = opts(fs.path());
     // Cancel after the first chunk: the part file already holds all 3 MiB of blocks.
     let cancel = CancellationToken::new();

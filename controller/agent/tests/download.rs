@@ -58,6 +58,7 @@ async fn s3_full_download_is_verified_and_idempotent() {
         key: "default.llama".into(),
         source: s3(&moto, "models", "llama/"),
         sha256: BTreeMap::from([("model.safetensors".to_string(), sha256_hex(&weights))]),
+        pin: None,
     };
     let o = opts(root.path(), 256 * KIB as u64, 4);
     let r = sync_cache(&req, &o, &CancellationToken::new(), None).await.unwrap();
@@ -86,6 +87,7 @@ async fn s3_interrupted_download_resumes_from_verified_chunks() {
         key: "ns.m".into(),
         source: s3(&moto, "models", "m/"),
         sha256: BTreeMap::from([("w.bin".to_string(), sha256_hex(&weights))]),
+        pin: None,
     };
     let chunk = 64 * KIB as u64;
     let o = opts(root.path(), chunk, 1);
@@ -129,6 +131,7 @@ async fn checksum_mismatch_fails_with_reason_and_keeps_previous_version() {
         key: "ns.m".into(),
         source: s3(&moto, "models", "m/"),
         sha256: BTreeMap::from([("w.bin".to_string(), sha256_hex(&v1))]),
+        pin: None,
     };
     let first = sync_cache(&req, &o, &CancellationToken::new(), None).await.unwrap();
 
@@ -169,7 +172,7 @@ async fn refuses_when_disk_is_too_small_before_downloading() {
     let root = tempfile::tempdir().unwrap();
     let mut o = opts(root.path(), 64 * KIB as u64, 2);
     o.free_space = Arc::new(FixedFreeSpace(512 * KIB as u64));
-    let req = CacheRequest { key: "ns.big".into(), source: s3(&moto, "models", "big/"), sha256: BTreeMap::new() };
+    let req = CacheRequest { key: "ns.big".into(), source: s3(&moto, "models", "big/"), sha256: BTreeMap::new(), pin: None };
     let err = sync_cache(&req, &o, &CancellationToken::new(), None).await.unwrap_err();
     assert_eq!(err.reason(), "InsufficientDisk");
     assert!(err.to_string().contains("need 1048576 bytes"), "{err}");
@@ -202,8 +205,8 @@ async fn two_models_download_concurrently_sharing_the_agent_limit() {
     moto.put("models", "b/w.bin", b.clone()).await;
     let root = tempfile::tempdir().unwrap();
     let o = opts(root.path(), 64 * KIB as u64, 3);
-    let ra = CacheRequest { key: "ns.a".into(), source: s3(&moto, "models", "a/"), sha256: BTreeMap::from([("w.bin".into(), sha256_hex(&a))]) };
-    let rb = CacheRequest { key: "ns.b".into(), source: s3(&moto, "models", "b/"), sha256: BTreeMap::from([("w.bin".into(), sha256_hex(&b))]) };
+    let ra = CacheRequest { key: "ns.a".into(), source: s3(&moto, "models", "a/"), sha256: BTreeMap::from([("w.bin".into(), sha256_hex(&a))]), pin: None };
+    let rb = CacheRequest { key: "ns.b".into(), source: s3(&moto, "models", "b/"), sha256: BTreeMap::from([("w.bin".into(), sha256_hex(&b))]), pin: None };
     // Interleaving is observable: chunks of both files land before either finishes.
     let order = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
     let ord = order.clone();
@@ -233,6 +236,7 @@ async fn http_source_downloads_and_resumes_over_range_requests() {
         key: "ns.gguf".into(),
         source: SourceSpec::Http { url: format!("{}/model.gguf", server.base) },
         sha256: BTreeMap::from([("model.gguf".into(), sha256_hex(&body))]),
+        pin: None,
     };
     let cancel = CancellationToken::new();
     let c = cancel.clone();
@@ -257,6 +261,7 @@ async fn missing_object_is_a_clear_failure() {
         key: "ns.x".into(),
         source: SourceSpec::Http { url: format!("{}/absent.bin", server.base) },
         sha256: BTreeMap::new(),
+        pin: None,
     };
     let err = sync_cache(&req, &opts(root.path(), 1024, 1), &CancellationToken::new(), None).await.unwrap_err();
     assert_eq!(err.reason(), "SourceNotFound", "{err}");

@@ -64,6 +64,7 @@ async fn hub_repo_is_pinned_to_its_commit_and_fetched_with_the_token() {
         key: "ml.tiny".into(),
         source: SourceSpec::parse_uri(&format!("hf://acme/tiny-llm?revision=main&endpoint={base}")).unwrap(),
         sha256: BTreeMap::from([("model-00001-of-00001.safetensors".into(), sha256_hex(&weights))]),
+        pin: None,
     };
 
     // Without the token the Hub refuses the files: a clear failure, nothing current.

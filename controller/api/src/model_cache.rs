@@ -91,6 +91,12 @@ impl ModelCacheSpec {
     pub fn host_path(&self) -> &str {
         self.host_path.as_deref().unwrap_or(DEFAULT_HOST_PATH)
     }
+
+    /// What decides the bytes: 16 hex chars of sha256 over the source and the checksums.
+    pub fn content_hash(&self) -> String {
+        let doc = serde_json::json!({ "source": self.source, "sha256": self.sha256 });
+        hex::encode(&Sha256::digest(doc.to_string().as_bytes())[..8])
+    }
 }
 
 /// Exactly one source.
@@ -235,6 +241,34 @@ pub struct ModelCacheStatus {
     /// `metadata.generation` this status was computed from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
+    /// The version every node and every pod start fetches: the first version a node verified for this
+    /// source and these checksums, recorded once and then never changed. A source whose content changes under the same
+    /// spec is refused (`SourceChanged`) on nodes that do not hold the pinned version yet, instead of
+    /// mixing versions; new content arrives through a new ModelCache.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pinned: Option<PinnedVersion>,
+}
+
+/// What a ModelCache serves, fixed once the first node verified it.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PinnedVersion {
+    /// Version fingerprint (16 hex chars: sha256 over the source, the checksums, the Hugging Face commit
+    /// and the listing with every file's size and ETag).
+    pub version: String,
+    /// Hash of the source and checksums the pin was made for (16 hex chars). When either changes, a new
+    /// version is pinned; node selector, host path and the like do not count.
+    pub content_hash: String,
+    /// Node that verified this version first.
+    pub node: String,
+}
+
+impl ModelCache {
+    /// The pinned version for the current source and checksums, if one is recorded.
+    pub fn pinned_version(&self) -> Option<&str> {
+        let hash = self.spec.content_hash();
+        self.status.as_ref()?.pinned.as_ref().filter(|p| p.content_hash == hash).map(|p| p.version.as_str())
+    }
 }
 
 /// One node's copy.
@@ -260,6 +294,12 @@ pub struct NodeCacheStatus {
     /// Total bytes of the version.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bytes_total: Option<i64>,
+    /// Reason `InsufficientDisk`: bytes the download needs (still to fetch plus the agent's reserve).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub needed_bytes: Option<i64>,
+    /// Reason `InsufficientDisk`: bytes free on the node's cache filesystem.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub available_bytes: Option<i64>,
 }
 
 /// What the agent writes per cache into [`NODE_CACHE_STATES`] on its node (JSON, camelCase).
@@ -286,6 +326,12 @@ pub struct NodeCacheReport {
     /// Total bytes of the version.
     #[serde(default)]
     pub bytes_total: u64,
+    /// When the cache does not fit: bytes needed (still to fetch plus the reserve).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub needed_bytes: Option<u64>,
+    /// When the cache does not fit: bytes free on the cache filesystem.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub available_bytes: Option<u64>,
 }
 
 /// Key of a cache in [`NODE_CACHE_STATES`]: `namespace/name`.

@@ -111,8 +111,9 @@ fn labels(ie: &InferenceEndpoint) -> BTreeMap<String, String> {
 ///
 /// Pods get *preferred* node affinity (never required) to the cache-ready and image-ready labels, and
 /// an init container (`warmpath-agent fetch`) that returns at once on a warm node and downloads from
-/// the source on a cold one, so a pod placed anywhere still starts.
-pub fn deployment(ie: &InferenceEndpoint, cache: Option<&str>, image_cache: Option<&str>) -> Result<Deployment> {
+/// the source on a cold one, so a pod placed anywhere still starts. `pin` is the cache's pinned version
+/// (`ModelCache.status.pinned`): the init container then fetches only that version (`--pin`).
+pub fn deployment(ie: &InferenceEndpoint, cache: Option<&str>, pin: Option<&str>, image_cache: Option<&str>) -> Result<Deployment> {
     let ns = ie.namespace().ok_or(Error::MissingField("metadata.namespace"))?;
     let name = ie.name_any();
     let spec = &ie.spec;
@@ -162,6 +163,9 @@ pub fn deployment(ie: &InferenceEndpoint, cache: Option<&str>, image_cache: Opti
         let mut args = vec!["fetch".into(), "--source".into(), uri, "--root".into(), "/cache".into(), "--key".into(), key.clone()];
         for (file, sum) in &spec.sha256 {
             args.extend(["--sha256".to_string(), format!("{file}={sum}")]);
+        }
+        if let Some(pin) = pin.filter(|_| cache.is_some()) {
+            args.extend(["--pin".to_string(), pin.to_string()]);
         }
         init.push(Container {
             name: "weights".into(),
@@ -404,15 +408,24 @@ async fn apply(api: &Api<InferenceEndpoint>, ie: &InferenceEndpoint, ctx: &Conte
         }
         None => (ie, image_cache.clone()),
     };
+    // The pods fetch exactly the version their cache pinned (once one node verified it).
+    let want_pin = want_cache.as_ref().and_then(|(_, mc)| mc.pinned_version().map(str::to_string));
+    let serving_pin = match &serving {
+        Some(s) if Some(s) == want_name.as_ref() => want_pin.clone(),
+        Some(s) => caches.get_opt(s).await?.and_then(|mc| mc.pinned_version().map(str::to_string)),
+        None => None,
+    };
     let current = match (&existing, weights_ready) {
-        (_, true) => Some(apply_deployment(&deployments, existing.as_ref(), deploy_ie, want_name.as_deref(), deploy_ic.as_deref()).await?),
+        (_, true) => Some(
+            apply_deployment(&deployments, existing.as_ref(), deploy_ie, want_name.as_deref(), want_pin.as_deref(), deploy_ic.as_deref()).await?,
+        ),
         // New cache not ready yet: keep serving from the old one (image/replica changes still apply).
-        (Some(_), false) if serving.is_some() => {
-            Some(apply_deployment(&deployments, existing.as_ref(), deploy_ie, serving.as_deref(), deploy_ic.as_deref()).await?)
-        }
+        (Some(_), false) if serving.is_some() => Some(
+            apply_deployment(&deployments, existing.as_ref(), deploy_ie, serving.as_deref(), serving_pin.as_deref(), deploy_ic.as_deref()).await?,
+        ),
         (Some(d), false) => Some(d.clone()),
         (None, false) if no_targets => {
-            Some(apply_deployment(&deployments, None, deploy_ie, want_name.as_deref(), deploy_ic.as_deref()).await?)
+            Some(apply_deployment(&deployments, None, deploy_ie, want_name.as_deref(), want_pin.as_deref(), deploy_ic.as_deref()).await?)
         }
         (None, false) => None,
     };
@@ -493,9 +506,10 @@ async fn apply_deployment(
     existing: Option<&Deployment>,
     ie: &InferenceEndpoint,
     cache: Option<&str>,
+    pin: Option<&str>,
     image_cache: Option<&str>,
 ) -> Result<Deployment> {
-    let mut d = deployment(ie, cache, image_cache)?;
+    let mut d = deployment(ie, cache, pin, image_cache)?;
     let hash = hex::encode(Sha256::digest(serde_json::to_vec(&d)?));
     if let Some(e) = existing.filter(|e| e.annotations().get(SPEC_HASH_ANNOTATION) == Some(&hash)) {
         return Ok(e.clone());

@@ -1,6 +1,9 @@
 //! ModelCache reconciler: reads the node agents' reports from the target Nodes into status, and keeps
 //! the cleanup finalizer until no node holds the cache any more.
 //!
+//! It also pins what the cache serves: the first version a node verified is recorded in
+//! `status.pinned` and never changed for that source and those checksums; agents and pod starts fetch only it.
+//!
 //! The controller never downloads or writes node labels for weights: the agent on each node does
 //! (contract in [`crate::crd::model_cache`]). Nodes are watched, so node addition (a new target, state
 //! `Pending`) and node loss (a NotReady or deleted node stops counting) update the status.
@@ -20,7 +23,7 @@ use serde_json::json;
 
 use crate::conditions;
 use crate::crd::model_cache::{
-    cache_ready_label, parse_reports, phase, report_key, ModelCache, ModelCacheStatus, NodeCacheStatus,
+    cache_ready_label, parse_reports, phase, report_key, ModelCache, ModelCacheStatus, NodeCacheStatus, PinnedVersion,
     FINALIZER, NODE_CACHE_STATES,
 };
 use crate::reconcile::{finalizers, Context};
@@ -53,6 +56,7 @@ pub fn compute_status(mc: &ModelCache, nodes: &[Node], now: &Time) -> ModelCache
             let report = parse_reports(n.annotations().get(NODE_CACHE_STATES)).remove(&key);
             let labelled = n.labels().get(&label).is_some_and(|v| v == "true");
             let mut s = NodeCacheStatus { node: n.name_any(), state: phase::PENDING.into(), ..Default::default() };
+            let stale = report.as_ref().is_some_and(|r| r.generation.is_some_and(|g| Some(g) != generation));
             if let Some(r) = report {
                 s.state = r.state;
                 s.reason = r.reason;
@@ -60,6 +64,8 @@ pub fn compute_status(mc: &ModelCache, nodes: &[Node], now: &Time) -> ModelCache
                 s.version = r.version;
                 s.bytes_done = Some(r.bytes_done as i64);
                 s.bytes_total = Some(r.bytes_total as i64);
+                s.needed_bytes = r.needed_bytes.map(|b| b as i64);
+                s.available_bytes = r.available_bytes.map(|b| b as i64);
             }
             // The label is what pods' affinity uses; a node counts as ready only with it.
             if s.state == phase::READY && !labelled {
@@ -67,10 +73,30 @@ pub fn compute_status(mc: &ModelCache, nodes: &[Node], now: &Time) -> ModelCache
             } else if labelled && s.state == phase::PENDING {
                 s.state = phase::READY.into();
             }
+            if s.state == phase::READY && stale {
+                // A copy made for an earlier spec: the agent has not synced this generation yet.
+                s.state = phase::PENDING.into();
+            }
             s
         })
         .collect();
     per_node.sort_by(|a, b| a.node.cmp(&b.node));
+    st.pinned = pin(st.pinned.take(), mc.spec.content_hash(), &per_node);
+    if let Some(p) = &st.pinned {
+        // A node that verified another version (the source changed between two nodes' downloads before
+        // the pin was recorded) does not serve this cache: its agent now refuses or replaces it.
+        for n in per_node.iter_mut().filter(|n| n.state == phase::READY && n.version.as_ref().is_some_and(|v| *v != p.version)) {
+            n.state = phase::FAILED.into();
+            n.reason = Some("SourceChanged".into());
+            n.message = Some(format!(
+                "holds version {}, but this cache is pinned to version {} (first verified on node {}); the source \
+                 changed between the two downloads",
+                n.version.as_deref().unwrap_or("?"),
+                p.version,
+                p.node
+            ));
+        }
+    }
     let count = |state: &str| per_node.iter().filter(|n| n.state == state).count() as i32;
     st.target = per_node.len() as i32;
     st.ready = count(phase::READY);
@@ -95,6 +121,22 @@ pub fn compute_status(mc: &ModelCache, nodes: &[Node], now: &Time) -> ModelCache
     conditions::upsert(&mut st.conditions, conditions::new(conditions::READY, ok, &reason, msg, generation, now));
     st.observed_generation = generation;
     st
+}
+
+/// The pin of this source and checksums: kept once recorded; otherwise the version held by the most
+/// Ready nodes (ties: the first node by name), recorded as soon as one node verified it.
+fn pin(old: Option<PinnedVersion>, content_hash: String, nodes: &[NodeCacheStatus]) -> Option<PinnedVersion> {
+    if let Some(p) = old.filter(|p| p.content_hash == content_hash) {
+        return Some(p);
+    }
+    let ready: Vec<(&str, &str)> = nodes
+        .iter()
+        .filter(|n| n.state == phase::READY)
+        .filter_map(|n| Some((n.version.as_deref()?, n.node.as_str())))
+        .collect();
+    let count = |v: &str| ready.iter().filter(|(w, _)| *w == v).count();
+    let (version, node) = ready.iter().copied().max_by(|a, b| count(a.0).cmp(&count(b.0)).then(b.1.cmp(a.1)))?;
+    Some(PinnedVersion { version: version.into(), content_hash, node: node.into() })
 }
 
 fn now() -> Time {

@@ -671,3 +671,77 @@ async fn endpoints_on_different_nodes_get_their_own_image_cache() {
         assert_eq!(sel.get("pool").map(String::as_str), Some(pool), "{ic} pre-pulls on the {pool} nodes");
     }
 }
+
+/// What the agent on `node` writes once it verified `version` of `cache`.
+async fn agent_verified(client: &Client, node: &str, cache: &str, version: &str) {
+    agent_reports(client, node, cache, mc_phase::READY).await;
+    let nodes: Api<Node> = Api::all(client.clone());
+    let n = nodes.get(node).await.unwrap();
+    let mut reports: BTreeMap<String, NodeCacheReport> = serde_json::from_str(&n.annotations()[NODE_CACHE_STATES]).unwrap();
+    reports.get_mut(&report_key(NS, cache)).unwrap().version = Some(version.into());
+    let patch = json!({"metadata": {"annotations": { NODE_CACHE_STATES: serde_json::to_string(&reports).unwrap() }}});
+    nodes.patch(node, &PatchParams::default(), &Patch::Merge(patch)).await.unwrap();
+}
+
+fn fetch_args(d: &Deployment) -> Vec<String> {
+    d.spec.as_ref().unwrap().template.spec.as_ref().unwrap().init_containers.as_ref().unwrap()[0].args.clone().unwrap()
+}
+
+/// The first version a node verified is recorded as the cache's pin and never moves; a node that
+/// verified other bytes (the object changed between two downloads) does not count as holding the
+/// cache; the pods' fallback fetch gets the pin (`--pin`), so a pod on a cold node fetches exactly it.
+#[tokio::test]
+async fn the_first_verified_version_is_pinned_and_reaches_the_pods() {
+    let c = client(gpu_nodes()).await;
+    let ctx = ctx(&c);
+    Api::<InferenceEndpoint>::namespaced(c.clone(), NS).create(&PostParams::default(), &endpoint("llama", "llama/", "vllm:1")).await.unwrap();
+    reconcile_ie(&ctx, "llama", 2).await;
+    let cache = ie_status(&c, "llama").await.model_cache.unwrap();
+    assert!(reconcile_mc(&ctx, &cache).await.status.unwrap().pinned.is_none(), "nothing verified yet");
+
+    agent_verified(&c, "gpu-b", &cache, "1111111111111111").await;
+    let st = reconcile_mc(&ctx, &cache).await.status.unwrap();
+    let pin = st.pinned.clone().expect("pinned once one node verified a version");
+    assert_eq!((pin.version.as_str(), pin.node.as_str()), ("1111111111111111", "gpu-b"));
+
+    // gpu-a verified other bytes: not a holder of this cache, and the cache says why.
+    agent_verified(&c, "gpu-a", &cache, "2222222222222222").await;
+    let st = reconcile_mc(&ctx, &cache).await.status.unwrap();
+    assert_eq!(st.pinned.as_ref().unwrap().version, "1111111111111111", "the pin never moves");
+    assert_eq!((st.ready, st.phase.as_deref()), (1, Some(mc_phase::FAILED)));
+    let a = st.nodes.iter().find(|n| n.node == "gpu-a").unwrap();
+    assert_eq!(a.reason.as_deref(), Some("SourceChanged"));
+    assert!(a.message.as_deref().unwrap().contains("pinned to version 1111111111111111"), "{a:?}");
+    reconcile_ie(&ctx, "llama", 1).await;
+    assert!(Api::<Deployment>::namespaced(c.clone(), NS).get_opt("llama").await.unwrap().is_none(), "not every node holds the pin");
+
+    // gpu-a's agent replaces its copy with the pinned version: Ready, and the pods fetch exactly the pin.
+    agent_verified(&c, "gpu-a", &cache, "1111111111111111").await;
+    assert_eq!(reconcile_mc(&ctx, &cache).await.status.unwrap().phase.as_deref(), Some(mc_phase::READY));
+    reconcile_ie(&ctx, "llama", 1).await;
+    let d = Api::<Deployment>::namespaced(c.clone(), NS).get("llama").await.unwrap();
+    let args = fetch_args(&d);
+    let at = args.iter().position(|a| a == "--pin").expect("--pin in the fallback fetch");
+    assert_eq!(args[at + 1], "1111111111111111");
+}
+
+/// Scale from zero: the Deployment exists before any node verified a version; once one has, the pods'
+/// fallback fetch is pinned too (new pods on cold nodes fetch what the first node holds).
+#[tokio::test]
+async fn scale_from_zero_pins_the_pods_once_the_first_node_verified() {
+    let c = client(vec![node("cpu-a", &[("pool", "cpu")])]).await;
+    let ctx = ctx(&c);
+    Api::<InferenceEndpoint>::namespaced(c.clone(), NS).create(&PostParams::default(), &endpoint("llama", "llama/", "vllm:1")).await.unwrap();
+    reconcile_ie(&ctx, "llama", 1).await;
+    let cache = ie_status(&c, "llama").await.model_cache.unwrap();
+    reconcile_mc(&ctx, &cache).await;
+    reconcile_ie(&ctx, "llama", 1).await;
+    let deployments: Api<Deployment> = Api::namespaced(c.clone(), NS);
+    assert!(!fetch_args(&deployments.get("llama").await.unwrap()).contains(&"--pin".to_string()), "nothing to pin yet");
+    Api::<Node>::all(c.clone()).create(&PostParams::default(), &node("gpu-a", &[("pool", "gpu")])).await.unwrap();
+    agent_verified(&c, "gpu-a", &cache, "3333333333333333").await;
+    reconcile_mc(&ctx, &cache).await;
+    reconcile_ie(&ctx, "llama", 1).await;
+    let args = fetch_args(&deployments.get("llama").await.unwrap());
+    assert!(args.windows(2).any(|w| w[0] == "--pin" && w[1] == "3333333333333333"), "{args:?}");
+}

@@ -17,6 +17,7 @@ use kube::{
 use kube_fake_client::ClientBuilder;
 use tokio::sync::Semaphore;
 use warmpath_agent::{disk::FixedFreeSpace, node::NodeAgent, SyncOptions};
+use warmpath_controller::warming::model_cache::compute_status;
 use warmpath_api::model_cache::{
     cache_ready_label, parse_reports, phase, report_key, HttpSource, ModelCache, ModelCacheSpec, ModelSource, S3Source,
     NODE_CACHE_STATES,
@@ -146,7 +147,74 @@ async fn failures_are_reported_with_their_reason() {
     let big = &reports[&report_key(NS, "big")];
     assert_eq!((big.state.as_str(), big.reason.as_deref()), (phase::FAILED, Some("InsufficientDisk")));
     assert!(big.message.as_deref().unwrap().contains("need 409600 bytes"), "{:?}", big.message);
+    assert_eq!((big.needed_bytes, big.available_bytes), (Some(409600), Some(300 * 1024)));
     assert!(!n.labels().keys().any(|l| l.starts_with("warmpath.dev/cache-ready-")), "no ready label on failure");
+
+    // The ModelCache says which node it does not fit on, with the bytes needed and free.
+    let mc = caches.get("big").await.unwrap();
+    let st = compute_status(&mc, &[n], &now());
+    let entry = &st.nodes[0];
+    assert_eq!((entry.node.as_str(), entry.reason.as_deref()), ("gpu-a", Some("InsufficientDisk")));
+    assert_eq!((entry.needed_bytes, entry.available_bytes), (Some(409600), Some(300 * 1024)));
+    let ready = &st.conditions[0];
+    assert!(ready.message.starts_with("node gpu-a: does not fit") && ready.message.contains("307200 bytes available"), "{}", ready.message);
+}
+
+fn now() -> k8s_openapi::apimachinery::pkg::apis::meta::v1::Time {
+    k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now())
+}
+
+/// Writes the status the controller computes from the node into the ModelCache (what its reconciler
+/// does), so the agent reads the pin.
+async fn controller_pass(c: &Client, name: &str) -> ModelCache {
+    let caches: Api<ModelCache> = Api::namespaced(c.clone(), NS);
+    let mc = caches.get(name).await.unwrap();
+    let st = compute_status(&mc, &[node(c).await], &now());
+    let patch = serde_json::json!({"status": st});
+    caches.patch_status(name, &kube::api::PatchParams::default(), &kube::api::Patch::Merge(patch)).await.unwrap()
+}
+
+/// The first verified version is pinned; when the object then changes under the same URL, the node
+/// holding the pinned version keeps serving it (Ready, reason `SourceChanged`) and a node without it
+/// refuses the changed source instead of fetching different bytes (Failed, no ready label).
+#[tokio::test]
+async fn a_pinned_cache_never_fetches_a_changed_object() {
+    let served = tempfile::tempdir().unwrap();
+    let file = served.path().join("w.bin");
+    let (v1, v2) = (payload(128 * 1024, 17), payload(128 * 1024, 18));
+    std::fs::write(&file, &v1).unwrap();
+    let server = SwitchServer::start(served.path()).await;
+    let c = client().await;
+    let caches: Api<ModelCache> = Api::namespaced(c.clone(), NS);
+    caches.create(&PostParams::default(), &http_cache("m", &format!("{}/w.bin", server.base), BTreeMap::new())).await.unwrap();
+    let warm = tempfile::tempdir().unwrap();
+    let a = agent(&c, warm.path(), None);
+    a.reconcile_once().await.unwrap();
+    a.wait_idle().await;
+    let version = report_of(&c, "m").await.version.expect("a version");
+    let pinned = controller_pass(&c, "m").await.status.unwrap().pinned.expect("pinned once a node verified it");
+    assert_eq!((pinned.version.as_str(), pinned.node.as_str()), (version.as_str(), "gpu-a"));
+
+    std::fs::write(&file, &v2).unwrap();
+    // The agent sees the pin and re-checks the source: the changed object is not fetched.
+    a.reconcile_once().await.unwrap();
+    a.wait_idle().await;
+    let r = report_of(&c, "m").await;
+    assert_eq!((r.state.as_str(), r.reason.as_deref(), r.version.as_deref()), (phase::READY, Some("SourceChanged"), Some(version.as_str())), "{r:?}");
+    assert_eq!(std::fs::read(warm.path().join("ml.m/current/w.bin")).unwrap(), v1);
+    assert_eq!(node(&c).await.labels().get(&cache_ready_label(NS, "m")).map(String::as_str), Some("true"));
+    assert_eq!(controller_pass(&c, "m").await.status.unwrap().pinned.unwrap().version, version, "the pin never moves");
+
+    // A node joining later (a fresh disk) refuses rather than serving v2 beside v1.
+    let cold = tempfile::tempdir().unwrap();
+    let b = agent(&c, cold.path(), None);
+    b.reconcile_once().await.unwrap();
+    b.wait_idle().await;
+    let r = report_of(&c, "m").await;
+    assert_eq!((r.state.as_str(), r.reason.as_deref()), (phase::FAILED, Some("SourceChanged")), "{r:?}");
+    assert!(r.message.as_deref().unwrap().contains(&version), "{r:?}");
+    assert!(!node(&c).await.labels().contains_key(&cache_ready_label(NS, "m")), "no ready label without the pinned version");
+    assert!(!cold.path().join("ml.m/current").exists());
 }
 
 fn http_cache(name: &str, url: &str, sha: BTreeMap<String, String>) -> ModelCache {

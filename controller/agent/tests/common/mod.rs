@@ -138,7 +138,9 @@ pub enum Mode {
 }
 
 /// A Range-capable file server whose behaviour can be switched while it runs, counting every request it
-/// receives; [`SwitchServer::stop`] closes the port (source down).
+/// receives; [`SwitchServer::stop`] closes the port (source down). Like S3 and the Hub it sends a strong
+/// ETag (from the file's content, so rewriting a file changes it) and answers a GET whose `If-Match`
+/// names another ETag with 412 Precondition Failed.
 pub struct SwitchServer {
     /// `http://127.0.0.1:PORT`.
     pub base: String,
@@ -155,20 +157,35 @@ impl SwitchServer {
         let mode = Arc::new(std::sync::atomic::AtomicU8::new(Mode::Serve as u8));
         let requests = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let (m, n) = (mode.clone(), requests.clone());
+        let root = dir.to_path_buf();
         let app = axum::Router::new().fallback_service(tower_http::services::ServeDir::new(dir)).layer(axum::middleware::from_fn(
             move |req: axum::extract::Request, next: axum::middleware::Next| {
-                let (m, n) = (m.clone(), n.clone());
+                let (m, n, root) = (m.clone(), n.clone(), root.clone());
                 async move {
                     use axum::response::IntoResponse;
                     n.fetch_add(1, Ordering::SeqCst);
                     match m.load(Ordering::SeqCst) {
-                        1 => (http::StatusCode::TOO_MANY_REQUESTS, [("retry-after", "1")], "slow down").into_response(),
+                        1 => (axum::http::StatusCode::TOO_MANY_REQUESTS, [("retry-after", "1")], "slow down").into_response(),
                         2 => {
                             tokio::time::sleep(Duration::from_secs(3600)).await;
-                            http::StatusCode::GATEWAY_TIMEOUT.into_response()
+                            axum::http::StatusCode::GATEWAY_TIMEOUT.into_response()
                         }
-                        3 => http::StatusCode::NOT_FOUND.into_response(),
-                        _ => next.run(req).await,
+                        3 => axum::http::StatusCode::NOT_FOUND.into_response(),
+                        _ => {
+                            let file = root.join(req.uri().path().trim_start_matches('/'));
+                            let etag = std::fs::read(&file).ok().map(|b| format!("\"{}\"", &sha256_hex(&b)[..16]));
+                            let wanted = req.headers().get("if-match").and_then(|v| v.to_str().ok()).map(str::to_string);
+                            if let (Some(want), Some(tag)) = (&wanted, &etag) {
+                                if want != "*" && want != tag {
+                                    return axum::http::StatusCode::PRECONDITION_FAILED.into_response();
+                                }
+                            }
+                            let mut resp = next.run(req).await;
+                            if let Some(tag) = etag {
+                                resp.headers_mut().insert("etag", tag.parse().unwrap());
+                            }
+                            resp
+                        }
                     }
                 }
             },

@@ -7,8 +7,10 @@
 //! Order: stop the controller (scale its Deployment to 0), take its leader Lease (so no replica that
 //! is still terminating can write again), then for every object carrying a warmpath finalizer delete
 //! what it owns and remove the finalizer, and delete any rendered object left with a warmpath owner
-//! label. The routes and policies themselves stay: they belong to the user (and the CRDs, which
-//! Helm never deletes, stay with them).
+//! label. The cache-warming kinds (InferenceEndpoint, ModelCache, ImageCache), when their CRDs are
+//! installed, lose their finalizers too: with no controller (and no node agent) left to run their
+//! clean-up, deleting them later would hang. The routes, policies and cache-warming objects
+//! themselves stay: they belong to the user (and the CRDs, which Helm never deletes, stay with them).
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -21,6 +23,9 @@ use kube::core::DynamicObject;
 use kube::{Client, ResourceExt};
 use serde_json::json;
 
+use crate::crd::image_cache::{self, ImageCache};
+use crate::crd::inference_endpoint::{self, InferenceEndpoint};
+use crate::crd::model_cache::{self, ModelCache};
 use crate::crd::routing_policy::InferenceRoutingPolicy;
 use crate::leader::Elector;
 use crate::gateway::{program, route_annotations, routing_policy};
@@ -37,6 +42,8 @@ pub struct Report {
     pub policies_released: usize,
     /// Rendered objects (EnvoyExtensionPolicy, BackendTrafficPolicy, EnvoyPatchPolicy, EnvoyFilter) deleted.
     pub objects_deleted: usize,
+    /// InferenceEndpoints, ModelCaches and ImageCaches whose warmpath finalizer was removed.
+    pub cache_objects_released: usize,
 }
 
 /// Removes every trace of warmpath routing from the cluster: deletes the objects rendered for each
@@ -70,6 +77,9 @@ pub async fn remove_all(ctx: &Context) -> Result<Report> {
         finalizers::remove(&api, &policy, routing_policy::FINALIZER).await?;
         report.policies_released += 1;
     }
+    report.cache_objects_released += release_finalizers::<InferenceEndpoint>(ctx, inference_endpoint::FINALIZER).await?
+        + release_finalizers::<ModelCache>(ctx, model_cache::FINALIZER).await?
+        + release_finalizers::<ImageCache>(ctx, image_cache::FINALIZER).await?;
     // Objects whose owner lost its finalizer some other way (edited by hand, an older release).
     let labelled = ListParams::default().labels(LABEL_OWNER_UID);
     for ar in crate::foreign::owned_kinds_for(ctx.config.provider) {
@@ -88,6 +98,26 @@ pub async fn remove_all(ctx: &Context) -> Result<Report> {
         }
     }
     Ok(report)
+}
+
+/// Removes `finalizer` from every object of kind `K`; a kind whose CRD is not installed (404) has none.
+/// Returns how many objects carried it.
+async fn release_finalizers<K>(ctx: &Context, finalizer: &str) -> Result<usize>
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let list = match Api::<K>::all(ctx.client.clone()).list(&ListParams::default()).await {
+        Ok(l) => l.items,
+        Err(kube::Error::Api(e)) if e.code == 404 => return Ok(0),
+        Err(e) => return Err(e.into()),
+    };
+    let mut released = 0;
+    for o in list.iter().filter(|o| finalizers::has(*o, finalizer)) {
+        let api: Api<K> = Api::namespaced(ctx.client.clone(), &o.namespace().unwrap_or_default());
+        finalizers::remove(&api, o, finalizer).await?;
+        released += 1;
+    }
+    Ok(released)
 }
 
 /// Stops the controller before [`remove_all`]: scales Deployment `namespace/deployment` to zero

@@ -17,15 +17,22 @@
 //!
 //! Time is an argument of [`Elector::try_acquire_or_renew`], so the election is tested with explicit
 //! instants; only [`run_while_leading`] reads the clock.
+//!
+//! Gateways reach the leader only: the filter's feed is served by the leader alone (followers run no
+//! feed loop), so the controller Service selects the pod carrying [`LEADER_LABEL`], which the leader
+//! puts on its own pod ([`LeaderPod`]) — taking it off any other pod first (a crashed leader cannot
+//! remove it itself) — and removes when it stops leading. Between two leaders the Service has no
+//! endpoint for a few seconds; the filter keeps its last snapshot meanwhile.
 
 use std::future::Future;
 use std::sync::Mutex;
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
-use kube::api::{Api, DeleteParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::Client;
 
 /// Where the Lease lives, who we are, and the timings.
@@ -182,6 +189,59 @@ fn lost_race(res: Result<bool, kube::Error>) -> Result<bool, kube::Error> {
     }
 }
 
+/// Label the leader puts on its own pod, valued with the Lease name (one per installation); the
+/// controller Service selects `warmpath.dev/leader: <Lease name>`, so the gateways' module and feed
+/// requests reach the leader only.
+pub const LEADER_LABEL: &str = "warmpath.dev/leader";
+
+/// The leader's mark on its own pod ([`LEADER_LABEL`]).
+pub struct LeaderPod {
+    api: Api<Pod>,
+    pod: String,
+    value: String,
+}
+
+impl LeaderPod {
+    /// Pod `pod` in `namespace` (this replica's, from the downward API), marked for Lease `lease`.
+    pub fn new(client: Client, namespace: &str, pod: impl Into<String>, lease: impl Into<String>) -> Self {
+        Self { api: Api::namespaced(client, namespace), pod: pod.into(), value: lease.into() }
+    }
+
+    /// Marks this pod as the leader's, after taking the mark off every other pod of the same Lease
+    /// (a leader that crashed, or was partitioned away, left it on its pod).
+    ///
+    /// Errors: an API error (the caller retries).
+    pub async fn mark(&self) -> Result<(), kube::Error> {
+        let marked = self.api.list(&ListParams::default().labels(&format!("{LEADER_LABEL}={}", self.value))).await?;
+        for p in marked.items.iter().filter(|p| p.metadata.name.as_deref() != Some(self.pod.as_str())) {
+            if let Some(name) = &p.metadata.name {
+                not_found_ok(self.set(name, None).await)?;
+            }
+        }
+        self.set(&self.pod, Some(&self.value)).await
+    }
+
+    /// Takes the mark off this pod (on losing the Lease, and at start: a restarted container's pod
+    /// may still carry it). A pod that is gone needs nothing.
+    ///
+    /// Errors: an API error.
+    pub async fn unmark(&self) -> Result<(), kube::Error> {
+        not_found_ok(self.set(&self.pod, None).await)
+    }
+
+    async fn set(&self, pod: &str, value: Option<&str>) -> Result<(), kube::Error> {
+        let patch = serde_json::json!({"metadata": {"labels": {LEADER_LABEL: value}}});
+        self.api.patch(pod, &PatchParams::default(), &Patch::Merge(&patch)).await.map(|_| ())
+    }
+}
+
+fn not_found_ok(res: Result<(), kube::Error>) -> Result<(), kube::Error> {
+    match res {
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+        other => other,
+    }
+}
+
 /// Why [`run_while_leading`] stopped leading.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Stopped {
@@ -191,16 +251,35 @@ enum Stopped {
     RenewDeadline,
 }
 
-/// Campaigns for the Lease forever: while leading, runs `work()` (the reconcilers); when leadership
-/// is lost, drops that future (stopping every reconciler it drives) and campaigns again. Returns
-/// when `work()` completes (shutdown) after releasing the Lease. `on_change` is told each change
-/// (`true`: now leading).
-pub async fn run_while_leading<W, Fut>(elector: &Elector, mut work: W, on_change: impl Fn(bool))
+/// Campaigns for the Lease forever: while leading, runs `work()` (the reconcilers) and keeps `pod`
+/// marked as the leader's (retried every retry period until it succeeds); when leadership is lost,
+/// drops that future (stopping every reconciler it drives), unmarks `pod` and campaigns again.
+/// Returns when `work()` completes (shutdown) after releasing the Lease. `on_change` is told each
+/// change (`true`: now leading).
+pub async fn run_while_leading<W, Fut>(elector: &Elector, pod: Option<&LeaderPod>, mut work: W, on_change: impl Fn(bool))
 where
     W: FnMut() -> Fut,
     Fut: Future<Output = ()>,
 {
     let s = elector.settings().clone();
+    let unmark = async || {
+        if let Some(p) = pod {
+            if let Err(e) = p.unmark().await {
+                tracing::warn!(pod = %p.pod, error = %e, "could not take the leader label off this pod");
+            }
+        }
+    };
+    let mark = async || match pod {
+        Some(p) => match p.mark().await {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(pod = %p.pod, error = %e, "could not label this pod as the leader (the Service reaches no feed until it is)");
+                false
+            }
+        },
+        None => true,
+    };
+    unmark().await;
     loop {
         loop {
             match elector.try_acquire_or_renew(Timestamp::now()).await {
@@ -214,8 +293,12 @@ where
         on_change(true);
         let renew = async {
             let mut last_renewed = tokio::time::Instant::now();
+            let mut marked = mark().await;
             loop {
                 tokio::time::sleep(s.retry_period).await;
+                if !marked {
+                    marked = mark().await;
+                }
                 match elector.try_acquire_or_renew(Timestamp::now()).await {
                     Ok(true) => last_renewed = tokio::time::Instant::now(),
                     Ok(false) => return Stopped::Lost,
@@ -230,6 +313,7 @@ where
         };
         tokio::select! {
             _ = work() => {
+                unmark().await;
                 if let Err(e) = elector.release(Timestamp::now()).await {
                     tracing::warn!(lease = %s.name, error = %e, "leader election: could not release the Lease");
                 }
@@ -238,6 +322,7 @@ where
             }
             why = renew => {
                 tracing::warn!(lease = %s.name, reason = ?why, "stopped leading: reconcilers stopped");
+                unmark().await;
                 on_change(false);
             }
         }

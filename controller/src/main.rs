@@ -34,6 +34,19 @@ struct Common {
     /// Service port of the controller's HTTP server.
     #[arg(long, env = "WARMPATH_SERVICE_PORT", default_value_t = 8080)]
     service_port: u16,
+    /// The cluster's DNS domain: every Service name is rendered as `<svc>.<ns>.svc.<domain>`.
+    #[arg(long, env = "WARMPATH_CLUSTER_DOMAIN", default_value = warmpath_controller::render::DEFAULT_CLUSTER_DOMAIN, value_parser = parse_cluster_domain)]
+    cluster_domain: String,
+}
+
+fn parse_cluster_domain(s: &str) -> Result<String, String> {
+    warmpath_controller::render::validate_cluster_domain(s).map(|()| s.to_string())
+}
+
+impl Common {
+    fn controller(&self) -> ControllerEndpoint {
+        ControllerEndpoint { cluster_domain: self.cluster_domain.clone(), ..ControllerEndpoint::new(&self.service, &self.namespace, self.service_port) }
+    }
 }
 
 /// Leader election settings (the Lease lives in the controller's namespace).
@@ -152,14 +165,12 @@ fn main() -> anyhow::Result<()> {
     match cli.cmd {
         Cmd::Crdgen { out } => crdgen(&out),
         Cmd::Run { common, wasm_file, http_addr, metrics_addr, cache_warming, lease } => rt.block_on(warmpath_controller::run::run(warmpath_controller::run::RunArgs {
+            controller: common.controller(),
             provider: common.provider,
             wasm_file,
             http_addr,
             metrics_addr,
             lease: lease.settings(&common.namespace),
-            service: common.service,
-            namespace: common.namespace,
-            service_port: common.service_port,
             cache_warming,
         })),
         Cmd::Cleanup { common, lease, deployment, timeout_seconds } => rt.block_on(cleanup(common, lease, deployment, timeout_seconds)),
@@ -182,8 +193,8 @@ async fn cleanup(common: Common, lease: LeaseArgs, deployment: Option<String>, t
     // The Lease is the controller's runtime object, not the chart's: nobody else deletes it.
     elector.delete().await?;
     println!(
-        "released {} HTTPRoute(s) and {} InferenceRoutingPolicy(ies); deleted {} rendered object(s)",
-        report.routes_released, report.policies_released, report.objects_deleted
+        "released {} HTTPRoute(s), {} InferenceRoutingPolicy(ies) and {} cache-warming object(s); deleted {} rendered object(s)",
+        report.routes_released, report.policies_released, report.cache_objects_released, report.objects_deleted
     );
     Ok(())
 }
@@ -222,7 +233,7 @@ async fn render(files: Vec<PathBuf>, common: Common, wasm_file: Option<PathBuf>,
             (blob.sha256.clone(), blob.path())
         }
     };
-    let controller = ControllerEndpoint { service: common.service, namespace: common.namespace, port: common.service_port };
+    let controller = common.controller();
     let config = ControllerConfig {
         provider: Provider::parse(&common.provider),
         wasm: WasmModule { url: format!("http://{}:{}{}", controller.host(), controller.port, path), sha256 },

@@ -91,9 +91,10 @@ fn normalise(mut objects: Vec<Value>) -> Vec<Value> {
 pub async fn render(manifests: Vec<Value>, config: ControllerConfig) -> Result<Rendered, String> {
     // No gateway runs offline: nothing to read its status back from.
     let config = ControllerConfig { live_status: false, ..config };
-    for v in manifests.iter().filter(|v| v["kind"] == "InferenceEndpoint") {
-        let name = v["metadata"]["name"].as_str().unwrap_or("?");
-        validate_endpoint(v).map_err(|e| format!("InferenceEndpoint {name}: {e}"))?;
+    // What the API server would refuse is refused here too, with its reasons.
+    for v in &manifests {
+        let (kind, name) = (v["kind"].as_str().unwrap_or("?"), v["metadata"]["name"].as_str().unwrap_or("?"));
+        validate_warmpath_object(v).map_err(|e| format!("{kind} {name}: {e}"))?;
     }
     let m = Manifests::from_values(normalise(manifests))?;
     let src = Source::Manifests(&m);
@@ -199,16 +200,21 @@ fn warming_objects(e: &InferenceEndpoint) -> crate::Result<Vec<DynamicObject>> {
     out.into_iter().map(|v| serde_json::from_value::<DynamicObject>(v).map_err(|err| crate::Error::InvalidSpec(err.to_string()))).collect()
 }
 
-/// Checks an InferenceEndpoint document as the API server would with strict field validation:
-/// against the CRD's `openAPIV3Schema` (types, ranges, patterns; unknown fields refused instead of
-/// pruned, as `kubectl apply` does by default) and its CEL rules.
+/// Checks a document of one of warmpath's own kinds (InferenceRoutingPolicy, InferenceEndpoint,
+/// ModelCache, ImageCache) as the API server would with strict field validation: against the
+/// `openAPIV3Schema` of the CRD generated from the Rust types (types, enums, ranges, patterns;
+/// unknown fields refused instead of pruned, as `kubectl apply` does by default) and its CEL rules.
+/// Documents of other kinds, or of another `apiVersion`, pass unchecked (`Ok(false)`).
 ///
-/// Errors: every schema violation (with its JSON path), or the first CEL rule that fails.
-pub fn validate_endpoint(doc: &Value) -> Result<(), String> {
-    use kube::CustomResourceExt;
-    let crd = InferenceEndpoint::crd();
-    let version = &crd.spec.versions[0];
-    let mut schema = serde_json::to_value(version.schema.as_ref().and_then(|s| s.open_api_v3_schema.as_ref())).map_err(|e| e.to_string())?;
+/// Errors: every schema violation (with its JSON path), or the CEL rules that fail.
+pub fn validate_warmpath_object(doc: &Value) -> Result<bool, String> {
+    let Some(crd) = crate::crd::all().into_iter().find(|c| {
+        doc["kind"] == c.spec.names.kind.as_str() && doc["apiVersion"] == format!("{}/{}", c.spec.group, c.spec.versions[0].name).as_str()
+    }) else {
+        return Ok(false);
+    };
+    let crd_schema = serde_json::to_value(crd.spec.versions[0].schema.as_ref().and_then(|s| s.open_api_v3_schema.as_ref())).map_err(|e| e.to_string())?;
+    let mut schema = crd_schema.clone();
     to_json_schema(&mut schema);
     // The CRD schema leaves the envelope to the API server.
     for (k, v) in [("apiVersion", serde_json::json!({"type": "string"})), ("kind", serde_json::json!({"type": "string"})), ("metadata", serde_json::json!({"type": "object"}))] {
@@ -221,8 +227,8 @@ pub fn validate_endpoint(doc: &Value) -> Result<(), String> {
     if !errors.is_empty() {
         return Err(errors.join("; "));
     }
-    let e: InferenceEndpoint = serde_json::from_value(doc.clone()).map_err(|e| e.to_string())?;
-    kube::core::cel::validate_cel(&e).map_err(|e| e.to_string())
+    kube::core::cel::Validator::new().validate(&crd_schema, doc, None).map_err(|e| e.to_string())?;
+    Ok(true)
 }
 
 /// Turns a structural OpenAPI v3 schema into the JSON Schema the API server effectively applies:

@@ -33,12 +33,8 @@ pub struct RunArgs {
     pub http_addr: SocketAddr,
     /// Address of the metrics server.
     pub metrics_addr: SocketAddr,
-    /// Service name gateways use to reach the controller.
-    pub service: String,
-    /// Namespace of that Service.
-    pub namespace: String,
-    /// Port of that Service for the HTTP server.
-    pub service_port: u16,
+    /// The controller's Service as gateways reach it (name, namespace, port, cluster domain).
+    pub controller: ControllerEndpoint,
     /// Also run the cache-warming reconcilers (InferenceEndpoint, ModelCache, ImageCache); their
     /// RBAC is granted only then (chart value `agent.enabled`).
     pub cache_warming: bool,
@@ -57,7 +53,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     }
     let bytes = std::fs::read(&args.wasm_file).map_err(|e| anyhow::anyhow!("reading wasm module {}: {e}", args.wasm_file.display()))?;
     let blob = WasmBlob::new(bytes);
-    let controller = ControllerEndpoint { service: args.service.clone(), namespace: args.namespace.clone(), port: args.service_port };
+    let controller = args.controller.clone();
     let config = ControllerConfig {
         provider: Provider::parse(&args.provider),
         wasm: WasmModule { url: format!("http://{}:{}{}", controller.host(), controller.port, blob.path()), sha256: blob.sha256.clone() },
@@ -72,12 +68,14 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let http_srv = axum::serve(http, server::router(ctx.feeds.clone(), Some(blob)));
     let metrics_srv = axum::serve(metrics, server::metrics_router(ctx.metrics.clone()));
 
-    // Only the Lease holder reconciles and feeds; the HTTP servers run on every replica (followers
-    // answer 404 for feeds, and the filter keeps its last snapshot until it reaches the leader).
+    // Only the Lease holder reconciles and feeds. The HTTP servers run on every replica, but the
+    // controller Service selects the pod the leader labels (followers hold no feed and would answer 404).
     let elector = crate::leader::Elector::new(client.clone(), args.lease.clone());
+    let pod = crate::leader::LeaderPod::new(client.clone(), &args.lease.namespace, &args.lease.identity, &args.lease.name);
     let cache_warming = args.cache_warming;
     let leading = crate::leader::run_while_leading(
         &elector,
+        Some(&pod),
         || reconcilers(client.clone(), ctx.clone(), cache_warming),
         |now_leading| {
             if !now_leading {

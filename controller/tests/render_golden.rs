@@ -25,7 +25,7 @@ fn cases() -> Vec<PathBuf> {
 }
 
 fn config() -> ControllerConfig {
-    let controller = ControllerEndpoint { service: "warmpath-controller".into(), namespace: "warmpath-system".into(), port: 8080 };
+    let controller = ControllerEndpoint::new("warmpath-controller", "warmpath-system", 8080);
     ControllerConfig {
         provider: None,
         wasm: WasmModule {
@@ -166,4 +166,74 @@ fn render_refuses_endpoints_the_api_server_would_refuse() {
         assert!(!ok, "{what} accepted");
         assert!(err.contains(needle), "{what}: {err}");
     }
+}
+
+/// `render` checks InferenceRoutingPolicies like the API server: the schema of the CRD generated
+/// from the types (the strategy enum in its one spelling, ranges, unknown fields) and its CEL rules.
+#[test]
+fn render_refuses_policies_the_api_server_would_refuse() {
+    let good = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/testdata/render/envoy-gateway.yaml")).unwrap();
+    let render = |text: &str| {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("p.yaml");
+        std::fs::write(&f, text).unwrap();
+        let out = Command::new(env!("CARGO_BIN_EXE_warmpath-controller")).args(["render", "-f"]).arg(&f).args(["--wasm-sha256", SHA]).output().unwrap();
+        (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let (ok, err) = render(&good);
+    assert!(ok, "{err}");
+    for (what, from, to, needle) in [
+        ("another spelling of the strategy", "strategy: PREFIX_AWARE", "strategy: prefix-aware", r#"/spec/strategy: "prefix-aware" is not one of "RANDOM", "LEAST_OUTSTANDING_REQUESTS" or "PREFIX_AWARE""#),
+        ("prefixLength out of range", "prefixLength: 4096", "prefixLength: 100", "/spec/prefixLength"),
+        ("unknown field", "prefixLength: 4096", "prefixLenght: 4096", "prefixLenght"),
+        ("wrong type", "intervalSeconds: 2", "intervalSeconds: soon", "/spec/load/intervalSeconds"),
+        ("CEL rule", "strategy: PREFIX_AWARE", "strategy: RANDOM", "prefixLength applies only to strategy PREFIX_AWARE"),
+        ("bad failureMode", "failureMode: FailClosed", "failureMode: Sometimes", "/spec/failureMode"),
+    ] {
+        assert!(good.contains(from), "{what}: fixture changed");
+        let (ok, err) = render(&good.replacen(from, to, 1));
+        assert!(!ok, "{what} accepted");
+        assert!(err.contains(needle), "{what}: {err}");
+        assert!(err.contains("InferenceRoutingPolicy "), "{what}: the error names the object: {err}");
+    }
+}
+
+/// `--cluster-domain` (env `WARMPATH_CLUSTER_DOMAIN`) replaces `cluster.local` in every Service
+/// name rendered; a value that is no DNS name is refused.
+#[test]
+fn render_uses_the_configured_cluster_domain() {
+    let case = Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/render/istio-annotated.yaml");
+    let run = |domain: &str| {
+        Command::new(env!("CARGO_BIN_EXE_warmpath-controller")).args(["render", "-f"]).arg(&case).args(["--wasm-sha256", SHA, "--cluster-domain", domain]).output().unwrap()
+    };
+    let out = run("corp.example");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert!(!stdout.contains("cluster.local"), "{stdout}");
+    for want in ["outbound|30000||sglang-qwen.llm.svc.corp.example", "service: sglang-qwen.llm.svc.corp.example", "http://warmpath-controller.warmpath-system.svc.corp.example:8080/wasm/"] {
+        assert!(stdout.contains(want), "{want} missing: {stdout}");
+    }
+    let out = run("Corp.Example.");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("is not a DNS name"), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// docs/quickstart.md's manifests, taken from the page verbatim: `render` programs the annotated
+/// route on Envoy Gateway (the offline part of the quickstart; the rest needs a cluster).
+#[tokio::test]
+async fn quickstart_manifests_render_and_program() {
+    let page = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/quickstart.md")).unwrap();
+    let blocks: Vec<&str> = page.split("```yaml\n").skip(1).map(|b| b.split("```").next().unwrap()).collect();
+    assert_eq!(blocks.len(), 1, "the quickstart has one manifest block");
+    let manifests = warmpath_controller::offline::parse_manifests(blocks[0]).unwrap();
+    let out = warmpath_controller::offline::render(manifests, config()).await.unwrap();
+    assert_eq!(out.status, ["HTTPRoute llm/chat: Normal Programmed: strategy PREFIX_AWARE via annotations: 3 object(s)"], "{:?}", out.status);
+    let kinds: Vec<(String, String)> =
+        out.objects.iter().map(|o| (o.types.as_ref().unwrap().kind.clone(), o.metadata.namespace.clone().unwrap())).collect();
+    assert_eq!(kinds, [("BackendTrafficPolicy".into(), "llm".into()), ("EnvoyExtensionPolicy".into(), "llm".into()), ("EnvoyPatchPolicy".into(), "gateways".into())]);
+    let eep = &out.objects[1].data["spec"]["wasm"][0]["config"];
+    assert_eq!((eep["strategy"].as_str(), eep["prefix_length"].as_u64(), eep["debug_header"].as_bool()), (Some("PREFIX_AWARE"), Some(1024), Some(true)));
+    assert_eq!(out.objects[0].data["spec"]["loadBalancer"]["endpointOverride"]["extractFrom"][0]["header"], "x-gateway-destination-endpoint");
+    let patches = out.objects[2].data["spec"]["jsonPatches"].to_string();
+    assert!(patches.contains("allow_on_headers_stop_iteration") && patches.contains("gateways/inference-gateway/http"), "{patches}");
 }

@@ -61,12 +61,19 @@ doc "$tmp/auto.yaml" Role wp-warmpath-controller-leader-election >"$tmp/leader.y
 grep -q 'coordination.k8s.io' "$tmp/leader.yaml" && grep -q '"update"' "$tmp/leader.yaml" || fail "no leader-election Role on leases"
 grep -A1 'name: WARMPATH_LEADER_LEASE' "$tmp/auto.yaml" | grep -q 'value: "wp-warmpath-controller"' || fail "controller not given its Lease name"
 "$HELM" template wp "$CHART" --set controller.replicas=3 | grep -q 'replicas: 3' || fail "controller.replicas=3"
+# The Service reaches the leader only: it selects the label the leader puts on its own pod, which the Role lets it set.
+doc "$tmp/auto.yaml" Service wp-warmpath-controller | grep -q 'warmpath.dev/leader: "wp-warmpath-controller"' || fail "controller Service does not select the leader's pod"
+grep -q '"pods"' "$tmp/leader.yaml" && grep -q '"list", "patch"' "$tmp/leader.yaml" || fail "leader-election Role cannot label pods"
 ok "leader election Role and Lease name; replicas > 1 allowed"
 # Uninstall: a pre-delete hook Job runs `cleanup` as the controller's ServiceAccount with a Role to scale it down.
 doc "$tmp/auto.yaml" Job wp-warmpath-controller-cleanup >"$tmp/job.yaml"
 grep -q 'helm.sh/hook: pre-delete' "$tmp/job.yaml" || fail "no pre-delete cleanup Job"
 grep -q 'args: \["cleanup"\]' "$tmp/job.yaml" && grep -q 'serviceAccountName: wp-warmpath-controller' "$tmp/job.yaml" || fail "cleanup Job command or ServiceAccount"
 doc "$tmp/auto.yaml" Role wp-warmpath-controller-cleanup | grep -q 'deployments/scale' || fail "cleanup Role cannot scale the controller"
+doc "$tmp/auto.yaml" ClusterRole wp-warmpath-controller-cleanup >"$tmp/cleanup-cr.yaml"
+grep -q 'helm.sh/hook: pre-delete' "$tmp/cleanup-cr.yaml" && grep -q '"inferenceendpoints", "modelcaches", "imagecaches"' "$tmp/cleanup-cr.yaml" \
+  && grep -q '"list", "patch"' "$tmp/cleanup-cr.yaml" || fail "cleanup hook cannot release the cache-warming finalizers"
+[ -n "$(doc "$tmp/auto.yaml" ClusterRoleBinding wp-warmpath-controller-cleanup)" ] || fail "no cleanup ClusterRoleBinding"
 ! "$HELM" template wp "$CHART" --set controller.cleanupOnUninstall=false | grep -q 'helm.sh/hook' || fail "cleanupOnUninstall=false still renders the hook"
 ok "pre-delete cleanup hook Job with its RBAC"
 # values.schema.json: wrong types and misspelled keys fail at template (= install) time; defaults pass.
@@ -81,6 +88,12 @@ refused_value agent.enable=true 'enable'
 refused_value controller.replicas=0 '/controller/replicas'
 "$HELM" lint --strict "$CHART" --set agent.enabled=true --set http.port=8081 >/dev/null || fail "valid values refused"
 ok "values schema refuses agent.enabled=flase, http.port=abc/70000, a misspelled key, replicas=0; accepts valid values"
+# The cluster domain reaches the controller; a value that is no DNS name is refused.
+grep -A1 'name: WARMPATH_CLUSTER_DOMAIN' "$tmp/auto.yaml" | grep -q 'value: "cluster.local"' || fail "controller not given the default cluster domain"
+"$HELM" template wp "$CHART" --set clusterDomain=corp.example | grep -A1 'name: WARMPATH_CLUSTER_DOMAIN' | grep -q 'value: "corp.example"' || fail "clusterDomain=corp.example not passed on"
+refused_value clusterDomain=Cluster.Local '/clusterDomain'
+refused_value clusterDomain=.cluster.local '/clusterDomain'
+ok "clusterDomain passed to the controller; invalid domains refused"
 # A wrong provider value is refused at template time.
 if "$HELM" template wp "$CHART" --set provider=nginx >/dev/null 2>&1; then fail "provider=nginx accepted"; fi
 ok "invalid provider refused"

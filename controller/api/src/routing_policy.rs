@@ -18,6 +18,9 @@ pub const GATEWAY_API_GROUP: &str = "gateway.networking.k8s.io";
 /// Group of the Gateway API Inference Extension's `InferencePool` (v1).
 pub const INFERENCE_POOL_GROUP: &str = "inference.networking.k8s.io";
 
+/// The accepted `strategy` values (the CRD's enum), in one spelling.
+pub const STRATEGIES: [&str; 3] = ["RANDOM", "LEAST_OUTSTANDING_REQUESTS", "PREFIX_AWARE"];
+
 /// Desired routing for the targeted HTTPRoutes.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[kube(
@@ -47,10 +50,11 @@ pub struct InferenceRoutingPolicySpec {
     #[x_kube(validation = Rule::new("self.all(x, self.exists_one(y, y.name == x.name))").message("targetRefs must name each HTTPRoute once"))]
     pub target_refs: Vec<PolicyTargetRef>,
 
-    /// `RANDOM`, `LEAST_OUTSTANDING_REQUESTS` or `PREFIX_AWARE` (default). A string in Rust so an
-    /// unknown value is reported in status (reason `Invalid`) rather than failing the watch.
+    /// `RANDOM`, `LEAST_OUTSTANDING_REQUESTS` or `PREFIX_AWARE` (default), spelled exactly so (also
+    /// in the `warmpath.dev/routing-strategy` annotation). A string in Rust so an unknown value is
+    /// reported in status (reason `Invalid`) rather than failing the watch.
     #[serde(default = "default_strategy")]
-    #[schemars(extend("enum" = ["RANDOM", "LEAST_OUTSTANDING_REQUESTS", "PREFIX_AWARE"]))]
+    #[schemars(extend("enum" = STRATEGIES))]
     pub strategy: String,
 
     /// Characters of extracted prompt text (bytes for raw bodies) hashed for the prefix key;
@@ -89,6 +93,12 @@ pub struct InferenceRoutingPolicySpec {
     /// How the controller reads each model server's load for the feed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub load: Option<LoadSource>,
+
+    /// Adds the `x-warmpath-decision` response header (`<picked IP:port>;<reason>;matched=<characters>`),
+    /// to see the pick from a client while trying routing out. Test rigs only: it tells clients
+    /// endpoint addresses and how much of their prompt other clients sent. Default false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub debug_header: bool,
 }
 
 impl Default for InferenceRoutingPolicySpec {
@@ -103,6 +113,7 @@ impl Default for InferenceRoutingPolicySpec {
             failure_mode: FailureMode::FailOpen,
             backend: None,
             load: None,
+            debug_header: false,
         }
     }
 }

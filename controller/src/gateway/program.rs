@@ -174,7 +174,7 @@ pub async fn resolve_and_render(
     // Envoy Gateway attaches one BackendTrafficPolicy and one EnvoyExtensionPolicy per route: a
     // user's own on this route would lose to ours or displace it, silently. Refused, with what to do.
     let user_policies = if gateways.iter().any(|(_, p)| *p == Ok(Provider::EnvoyGateway)) {
-        src.user_policies_on_route(route_ns, route_name).await?
+        src.user_policies_on_route(route_ns, route_name, route.labels()).await?
     } else {
         vec![]
     };

@@ -108,7 +108,11 @@ pub struct WasmModule {
     pub sha256: String,
 }
 
-/// How the gateways reach the controller's HTTP server (wasm module and feed).
+/// The cluster domain Kubernetes uses unless the cluster was set up with another (kubelet `--cluster-domain`).
+pub const DEFAULT_CLUSTER_DOMAIN: &str = "cluster.local";
+
+/// How the gateways reach the controller's HTTP server (wasm module and feed), and the cluster
+/// domain every Service name is rendered with.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ControllerEndpoint {
     /// Service name of the controller.
@@ -117,12 +121,39 @@ pub struct ControllerEndpoint {
     pub namespace: String,
     /// HTTP port (wasm + feed).
     pub port: u16,
+    /// The cluster's DNS domain (`cluster.local` by default): Service FQDNs are
+    /// `<service>.<namespace>.svc.<cluster domain>`.
+    pub cluster_domain: String,
 }
 
 impl ControllerEndpoint {
-    /// Cluster-local DNS name of the Service.
+    /// The controller's Service in the default cluster domain.
+    pub fn new(service: impl Into<String>, namespace: impl Into<String>, port: u16) -> Self {
+        Self { service: service.into(), namespace: namespace.into(), port, cluster_domain: DEFAULT_CLUSTER_DOMAIN.into() }
+    }
+
+    /// Cluster-local DNS name of the controller's Service.
     pub fn host(&self) -> String {
-        format!("{}.{}.svc.cluster.local", self.service, self.namespace)
+        self.service_host(&self.namespace, &self.service)
+    }
+
+    /// Cluster-local DNS name of Service `namespace/service`: `<service>.<namespace>.svc.<cluster domain>`.
+    pub fn service_host(&self, namespace: &str, service: &str) -> String {
+        format!("{service}.{namespace}.svc.{}", self.cluster_domain)
+    }
+}
+
+/// Checks a cluster domain: a DNS name of lower-case labels (RFC 1123), without a leading or trailing dot.
+///
+/// Errors: a message naming the value and what is expected.
+pub fn validate_cluster_domain(domain: &str) -> Result<(), String> {
+    let label_ok = |l: &str| {
+        !l.is_empty() && l.len() <= 63 && l.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-') && !l.starts_with('-') && !l.ends_with('-')
+    };
+    if domain.len() <= 253 && domain.split('.').all(label_ok) {
+        Ok(())
+    } else {
+        Err(format!("cluster domain {domain:?} is not a DNS name (lower-case labels separated by dots, e.g. cluster.local)"))
     }
 }
 
@@ -381,7 +412,7 @@ fn render_istio(input: &RenderInput<'_>, feed: &FeedTarget) -> Result<Vec<Dynami
         }
     };
     // The filter is listener-wide on Istio; it acts only on requests bound for this cluster.
-    let config = input.intent.plugin_config(feed, &[istio_outbound_cluster(svc_ns, svc, port)])?;
+    let config = input.intent.plugin_config(feed, &[istio_outbound_cluster(input.controller, svc_ns, svc, port)])?;
     let filter = wasm_http_filter(&wasm_filter_name(input.owner), input, &config, &feed.cluster);
     let mut out = vec![];
     for gw in input.gateways {
@@ -411,7 +442,7 @@ fn render_istio(input: &RenderInput<'_>, feed: &FeedTarget) -> Result<Vec<Dynami
                 },
                 {
                     "applyTo": "CLUSTER",
-                    "match": {"context": "GATEWAY", "cluster": {"service": format!("{svc}.{svc_ns}.svc.cluster.local"), "portNumber": port}},
+                    "match": {"context": "GATEWAY", "cluster": {"service": input.controller.service_host(svc_ns, svc), "portNumber": port}},
                     // Istio's default route retry policy retries connect failures and 503s on another host
                     // (`previous_hosts`), not resets; the filter adds them to every request it places
                     // (`x-envoy-retry-on`, `warmpath_core::headers::RETRY_ON`). The cluster gets outlier
@@ -429,10 +460,10 @@ fn render_istio(input: &RenderInput<'_>, feed: &FeedTarget) -> Result<Vec<Dynami
 }
 
 /// Istio's name for the outbound cluster of a Service port on a gateway:
-/// `outbound|<port>||<service>.<namespace>.svc.cluster.local` (Istio's cluster naming,
-/// `model.BuildSubsetKey`). The `CLUSTER` patch and the filter's `upstream_clusters` use it.
-pub fn istio_outbound_cluster(namespace: &str, service: &str, port: u16) -> String {
-    format!("outbound|{port}||{service}.{namespace}.svc.cluster.local")
+/// `outbound|<port>||<service>.<namespace>.svc.<cluster domain>` (Istio's cluster naming,
+/// `model.BuildSubsetKey`). The filter's `upstream_clusters` use it.
+pub fn istio_outbound_cluster(controller: &ControllerEndpoint, namespace: &str, service: &str, port: u16) -> String {
+    format!("outbound|{port}||{}", controller.service_host(namespace, service))
 }
 
 fn truncate(name: &str) -> String {

@@ -19,13 +19,15 @@ use warmpath_core::{RawConfig, RawFeed, Settings, Strategy};
 
 use crate::crd::routing_policy::{BackendRef, FailureMode, InferenceRoutingPolicySpec, LoadSource};
 
-/// Annotation turning routing on for an HTTPRoute: `random`, `least-outstanding-requests` or
-/// `prefix-aware` (the upper-case policy spellings are accepted too).
+/// Annotation turning routing on for an HTTPRoute: `RANDOM`, `LEAST_OUTSTANDING_REQUESTS` or
+/// `PREFIX_AWARE` — the `InferenceRoutingPolicy` CRD's `strategy` values, spelled exactly so.
 pub const ANNOTATION_STRATEGY: &str = "warmpath.dev/routing-strategy";
 /// Annotation: prefix length in characters (1024–65536).
 pub const ANNOTATION_PREFIX_LENGTH: &str = "warmpath.dev/prefix-length";
 /// Annotation: concurrency threshold in in-flight requests (1–1024).
 pub const ANNOTATION_CONCURRENCY_THRESHOLD: &str = "warmpath.dev/concurrency-threshold";
+/// Annotation: `"true"` adds the `x-warmpath-decision` response header (the policy's `debugHeader`).
+pub const ANNOTATION_DEBUG_HEADER: &str = "warmpath.dev/debug-header";
 
 pub use warmpath_core::headers::DESTINATION_HEADER;
 
@@ -48,19 +50,29 @@ pub struct RoutingIntent {
     pub backend: Option<BackendRef>,
     /// Load scraping settings.
     pub load: LoadSource,
+    /// Add the `x-warmpath-decision` response header.
+    pub debug_header: bool,
 }
 
-/// Parses a strategy name in either spelling (`PREFIX_AWARE` or `prefix-aware`).
+/// The accepted strategy names: the CRD's `strategy` enum, one spelling for the policy and the
+/// annotation alike.
+pub const STRATEGIES: [&str; 3] = crate::crd::routing_policy::STRATEGIES;
+
+/// Parses a strategy name, spelled exactly as the CRD's enum (`PREFIX_AWARE`, not `prefix-aware`
+/// or `Prefix_Aware`): the API server refuses any other spelling in a policy, so the annotation
+/// and `render -f` do too.
 ///
-/// Errors: a message naming the accepted values.
+/// Errors: a message naming the accepted values (and the one meant, for a different spelling).
 pub fn parse_strategy(s: &str) -> Result<Strategy, String> {
-    match s.trim().to_ascii_uppercase().replace('-', "_").as_str() {
+    match s {
         "RANDOM" => Ok(Strategy::Random),
         "LEAST_OUTSTANDING_REQUESTS" => Ok(Strategy::LeastOutstandingRequests),
         "PREFIX_AWARE" => Ok(Strategy::PrefixAware),
-        _ => Err(format!(
-            "unknown strategy {s:?}: expected RANDOM, LEAST_OUTSTANDING_REQUESTS or PREFIX_AWARE (annotation spelling: random, least-outstanding-requests, prefix-aware)"
-        )),
+        _ => {
+            let canonical = s.trim().to_ascii_uppercase().replace('-', "_");
+            let hint = STRATEGIES.iter().find(|v| **v == canonical).map(|v| format!(" (did you mean {v}?)")).unwrap_or_default();
+            Err(format!("unknown strategy {s:?}: accepted values are {}{hint}", STRATEGIES.join(", ")))
+        }
     }
 }
 
@@ -102,6 +114,7 @@ impl RoutingIntent {
             fail_open: spec.failure_mode == FailureMode::FailOpen,
             backend: spec.backend.clone(),
             load: spec.load.clone().unwrap_or_default(),
+            debug_header: spec.debug_header,
         };
         // Final word: the filter's own validation of the configuration we would write.
         intent.plugin_config(&FeedTarget::placeholder(), &[])?;
@@ -129,10 +142,15 @@ impl RoutingIntent {
                 failure_mode: FailureMode::FailOpen,
                 backend: None,
                 load: None,
+                debug_header: match annotations.get(ANNOTATION_DEBUG_HEADER).map(String::as_str) {
+                    None | Some("false") => false,
+                    Some("true") => true,
+                    Some(v) => return Err(format!("annotation {ANNOTATION_DEBUG_HEADER}: {v:?} is not \"true\" or \"false\"")),
+                },
             };
-            let strategy = parse_strategy(strategy)?;
+            let strategy = parse_strategy(strategy).map_err(|e| format!("annotation {ANNOTATION_STRATEGY}: {e}"))?;
             if spec.prefix_length.is_some() && strategy != Strategy::PrefixAware {
-                return Err(format!("annotation {ANNOTATION_PREFIX_LENGTH} applies only to prefix-aware"));
+                return Err(format!("annotation {ANNOTATION_PREFIX_LENGTH} applies only to PREFIX_AWARE"));
             }
             let spec = InferenceRoutingPolicySpec { strategy: strategy.as_str().into(), ..spec };
             Self::from_policy(&spec).map_err(|e| format!("annotations: {e}"))
@@ -156,6 +174,7 @@ impl RoutingIntent {
                 interval_ms: Some(feed.interval_ms),
             }),
             upstream_clusters: (!upstream_clusters.is_empty()).then(|| upstream_clusters.to_vec()),
+            debug_header: self.debug_header.then_some(true),
             ..RawConfig::default()
         };
         let cfg = serde_json::to_value(&raw).map_err(|e| e.to_string())?;
@@ -208,16 +227,28 @@ mod tests {
             failure_mode: FailureMode::FailOpen,
             backend: None,
             load: None,
+            debug_header: false,
         }
     }
 
     #[test]
-    fn strategies_parse_in_both_spellings_and_unknown_is_refused() {
-        assert_eq!(parse_strategy("prefix-aware"), Ok(Strategy::PrefixAware));
+    fn strategies_parse_in_the_crd_spelling_only() {
+        assert_eq!(parse_strategy("PREFIX_AWARE"), Ok(Strategy::PrefixAware));
         assert_eq!(parse_strategy("LEAST_OUTSTANDING_REQUESTS"), Ok(Strategy::LeastOutstandingRequests));
-        assert_eq!(parse_strategy("random"), Ok(Strategy::Random));
+        assert_eq!(parse_strategy("RANDOM"), Ok(Strategy::Random));
+        for other in ["prefix-aware", "Prefix_Aware", " PREFIX_AWARE"] {
+            let e = parse_strategy(other).unwrap_err();
+            assert!(e.contains("accepted values are RANDOM, LEAST_OUTSTANDING_REQUESTS, PREFIX_AWARE (did you mean PREFIX_AWARE?)"), "{e}");
+        }
         let e = parse_strategy("round-robin").unwrap_err();
-        assert!(e.contains("round-robin") && e.contains("PREFIX_AWARE"), "{e}");
+        assert!(e.contains("\"round-robin\"") && e.contains("accepted values are RANDOM, LEAST_OUTSTANDING_REQUESTS, PREFIX_AWARE") && !e.contains("did you mean"), "{e}");
+        // Every value the CRD's enum accepts parses, and the enum is exactly these.
+        let crd = serde_json::to_value(<crate::crd::routing_policy::InferenceRoutingPolicy as kube::CustomResourceExt>::crd()).unwrap();
+        let schema = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["strategy"];
+        assert_eq!(schema["enum"], serde_json::json!(STRATEGIES), "{schema}");
+        for v in STRATEGIES {
+            assert_eq!(parse_strategy(v).unwrap().as_str(), v);
+        }
     }
 
     #[test]
@@ -252,7 +283,7 @@ mod tests {
     fn annotations_shortcut() {
         let mut a = BTreeMap::new();
         assert!(RoutingIntent::from_annotations(&a).is_none());
-        a.insert(ANNOTATION_STRATEGY.into(), "prefix-aware".into());
+        a.insert(ANNOTATION_STRATEGY.into(), "PREFIX_AWARE".into());
         a.insert(ANNOTATION_PREFIX_LENGTH.into(), "2048".into());
         a.insert(ANNOTATION_CONCURRENCY_THRESHOLD.into(), "16".into());
         let i = RoutingIntent::from_annotations(&a).unwrap().unwrap();
@@ -261,7 +292,20 @@ mod tests {
         assert!(RoutingIntent::from_annotations(&a).unwrap().unwrap_err().contains("not an integer"));
         a.insert(ANNOTATION_PREFIX_LENGTH.into(), "99999999".into());
         assert!(RoutingIntent::from_annotations(&a).unwrap().unwrap_err().contains("out of range"));
+        a.insert(ANNOTATION_PREFIX_LENGTH.into(), "2048".into());
+        a.insert(ANNOTATION_DEBUG_HEADER.into(), "true".into());
+        let i = RoutingIntent::from_annotations(&a).unwrap().unwrap();
+        assert!(i.debug_header);
+        let cfg = i.plugin_config(&FeedTarget::placeholder(), &[]).unwrap();
+        assert_eq!(cfg["debug_header"], true);
+        assert!(Settings::from_json(cfg.to_string().as_bytes()).unwrap().debug_header, "the filter reads it");
+        a.insert(ANNOTATION_DEBUG_HEADER.into(), "yes".into());
+        assert!(RoutingIntent::from_annotations(&a).unwrap().unwrap_err().contains("is not \"true\" or \"false\""));
+        a.remove(ANNOTATION_DEBUG_HEADER);
         a.insert(ANNOTATION_STRATEGY.into(), "fastest".into());
         assert!(RoutingIntent::from_annotations(&a).unwrap().unwrap_err().contains("unknown strategy"));
+        a.insert(ANNOTATION_STRATEGY.into(), "prefix-aware".into());
+        let e = RoutingIntent::from_annotations(&a).unwrap().unwrap_err();
+        assert!(e.starts_with("annotation warmpath.dev/routing-strategy: unknown strategy \"prefix-aware\": accepted values are"), "{e}");
     }
 }

@@ -122,9 +122,9 @@ impl Source<'_> {
     /// A user's own BackendTrafficPolicies / EnvoyExtensionPolicies targeting HTTPRoute `ns/route`
     /// (Envoy Gateway attaches one of each per route), as `Kind ns/name`. Manifests: none are
     /// looked for (offline rendering reads nothing back).
-    pub async fn user_policies_on_route(&self, ns: &str, route: &str) -> Result<Vec<String>> {
+    pub async fn user_policies_on_route(&self, ns: &str, route: &str, route_labels: &std::collections::BTreeMap<String, String>) -> Result<Vec<String>> {
         match self {
-            Source::Api(c) => super::status_readback::user_policies_on_route(c, ns, route).await,
+            Source::Api(c) => super::status_readback::user_policies_on_route(c, ns, route, route_labels).await,
             Source::Manifests(_) => Ok(vec![]),
         }
     }

@@ -184,9 +184,10 @@ pub fn verdict(live: &[(String, DynamicObject)], gw_ns: &str, gw: &str, now: Tim
 }
 
 /// User-owned `BackendTrafficPolicy` / `EnvoyExtensionPolicy` objects in `ns` that target HTTPRoute
-/// `route` (warmpath's own carry the owner label). Envoy Gateway attaches only one of each kind to a
-/// route, so warmpath's would silently lose to an older one, or silently displace a newer one.
-pub async fn user_policies_on_route(client: &kube::Client, ns: &str, route: &str) -> Result<Vec<String>> {
+/// `route` (labels `route_labels`) — by name (`targetRefs`, `targetRef`) or by label
+/// (`targetSelectors`); warmpath's own carry the owner label. Envoy Gateway attaches only one of each
+/// kind to a route, so warmpath's would silently lose to an older one, or silently displace a newer one.
+pub async fn user_policies_on_route(client: &kube::Client, ns: &str, route: &str, route_labels: &std::collections::BTreeMap<String, String>) -> Result<Vec<String>> {
     let mut found = vec![];
     for ar in [foreign::backend_traffic_policy(), foreign::envoy_extension_policy()] {
         let list = match Api::<DynamicObject>::namespaced_with(client.clone(), ns, &ar).list(&ListParams::default()).await {
@@ -200,10 +201,29 @@ pub async fn user_policies_on_route(client: &kube::Client, ns: &str, route: &str
             }
             let spec = &o.data["spec"];
             let refs = spec["targetRefs"].as_array().cloned().unwrap_or_default().into_iter().chain(spec.get("targetRef").cloned());
-            if refs.into_iter().any(|r| r["kind"] == "HTTPRoute" && r["name"] == route) {
+            let by_name = refs.into_iter().any(|r| r["kind"] == "HTTPRoute" && r["name"] == route);
+            let by_label = spec["targetSelectors"].as_array().is_some_and(|s| s.iter().any(|sel| selects_route(sel, route_labels)));
+            if by_name || by_label {
                 found.push(format!("{} {ns}/{}", ar.kind, o.name_any()));
             }
         }
     }
     Ok(found)
+}
+
+/// Whether one Envoy Gateway `targetSelectors` entry (`{group, kind, matchLabels, matchExpressions}`;
+/// group defaults to Gateway API's) selects an HTTPRoute with `labels`. A selector with neither
+/// labels nor expressions selects every route of its kind, as Kubernetes label selectors do; one
+/// that does not parse selects nothing (Envoy Gateway refuses it).
+pub fn selects_route(selector: &Value, labels: &std::collections::BTreeMap<String, String>) -> bool {
+    use kube::core::SelectorExt;
+    let group = selector["group"].as_str().unwrap_or(crate::crd::routing_policy::GATEWAY_API_GROUP);
+    if selector["kind"] != "HTTPRoute" || group != crate::crd::routing_policy::GATEWAY_API_GROUP {
+        return false;
+    }
+    let label_selector = serde_json::json!({"matchLabels": selector["matchLabels"], "matchExpressions": selector["matchExpressions"]});
+    serde_json::from_value::<k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector>(label_selector)
+        .ok()
+        .and_then(|s| kube::core::Selector::try_from(s).ok())
+        .is_some_and(|s| s.matches(labels))
 }

@@ -5,13 +5,13 @@
 
 use std::collections::BTreeMap;
 
-use crate::routing::{ANNOTATION_CONCURRENCY_THRESHOLD, ANNOTATION_PREFIX_LENGTH, ANNOTATION_STRATEGY};
+use crate::routing::{ANNOTATION_CONCURRENCY_THRESHOLD, ANNOTATION_DEBUG_HEADER, ANNOTATION_PREFIX_LENGTH, ANNOTATION_STRATEGY};
 
 /// Prefix of warmpath's annotation keys.
 pub const PREFIX: &str = "warmpath.dev/";
 
 /// The annotation keys the route reconciler reads.
-pub const KNOWN: [&str; 3] = [ANNOTATION_STRATEGY, ANNOTATION_PREFIX_LENGTH, ANNOTATION_CONCURRENCY_THRESHOLD];
+pub const KNOWN: [&str; 4] = [ANNOTATION_STRATEGY, ANNOTATION_PREFIX_LENGTH, ANNOTATION_CONCURRENCY_THRESHOLD, ANNOTATION_DEBUG_HEADER];
 
 /// Unknown `warmpath.dev/*` keys with the nearest known key (normalized Damerau-Levenshtein
 /// similarity of the part after the prefix at least 0.6; `None` when nothing is close), sorted by key.

@@ -86,7 +86,7 @@ impl Default for ControllerConfig {
     fn default() -> Self {
         Self {
             provider: None,
-            controller: ControllerEndpoint { service: "warmpath-controller".into(), namespace: "warmpath-system".into(), port: 8080 },
+            controller: ControllerEndpoint::new("warmpath-controller", "warmpath-system", 8080),
             wasm: WasmModule { url: String::new(), sha256: String::new() },
             live_status: true,
         }

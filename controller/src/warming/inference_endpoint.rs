@@ -297,6 +297,7 @@ pub fn routing_policy(ie: &InferenceEndpoint) -> Result<Option<InferenceRoutingP
                 inference_pool: None,
             }),
             load: None,
+            debug_header: false,
         },
     );
     p.metadata.namespace = ie.namespace();

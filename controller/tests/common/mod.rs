@@ -14,7 +14,7 @@ use warmpath_controller::render::{ControllerEndpoint, WasmModule};
 /// The controller Service every case is rendered for (the address the rendered feed clusters and
 /// module URLs name).
 pub fn controller_endpoint() -> ControllerEndpoint {
-    ControllerEndpoint { service: "warmpath-controller".into(), namespace: "warmpath-system".into(), port: 8080 }
+    ControllerEndpoint::new("warmpath-controller", "warmpath-system", 8080)
 }
 
 /// Renders `testdata/render/<case>` offline (the real reconcilers against the in-memory API, as

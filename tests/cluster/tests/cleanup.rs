@@ -12,13 +12,13 @@ use kube::{Client, ResourceExt};
 use serde_json::json;
 use warmpath_controller::crd::routing_policy::InferenceRoutingPolicy;
 use warmpath_controller::leader::Elector;
-use warmpath_controller::reconcile::{finalizers, program, route_annotations, routing_policy, Context};
+use warmpath_controller::gateway::{program, route_annotations, routing_policy};
+use warmpath_controller::reconcile::{finalizers, Context};
 use warmpath_controller::render::LABEL_OWNER_UID;
 use warmpath_controller::Result;
 use std::sync::Arc;
 
 use kube::api::PostParams;
-use serde_json::json;
 
 use warmpath_controller::cleanup::*;
 use warmpath_cluster_tests::fixtures::{self, *};
@@ -82,4 +82,45 @@ async fn cleanup_deletes_labelled_orphans() {
     let report = remove_all(&ctx).await.unwrap();
     assert_eq!(report.objects_deleted, 1);
     assert!(owned_objects(&client).await.is_empty());
+}
+
+/// The cache-warming kinds, when installed: cleanup removes warmpath's finalizer from every
+/// InferenceEndpoint, ModelCache and ImageCache (one already being deleted then goes), leaves other
+/// finalizers and the objects themselves alone.
+#[tokio::test]
+async fn cleanup_releases_the_cache_warming_finalizers() {
+    use warmpath_controller::crd::image_cache::{self, ImageCache};
+    use warmpath_controller::crd::inference_endpoint::{self, InferenceEndpoint};
+    use warmpath_controller::crd::model_cache::{self, ModelCache};
+    let meta = |name: &str, finalizers: &[&str], deleting: bool| {
+        let mut m = json!({"name": name, "namespace": NS, "finalizers": finalizers});
+        if deleting {
+            m["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
+        }
+        m
+    };
+    let endpoint = json!({"apiVersion": "warmpath.dev/v1alpha1", "kind": "InferenceEndpoint", "metadata": meta("qwen", &[inference_endpoint::FINALIZER], false),
+        "spec": {"model": {"huggingFace": {"repo": "Qwen/Qwen2.5-0.5B-Instruct"}}, "image": "vllm/vllm-openai:v0.11.0", "port": 8000}});
+    let cache = json!({"apiVersion": "warmpath.dev/v1alpha1", "kind": "ModelCache", "metadata": meta("qwen-weights", &[model_cache::FINALIZER, "example.com/keep"], true),
+        "spec": {"source": {"huggingFace": {"repo": "Qwen/Qwen2.5-0.5B-Instruct"}}}});
+    let image = json!({"apiVersion": "warmpath.dev/v1alpha1", "kind": "ImageCache", "metadata": meta("vllm", &[image_cache::FINALIZER], true), "spec": {"image": "vllm/vllm-openai:v0.11.0"}});
+    let client = kube_fake_client::ClientBuilder::new()
+        .with_resource::<InferenceRoutingPolicy>()
+        .with_resource::<HttpRoute>()
+        .with_resource::<InferenceEndpoint>()
+        .with_resource::<ModelCache>()
+        .with_resource::<ImageCache>()
+        .with_runtime_objects(vec![endpoint, cache, image])
+        .build()
+        .await
+        .expect("fake client");
+    let ctx = fixtures::context(client.clone());
+    let report = remove_all(&ctx).await.unwrap();
+    assert_eq!(report.cache_objects_released, 3, "{report:?}");
+    let ie = Api::<InferenceEndpoint>::namespaced(client.clone(), NS).get("qwen").await.unwrap();
+    assert!(ie.finalizers().is_empty(), "the endpoint stays, released: {:?}", ie.finalizers());
+    let mc = Api::<ModelCache>::namespaced(client.clone(), NS).get("qwen-weights").await.unwrap();
+    assert_eq!(mc.finalizers(), ["example.com/keep"], "another controller's finalizer stays");
+    assert!(Api::<ImageCache>::namespaced(client.clone(), NS).get_opt("vllm").await.unwrap().is_none(), "a deletion held only by warmpath completes");
+    assert_eq!(remove_all(&ctx).await.unwrap(), Report::default(), "a second run finds nothing to do");
 }

@@ -1,7 +1,8 @@
 //! Leader election on a `coordination.k8s.io/v1` Lease, on the in-memory API client: one leader
 //! among candidates, take-over only after the lease duration (explicit instants), exactly one winner
-//! of a race, and `run_while_leading` starting the work only while leading and stopping it when the
-//! Lease is lost (short real durations, bounded by timeouts).
+//! of a race, `run_while_leading` starting the work only while leading and stopping it when the
+//! Lease is lost, and the leader label the controller Service selects staying on the leader's pod
+//! only (short real durations, bounded by timeouts).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -12,7 +13,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{Api, PostParams};
 use kube::Client;
-use warmpath_controller::leader::{run_while_leading, Elector, LeaseSettings};
+use warmpath_controller::leader::{run_while_leading, Elector, LeaderPod, LeaseSettings, LEADER_LABEL};
 
 const NS: &str = "warmpath-system";
 const LEASE: &str = "warmpath-controller";
@@ -133,11 +134,18 @@ impl Drop for Work {
 }
 
 fn spawn_candidate(client: &Client, id: &'static str, running: Arc<AtomicUsize>) -> tokio::task::JoinHandle<()> {
+    spawn_candidate_with_pod(client, id, running, false)
+}
+
+/// A candidate; with `label_pod`, it marks its pod (named `id`) while leading, as `run` does.
+fn spawn_candidate_with_pod(client: &Client, id: &'static str, running: Arc<AtomicUsize>, label_pod: bool) -> tokio::task::JoinHandle<()> {
     let client = client.clone();
     tokio::spawn(async move {
         let elector = Elector::new(client.clone(), fast(id));
+        let pod = LeaderPod::new(client.clone(), NS, id, LEASE);
         run_while_leading(
             &elector,
+            label_pod.then_some(&pod),
             || {
                 let (client, running) = (client.clone(), running.clone());
                 async move {
@@ -210,4 +218,87 @@ async fn a_leader_that_loses_the_lease_stops_its_reconcilers() {
     assert_eq!(ra.load(Ordering::SeqCst), 0);
     assert_eq!(holder(&client).await.as_deref(), Some("pod-z"));
     a.abort();
+}
+
+/// A controller pod, with `labels`.
+fn pod(name: &str, labels: serde_json::Value) -> serde_json::Value {
+    serde_json::json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": NS, "labels": labels},
+        "spec": {"containers": [{"name": "controller", "image": "warmpath-controller"}]}})
+}
+
+/// The pods the controller Service selects (`warmpath.dev/leader: <Lease name>`), by name.
+async fn selected_by_the_service(client: &Client) -> Vec<String> {
+    let lp = kube::api::ListParams::default().labels(&format!("{LEADER_LABEL}={LEASE}"));
+    let mut names: Vec<String> = Api::<k8s_openapi::api::core::v1::Pod>::namespaced(client.clone(), NS).list(&lp).await.unwrap().items.into_iter().filter_map(|p| p.metadata.name).collect();
+    names.sort();
+    names
+}
+
+/// Waits (at most 5 s) until the Service selects exactly `want`.
+async fn eventually_selected(client: &Client, want: &[&str]) {
+    for _ in 0..100 {
+        if selected_by_the_service(client).await == want {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("the Service selects {:?}, not {want:?}, after 5 s", selected_by_the_service(client).await);
+}
+
+async fn pods_client(objects: Vec<serde_json::Value>) -> Client {
+    kube_fake_client::ClientBuilder::new().with_runtime_objects(objects).build().await.expect("fake client")
+}
+
+/// The leader's mark: marking takes it off every other pod of the same Lease (a crashed leader's),
+/// not off another installation's; unmarking is idempotent, also for a pod that is gone.
+#[tokio::test]
+async fn the_leader_label_is_on_exactly_one_pod_of_the_installation() {
+    let client = pods_client(vec![
+        pod("pod-a", serde_json::json!({LEADER_LABEL: LEASE, "app": "warmpath"})),
+        pod("pod-b", serde_json::json!({"app": "warmpath"})),
+        pod("other-install", serde_json::json!({LEADER_LABEL: "other-lease"})),
+    ])
+    .await;
+    assert_eq!(selected_by_the_service(&client).await, ["pod-a"], "a stale mark from a crashed leader");
+    let b = LeaderPod::new(client.clone(), NS, "pod-b", LEASE);
+    b.mark().await.unwrap();
+    assert_eq!(selected_by_the_service(&client).await, ["pod-b"]);
+    let pods = Api::<k8s_openapi::api::core::v1::Pod>::namespaced(client.clone(), NS);
+    let a = pods.get("pod-a").await.unwrap();
+    assert_eq!(a.metadata.labels.unwrap().get("app").map(String::as_str), Some("warmpath"), "only the leader label goes");
+    let other = pods.get("other-install").await.unwrap();
+    assert_eq!(other.metadata.labels.unwrap().get(LEADER_LABEL).map(String::as_str), Some("other-lease"), "another installation's mark stays");
+    b.unmark().await.unwrap();
+    b.unmark().await.unwrap();
+    assert!(selected_by_the_service(&client).await.is_empty());
+    LeaderPod::new(client.clone(), NS, "gone", LEASE).unmark().await.unwrap();
+}
+
+/// With several replicas the Service reaches the leader only: the leader's pod carries the label
+/// while it leads; a follower's never does; after the leader crashes (its label left behind) the
+/// new leader moves the label to its own pod; a leader that loses the Lease takes its label off.
+#[tokio::test]
+async fn the_service_follows_the_leader_across_a_crash_and_a_lost_lease() {
+    let client = pods_client(vec![pod("pod-a", serde_json::json!({})), pod("pod-b", serde_json::json!({}))]).await;
+    let (ra, rb) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let a = spawn_candidate_with_pod(&client, "pod-a", ra.clone(), true);
+    eventually("A leads", || ra.load(Ordering::SeqCst) == 1).await;
+    let b = spawn_candidate_with_pod(&client, "pod-b", rb.clone(), true);
+    eventually_selected(&client, &["pod-a"]).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(selected_by_the_service(&client).await, ["pod-a"], "the follower never labels itself");
+
+    a.abort();
+    eventually("B leads after A's Lease expired", || rb.load(Ordering::SeqCst) == 1).await;
+    eventually_selected(&client, &["pod-b"]).await; // A's stale label removed, B's set
+
+    // Another holder takes the Lease: B stops leading and takes its label off.
+    let api = Api::<Lease>::namespaced(client.clone(), NS);
+    let mut lease = api.get(LEASE).await.unwrap();
+    lease.spec.as_mut().unwrap().holder_identity = Some("pod-z".into());
+    lease.spec.as_mut().unwrap().lease_duration_seconds = Some(3600);
+    api.replace(LEASE, &PostParams::default(), &lease).await.unwrap();
+    eventually("B's reconcilers stopped", || rb.load(Ordering::SeqCst) == 0).await;
+    eventually_selected(&client, &[]).await; // a former leader is not selected
+    b.abort();
 }

@@ -12,7 +12,6 @@ use warmpath_controller::Result;
 use std::sync::Arc;
 
 use kube::api::{Patch, PatchParams};
-use serde_json::json;
 
 use warmpath_controller::gateway::route_status::*;
 use warmpath_controller::conditions::PROGRAMMED;
@@ -49,7 +48,7 @@ fn condition<'a>(entry: &'a Value, type_: &str) -> &'a Value {
 /// it follows the read-back status, and goes when the annotation goes.
 #[tokio::test]
 async fn annotated_route_status_is_durable_and_leaves_the_gateways_entry_alone() {
-    let (client, ctx, api) = setup(json!({"warmpath.dev/routing-strategy": "prefix-aware"})).await;
+    let (client, ctx, api) = setup(json!({"warmpath.dev/routing-strategy": "PREFIX_AWARE"})).await;
     let gateway_entry = json!({"parentRef": {"group": "gateway.networking.k8s.io", "kind": "Gateway", "namespace": GW_NS, "name": "inference-gw"},
         "controllerName": "gateway.envoyproxy.io/gatewayclass-controller",
         "conditions": [{"type": "Accepted", "status": "True", "reason": "Accepted", "message": "Route is accepted", "lastTransitionTime": "2026-01-01T00:00:00Z"}]});
@@ -96,10 +95,35 @@ async fn unknown_annotation_keys_are_reported_with_the_nearest_known_key() {
 
     // Spelled right, plus one stray key: programmed, and the stray key still reported.
     api.patch("chat", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"annotations": {
-        "warmpath.dev/routing-stratgy": null, "warmpath.dev/prefix-lenght": null, "warmpath.dev/routing-strategy": "prefix-aware", "warmpath.dev/tenant": "x"}}}))).await.unwrap();
+        "warmpath.dev/routing-stratgy": null, "warmpath.dev/prefix-lenght": null, "warmpath.dev/routing-strategy": "PREFIX_AWARE", "warmpath.dev/tenant": "x"}}}))).await.unwrap();
     let route = reconcile(&ctx, &api).await;
     let entry = &ours(&route)[0];
     assert_eq!(condition(entry, "Accepted")["status"], "True");
     assert!(condition(entry, ANNOTATIONS_RECOGNIZED)["message"].as_str().unwrap().contains("warmpath.dev/tenant ignored (known:"));
     assert!(!owned_objects(&client).await.is_empty());
+}
+
+/// One spelling: the annotation takes the CRD's `strategy` values exactly. Another spelling
+/// (`prefix-aware`) writes nothing; the route's status and event name the accepted values and the
+/// value meant. The CRD spelling then programs the route.
+#[tokio::test]
+async fn strategy_annotation_in_another_spelling_is_refused_naming_the_accepted_values() {
+    let (client, ctx, api) = setup(json!({"warmpath.dev/routing-strategy": "prefix-aware"})).await;
+    let route = reconcile(&ctx, &api).await;
+    assert!(owned_objects(&client).await.is_empty(), "nothing written for a refused spelling");
+    let entries = ours(&route);
+    assert_eq!(entries.len(), 1, "{entries:?}");
+    let c = condition(&entries[0], "Accepted");
+    assert_eq!((c["status"].as_str(), c["reason"].as_str()), (Some("False"), Some("Invalid")));
+    let msg = c["message"].as_str().unwrap();
+    assert!(
+        msg.contains("warmpath.dev/routing-strategy: unknown strategy \"prefix-aware\": accepted values are RANDOM, LEAST_OUTSTANDING_REQUESTS, PREFIX_AWARE (did you mean PREFIX_AWARE?)"),
+        "{msg}"
+    );
+    let events = Api::<k8s_openapi::api::events::v1::Event>::all(client.clone()).list(&Default::default()).await.unwrap();
+    assert!(events.items.iter().any(|e| e.reason.as_deref() == Some("InvalidAnnotation") && e.note.as_deref().is_some_and(|n| n.contains("accepted values are"))));
+
+    api.patch("chat", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"annotations": {"warmpath.dev/routing-strategy": "PREFIX_AWARE"}}}))).await.unwrap();
+    reconcile(&ctx, &api).await;
+    assert!(!owned_objects(&client).await.is_empty(), "the CRD spelling programs the route");
 }

@@ -205,6 +205,36 @@ async fn istio_provider_is_detected_from_the_gateway_class() {
     assert_eq!(condition(&p, conditions::PROGRAMMED).status, "True");
 }
 
+/// The cluster domain is a setting, not `cluster.local`: every Service name the controller renders
+/// (Istio's backend and feed clusters, the module URL's host, Envoy Gateway's feed cluster) uses it.
+#[tokio::test]
+async fn service_names_are_rendered_with_the_configured_cluster_domain() {
+    use warmpath_controller::render::{ControllerEndpoint, WasmModule};
+    let controller = ControllerEndpoint { cluster_domain: "corp.example".into(), ..ControllerEndpoint::new("warmpath-controller", "warmpath-system", 8080) };
+    let config = warmpath_controller::reconcile::ControllerConfig {
+        wasm: WasmModule { url: format!("http://{}:8080/wasm/warmpath_filter-0123456789abcdef.wasm", controller.host()), sha256: "0123456789abcdef".repeat(4) },
+        controller,
+        ..Default::default()
+    };
+    for (gateway_controller, kind, ns, name) in
+        [(ISTIO_CONTROLLER, "EnvoyFilter", GW_NS, "warmpath-policy-llm-chat-routing"), (EG_CONTROLLER, "EnvoyPatchPolicy", GW_NS, "warmpath-feed-policy-llm-chat-routing")]
+    {
+        let (client, _) = setup(gateway_controller, json!({})).await;
+        let ctx = Context::new(client.clone(), config.clone());
+        let _: InferenceRoutingPolicy = create(&client, NS, policy(NS, "chat-routing", "chat", json!({}))).await;
+        reconcile_policy(&client, &ctx, "chat-routing").await;
+        let o = get_owned(&client, kind, ns, name).await.unwrap_or_else(|| panic!("{kind} {ns}/{name} rendered"));
+        let text = o.data.to_string();
+        assert!(!text.contains("cluster.local"), "{kind}: {text}");
+        assert!(text.contains("warmpath-controller.warmpath-system.svc.corp.example"), "{kind}: {text}");
+        if kind == "EnvoyFilter" {
+            assert_eq!(plugin(&o)["upstream_clusters"], json!(["outbound|8000||vllm.llm.svc.corp.example"]));
+            let cluster = o.data["spec"]["configPatches"].as_array().unwrap().iter().find(|p| p["applyTo"] == "CLUSTER").unwrap().clone();
+            assert_eq!(cluster["match"]["cluster"]["service"], "vllm.llm.svc.corp.example");
+        }
+    }
+}
+
 /// Bad input → a condition with a reason; no panic; nothing created.
 #[tokio::test]
 async fn bad_input_is_reported_and_touches_nothing() {
@@ -260,7 +290,7 @@ async fn reconcile_route(client: &kube::Client, ctx: &Context) {
 
 #[tokio::test]
 async fn annotations_program_the_route_and_removal_cleans_up() {
-    let ann = json!({"warmpath.dev/routing-strategy": "prefix-aware", "warmpath.dev/prefix-length": "2048", "warmpath.dev/concurrency-threshold": "12"});
+    let ann = json!({"warmpath.dev/routing-strategy": "PREFIX_AWARE", "warmpath.dev/prefix-length": "2048", "warmpath.dev/concurrency-threshold": "12"});
     let (client, ctx) = setup(EG_CONTROLLER, ann).await;
     reconcile_route(&client, &ctx).await;
     let objs = owned_objects(&client).await;

@@ -152,6 +152,38 @@ async fn user_policy_on_the_route_is_reported_conflicted() {
     assert_eq!(owned, vec![("BackendTrafficPolicy".to_string(), NS.to_string(), "chat-timeouts".to_string())], "only the user's object");
 }
 
+/// A user's EnvoyExtensionPolicy that selects the route by label (`targetSelectors`) conflicts
+/// just as one naming it does; a selector the route's labels do not match (or of another kind)
+/// does not.
+#[tokio::test]
+async fn user_policy_selecting_the_route_by_label_is_reported_conflicted() {
+    let mut r = route();
+    r["metadata"]["labels"] = json!({"team": "llm", "tier": "prod"});
+    let (client, ctx) = setup(r).await;
+    let user = |name: &str, selectors: Value| {
+        json!({"apiVersion": "gateway.envoyproxy.io/v1alpha1", "kind": "EnvoyExtensionPolicy",
+            "metadata": {"name": name, "namespace": NS}, "spec": {"targetSelectors": selectors}})
+    };
+    let api = Api::<DynamicObject>::namespaced_with(client.clone(), NS, &foreign::envoy_extension_policy());
+    for (name, selectors) in [
+        ("other-team", json!([{"kind": "HTTPRoute", "matchLabels": {"team": "search"}}])),
+        ("gateways-only", json!([{"kind": "Gateway", "matchLabels": {"team": "llm"}}])),
+        ("not-prod", json!([{"kind": "HTTPRoute", "matchExpressions": [{"key": "tier", "operator": "NotIn", "values": ["prod"]}]}])),
+    ] {
+        api.create(&PostParams::default(), &serde_json::from_value(user(name, selectors)).unwrap()).await.unwrap();
+    }
+    let p = reconcile(&client, &ctx).await;
+    assert_eq!(cond(&p, ACCEPTED).0, "True", "no selector matches the route: {:?}", cond(&p, ACCEPTED));
+
+    let selecting = json!([{"group": "gateway.networking.k8s.io", "kind": "HTTPRoute", "matchLabels": {"team": "llm"},
+        "matchExpressions": [{"key": "tier", "operator": "In", "values": ["prod", "staging"]}]}]);
+    api.create(&PostParams::default(), &serde_json::from_value(user("llm-auth", selecting)).unwrap()).await.unwrap();
+    let p = reconcile(&client, &ctx).await;
+    let (s, r, m) = cond(&p, ACCEPTED);
+    assert_eq!((s.as_str(), r.as_str()), ("False", "Conflicted"), "{m}");
+    assert!(m.contains("EnvoyExtensionPolicy llm/llm-auth") && !m.contains("other-team") && !m.contains("not-prod"), "{m}");
+}
+
 /// A 90/10 canary (two backendRefs): refused with a condition naming both backends; nothing written.
 #[tokio::test]
 async fn several_backend_refs_are_refused() {

@@ -153,4 +153,7 @@ def test_run_refuses_a_server_certificate_from_another_ca(
     run_as_the_chart_starts_it(controller_image, controller_container, controller_env, api_server,
                                (pki / "other.crt").read_bytes())
     assert not [q for q in api_server.requests if q.path.startswith("/apis/")], api_server.requests
+    # The server thread records the refused handshake when it reads the client's alert, which may be just
+    # after the controller has exited.
+    wait_until(lambda: api_server.tls_failures, 10)
     assert api_server.tls_failures and "ALERT" in api_server.tls_failures[0], api_server.tls_failures

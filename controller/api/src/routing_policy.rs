@@ -94,9 +94,9 @@ pub struct InferenceRoutingPolicySpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub load: Option<LoadSource>,
 
-    /// Adds the `x-warmpath-decision` response header (`<picked IP:port>;<reason>;matched=<characters>`),
-    /// to see the pick from a client while trying routing out. Test rigs only: it tells clients
-    /// endpoint addresses and how much of their prompt other clients sent. Default false.
+    /// Adds the `x-warmpath-decision` response header: the strategy that ran and, for a request that
+    /// could not be keyed, its own fail-open cause; never the pick or anything about other requests
+    /// (the pick is in Envoy's access log, `%UPSTREAM_HOST%`). Default false.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub debug_header: bool,
 }

@@ -26,7 +26,8 @@ pub const ANNOTATION_STRATEGY: &str = "warmpath.dev/routing-strategy";
 pub const ANNOTATION_PREFIX_LENGTH: &str = "warmpath.dev/prefix-length";
 /// Annotation: concurrency threshold in in-flight requests (1–1024).
 pub const ANNOTATION_CONCURRENCY_THRESHOLD: &str = "warmpath.dev/concurrency-threshold";
-/// Annotation: `"true"` adds the `x-warmpath-decision` response header (the policy's `debugHeader`).
+/// Annotation: `"true"` adds the `x-warmpath-decision` response header (the policy's `debugHeader`): the strategy
+/// that ran, nothing about the pick.
 pub const ANNOTATION_DEBUG_HEADER: &str = "warmpath.dev/debug-header";
 
 pub use warmpath_core::headers::DESTINATION_HEADER;

@@ -62,21 +62,22 @@ docs = list(yaml.safe_load_all(open(sys.argv[1])))
 for doc in docs:
     jsonschema.validate(doc, schemas[doc["kind"]])
     print("[65-cache] schema ok:", doc["kind"], doc["metadata"]["name"])
-# The check has teeth: a misspelled spec field is refused.
-typo = dict(docs[0]); typo["spec"] = dict(typo["spec"], hostPth="/x")
+# The check has teeth: a misspelled spec field is refused (on the ModelCache, whatever the render order).
+mc = next(d for d in docs if d["kind"] == "ModelCache")
+typo = dict(mc); typo["spec"] = dict(typo["spec"], hostPth="/x")
 try:
     jsonschema.validate(typo, schemas[typo["kind"]])
     raise SystemExit("typo accepted")
 except jsonschema.ValidationError:
     pass
 # A sha256 that is not 64 hex characters is refused by the schema (before any download).
-bad = dict(docs[0]); bad["spec"] = dict(bad["spec"], sha256={"model.safetensors": "not-a-checksum"})
+bad = dict(mc); bad["spec"] = dict(bad["spec"], sha256={"model.safetensors": "not-a-checksum"})
 try:
     jsonschema.validate(bad, schemas[bad["kind"]])
     raise SystemExit("non-hex sha256 accepted")
 except jsonschema.ValidationError:
     pass
-good = dict(docs[0]); good["spec"] = dict(good["spec"], sha256={"model.safetensors": "ab" * 32})
+good = dict(mc); good["spec"] = dict(good["spec"], sha256={"model.safetensors": "ab" * 32})
 jsonschema.validate(good, schemas[good["kind"]])
 PY
 then ok "rendered ModelCache/ImageCache/InferenceRoutingPolicy valid against the chart CRDs"; else bad "CR schema validation"; fi

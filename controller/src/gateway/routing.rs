@@ -218,18 +218,7 @@ mod tests {
     use super::*;
 
     fn spec(strategy: &str) -> InferenceRoutingPolicySpec {
-        InferenceRoutingPolicySpec {
-            target_refs: vec![],
-            strategy: strategy.into(),
-            prefix_length: None,
-            block_size: None,
-            concurrency_threshold: None,
-            tenant_header: None,
-            failure_mode: FailureMode::FailOpen,
-            backend: None,
-            load: None,
-            debug_header: false,
-        }
+        InferenceRoutingPolicySpec { strategy: strategy.into(), ..InferenceRoutingPolicySpec::default() }
     }
 
     #[test]

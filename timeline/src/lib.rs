@@ -202,13 +202,11 @@ pub fn render_table(i: &TimelineInputs, rows: &[Row]) -> String {
     out
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
+impl TimelineInputs {
     /// The HyperPod example (145 GB weights, >20 min from S3, ~7 GB/s NVMe, 5–7 min image pulls); image
-    /// 17.7 GB at 0.053 GB/s from SageMaker's container-caching post (17.7 GB LMI image, 333 s pull).
-    fn hyperpod(nodes: u32, warm: u32) -> TimelineInputs {
+    /// 17.7 GB at 0.053 GB/s from SageMaker's container-caching post (17.7 GB LMI image, 333 s pull). Four nodes,
+    /// none warm, no provisioning delay, source up: the calculator's default preset.
+    pub fn hyperpod() -> TimelineInputs {
         TimelineInputs {
             image_gb: 17.7,
             weights_gb: 145.0,
@@ -216,11 +214,20 @@ mod tests {
             object_store_gbps: 0.12,
             object_store_aggregate_gbps: None,
             nvme_gbps: 7.0,
-            nodes,
-            warm_nodes: warm,
+            nodes: 4,
+            warm_nodes: 0,
             provision_s: 0.0,
             source_down: false,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hyperpod(nodes: u32, warm: u32) -> TimelineInputs {
+        TimelineInputs { nodes, warm_nodes: warm, ..TimelineInputs::hyperpod() }
     }
 
     #[test]

@@ -49,18 +49,7 @@ struct Args {
 
 fn main() -> std::process::ExitCode {
     let a = Args::parse();
-    let mut i = TimelineInputs {
-        image_gb: 17.7,
-        weights_gb: 145.0,
-        registry_gbps: 0.053,
-        object_store_gbps: 0.12,
-        object_store_aggregate_gbps: None,
-        nvme_gbps: 7.0,
-        nodes: 4,
-        warm_nodes: 0,
-        provision_s: 0.0,
-        source_down: a.source_down,
-    };
+    let mut i = TimelineInputs { source_down: a.source_down, ..TimelineInputs::hyperpod() };
     match a.preset.as_deref() {
         None | Some("hyperpod") => {}
         Some("hyperpod-600gb") => i.weights_gb = 600.0,

@@ -13,6 +13,7 @@ pub mod config;
 pub mod decision;
 pub mod endpoint;
 pub mod error;
+pub mod exchange;
 pub mod extract;
 pub mod feed;
 pub mod headers;

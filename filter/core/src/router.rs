@@ -26,13 +26,16 @@ pub struct Router {
     ids: HashMap<String, u32>,
     next_id: u32,
     policy: Box<dyn Policy>,
+    /// Position of the endpoint the last [`Router::route`] call's policy picked (`None` after a fail-open pick or
+    /// once its record was taken).
+    last_pick: Option<usize>,
 }
 
 impl Router {
     /// A router for `settings` with `settings.endpoints` as the endpoint set and an empty prefix index.
     pub fn new(settings: Settings) -> Router {
         let policy = policy::create(&settings);
-        let mut r = Router { endpoints: Vec::new(), server_loads: Vec::new(), has_server_loads: false, ids: HashMap::new(), next_id: 0, policy, settings };
+        let mut r = Router { endpoints: Vec::new(), server_loads: Vec::new(), has_server_loads: false, ids: HashMap::new(), next_id: 0, policy, settings, last_pick: None };
         let eps = r.settings.endpoints.clone();
         r.install_endpoints(eps);
         r
@@ -156,6 +159,7 @@ impl Router {
         } else {
             loads
         };
+        self.last_pick = None;
         let Some(key) = input.key else {
             return self.fail_open(input.random, loads);
         };
@@ -165,7 +169,41 @@ impl Router {
             computed = PrefixHashes::compute(key.namespace, &key.text, self.settings.block_size);
             input.prefix = Some(&computed);
         }
-        self.policy.pick(&input, &self.endpoints, loads)
+        let decision = self.policy.pick(&input, &self.endpoints, loads);
+        self.last_pick = decision.as_ref().map(|d| d.endpoint);
+        decision
+    }
+
+    /// The index record of the last [`Router::route`] call ([`crate::exchange`]): the chain its policy recorded and
+    /// the endpoint it went to, encoded, for the other routers serving the same traffic. `None` when that call
+    /// recorded nothing (a strategy without an index, a fail-open pick, no text) or the record was already taken.
+    pub fn take_index_record(&mut self) -> Option<Vec<u8>> {
+        let i = self.last_pick.take()?;
+        let chain = self.policy.last_recorded();
+        let endpoint = self.endpoints.get(i)?;
+        if chain.is_empty() {
+            return None;
+        }
+        let mut out = Vec::new();
+        crate::exchange::encode(&mut out, self.settings.block_size, &endpoint.address, chain).then_some(out)
+    }
+
+    /// Applies the index records in `bytes` (one or more, see [`crate::exchange`]) that another router serving the
+    /// same traffic produced with [`Router::take_index_record`]. A record for another block size or for an address
+    /// not in this router's endpoint set is skipped. Returns the number of records applied, or the reason the
+    /// bytes are malformed (the records before the malformed one are applied).
+    pub fn learn(&mut self, bytes: &[u8]) -> Result<usize, &'static str> {
+        let mut applied = 0;
+        for rec in crate::exchange::decode(bytes) {
+            let rec = rec?;
+            if rec.block_size as usize != self.settings.block_size {
+                continue;
+            }
+            let Some(e) = self.endpoints.iter().find(|e| e.address == rec.address) else { continue };
+            self.policy.learn(&rec.chain, e.id);
+            applied += 1;
+        }
+        Ok(applied)
     }
 
     /// Convenience: routes a key with the given randomness.

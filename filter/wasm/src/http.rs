@@ -169,6 +169,8 @@ impl FilterHttp {
     /// Picks an endpoint for `key` (`None`: fail open for `cause`), takes an in-flight slot, sets the header.
     fn route(&mut self, shared: &Shared, params: Params, key: Option<&RequestKey>, cause: Option<&str>) {
         let Ok(mut router) = shared.router.try_borrow_mut() else { return };
+        // What the other workers routed since this VM's last pick, so this pick knows it (`exchange`).
+        shared.exchange.drain(&mut router, &shared.metrics);
         // This gateway's in-flight count and pending prefill work (all workers); the router adds what its feed
         // says the server itself reports.
         let table = shared::Table::read();
@@ -185,7 +187,11 @@ impl FilterHttp {
             .collect();
         let input = PickInput { key, random: random_u64(u64::from(self.context_id)), body_len: self.body_len, ..PickInput::default() };
         let strategy = router.settings().strategy;
-        let Some(mut decision) = router.route(&input, &loads) else {
+        let routed = router.route(&input, &loads);
+        if let Some(record) = router.take_index_record() {
+            shared.exchange.publish(&record, &shared.metrics);
+        }
+        let Some(mut decision) = routed else {
             // No endpoints known yet (feed not delivered): leave the header unset so Envoy's fallback policy routes.
             self.set_debug(params, strategy, Some("no_endpoints"));
             shared.metrics.fail_open("no_endpoints");

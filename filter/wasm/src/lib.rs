@@ -10,11 +10,13 @@
 //! - `stream`: the per-stream state machine (hold, route, slot taken and released once), natively tested;
 //! - `shared`: the only compare-and-swap code: in-flight counters per endpoint in proxy-wasm shared data;
 //! - `metrics`: the proxy-wasm metrics Envoy exports;
-//! - `feed`: the endpoint/load feed poller.
+//! - `feed`: the endpoint/load feed poller;
+//! - `exchange`: one prefix index per Envoy: each VM's index records sent to the others over shared queues.
 //!
 //! Build: `cargo build -p warmpath-filter --target wasm32-wasip1 --release` →
 //! `target/wasm32-wasip1/release/warmpath_filter.wasm`. Configuration reference: `docs/filter.md`.
 
+mod exchange;
 mod feed;
 mod health;
 mod http;

@@ -21,6 +21,9 @@
 //! | `warmpath.feed.failures.<cause>` | counter | failed polls: `dispatch` (call not sent), `unreachable` (no response), `status` (non-200, including Envoy's 503 for an unreachable feed), `invalid` (document refused) |
 //! | `warmpath.feed.applied` | counter | snapshot applications (per VM) |
 //! | `warmpath.feed.version` | gauge | version of the last applied snapshot |
+//! | `warmpath.index_exchange.sent` | counter | index records sent to the other VMs of this Envoy (one per peer and request; `exchange`) |
+//! | `warmpath.index_exchange.applied` | counter | index records received from other VMs and applied |
+//! | `warmpath.index_exchange.dropped` | counter | index records lost: malformed, or the host refused to enqueue them |
 //!
 //! Per-request counters (decisions, matched prefix, skipped requests) are added up in the VM and handed to Envoy on the root
 //! context's tick (every `feed.interval_ms`, else 500 ms): one host call per metric per tick instead of per

@@ -17,6 +17,7 @@ use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{BufferType, Bytes, ContextType};
 use warmpath_core::{BodyKind, RequestKey, Router, Settings};
 
+use crate::exchange::Exchange;
 use crate::feed::FeedPoller;
 use crate::http::FilterHttp;
 use crate::{metrics, shared};
@@ -27,6 +28,8 @@ const DEFAULT_TICK: Duration = Duration::from_millis(500);
 thread_local! {
     // One VM = one thread. The router of each plugin (by Envoy plugin name), created by its first valid configuration.
     static ROUTERS: RefCell<HashMap<String, Rc<RefCell<Router>>>> = RefCell::new(HashMap::new());
+    // This VM's membership in the index exchange of each plugin (`exchange`), like the router one per plugin.
+    static EXCHANGES: RefCell<HashMap<String, Rc<Exchange>>> = RefCell::new(HashMap::new());
     static RNG: RefCell<u64> = const { RefCell::new(0) };
     // Endpoints whose in-flight gauge this VM has reported (see `refresh_gauges`).
     static REPORTED: RefCell<std::collections::BTreeSet<String>> = const { RefCell::new(std::collections::BTreeSet::new()) };
@@ -66,6 +69,8 @@ pub fn random_u64(salt: u64) -> u64 {
 pub struct Shared {
     /// The plugin's router in this VM; its `settings()` are the ones in force.
     pub router: Rc<RefCell<Router>>,
+    /// The plugin's index exchange with the other VMs (`exchange`).
+    pub exchange: Rc<Exchange>,
     /// This root context's metrics (ids are per plugin instance, see `metrics`).
     pub metrics: Rc<metrics::Metrics>,
     /// The key given to strategies that do not look at the request (RANDOM, LEAST_OUTSTANDING_REQUESTS), which
@@ -157,6 +162,16 @@ impl RootContext for FilterRoot {
             r
         });
         shared::init();
+        let exchange = EXCHANGES.with(|x| {
+            let mut x = x.borrow_mut();
+            if let Some(e) = x.get(&plugin) {
+                e.rebind();
+                return e.clone();
+            }
+            let e = Rc::new(Exchange::join(&plugin, random_u64(u64::from(self.context_id)), now_ms()));
+            x.insert(plugin.clone(), e.clone());
+            e
+        });
         let tick = settings.feed.as_ref().map(|f| Duration::from_millis(f.interval_ms)).unwrap_or(DEFAULT_TICK);
         self.feed = settings.feed.clone().map(|f| FeedPoller::new(f, self.context_id));
         let _ = hostcalls::set_tick_period(tick);
@@ -173,7 +188,7 @@ impl RootContext for FilterRoot {
         );
         let keyless = RequestKey::new(BodyKind::Raw, None, None, Vec::new());
         let metrics = Rc::new(metrics::Metrics::new());
-        self.shared = Some(Rc::new(Shared { router, metrics, keyless }));
+        self.shared = Some(Rc::new(Shared { router, exchange, metrics, keyless }));
         true
     }
 
@@ -182,9 +197,21 @@ impl RootContext for FilterRoot {
             feed.on_tick(now_ms(), &shared.router, &shared.metrics);
         }
         if let Some(shared) = &self.shared {
+            shared.exchange.renew(now_ms());
             shared.metrics.flush();
         }
         self.refresh_gauges();
+    }
+
+    fn on_queue_ready(&mut self, queue_id: u32) {
+        let Some(shared) = &self.shared else { return };
+        if !shared.exchange.owns(queue_id) {
+            return;
+        }
+        // A request being routed in this VM holds the router; its pick drains the queue itself.
+        if let Ok(mut router) = shared.router.try_borrow_mut() {
+            shared.exchange.drain(&mut router, &shared.metrics);
+        }
     }
 
     fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {

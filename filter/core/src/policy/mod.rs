@@ -51,4 +51,14 @@ pub trait Policy: Send {
     fn reconfigure(&mut self, _settings: &Settings) -> bool {
         false
     }
+
+    /// The chain the last `pick` recorded in the policy's index (empty when it recorded nothing, or the policy
+    /// keeps no index), for the other routers serving the same traffic ([`crate::exchange`]).
+    fn last_recorded(&self) -> &[u64] {
+        &[]
+    }
+
+    /// Records `chain` under endpoint `id` as if this policy had routed it: what another router serving the same
+    /// traffic recorded ([`crate::exchange`]). Policies without an index ignore it.
+    fn learn(&mut self, _chain: &[u64], _id: u32) {}
 }

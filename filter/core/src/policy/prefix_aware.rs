@@ -98,6 +98,8 @@ pub struct PrefixAwarePolicy {
     pos_by_id: Vec<usize>,
     /// Running mean of the uncached work of routed requests, bytes of prompt text.
     mean_uncached: f64,
+    /// The chain the last pick recorded ([`Policy::last_recorded`]).
+    last_chain: Vec<u64>,
 }
 
 /// One candidate endpoint of a decision.
@@ -141,6 +143,7 @@ impl PrefixAwarePolicy {
             addr_hashes: Vec::new(),
             pos_by_id: Vec::new(),
             mean_uncached: 0.0,
+            last_chain: Vec::new(),
         }
     }
 
@@ -472,6 +475,7 @@ impl Policy for PrefixAwarePolicy {
             return None;
         }
         self.sync(endpoints);
+        self.last_chain.clear();
         let Some(key) = input.key.filter(|k| !k.text.is_empty()) else {
             let i = least_loaded(input.random, endpoints, loads)?;
             return Some(Decision::new(endpoints, i, Reason::LeastOutstanding));
@@ -484,7 +488,18 @@ impl Policy for PrefixAwarePolicy {
         let decision = self.decide(key, &ph, &plan, input.body_len, endpoints, loads);
         let chain = self.chain(&key.text, &ph, plan.common_blocks);
         self.record(&chain, endpoints[decision.endpoint].id);
+        self.last_chain = chain;
         Some(decision)
+    }
+
+    fn last_recorded(&self) -> &[u64] {
+        &self.last_chain
+    }
+
+    fn learn(&mut self, chain: &[u64], id: u32) {
+        if self.pos(id).is_some() {
+            self.record(chain, id);
+        }
     }
 
     fn on_endpoints_changed(&mut self, endpoints: &[Endpoint]) {

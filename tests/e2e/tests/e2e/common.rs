@@ -26,13 +26,22 @@ impl Rig {
         Self::start_with(n, extra, true).await
     }
 
+    /// Like [`Rig::start`] with `workers` Envoy worker threads instead of [`CONCURRENCY`].
+    pub async fn start_workers(n: usize, extra: Value, workers: u32) -> Rig {
+        Self::start_full(n, extra, false, workers).await
+    }
+
     async fn start_with(n: usize, extra: Value, dynamic: bool) -> Rig {
+        Self::start_full(n, extra, dynamic, CONCURRENCY).await
+    }
+
+    async fn start_full(n: usize, extra: Value, dynamic: bool, workers: u32) -> Rig {
         let upstreams = Upstream::start_many(n).await.expect("upstreams");
         let cfg = Self::config(&upstreams, extra);
         let envoy = if dynamic {
-            EnvoyProcess::start_dynamic(cfg, CONCURRENCY).await
+            EnvoyProcess::start_dynamic(cfg, workers).await
         } else {
-            EnvoyProcess::start(cfg, CONCURRENCY).await
+            EnvoyProcess::start(cfg, workers).await
         }
         .expect("envoy starts");
         let client = reqwest::Client::builder().timeout(Duration::from_secs(20)).build().expect("client");

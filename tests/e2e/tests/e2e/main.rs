@@ -20,3 +20,4 @@ mod retry_on;
 mod routing;
 mod shared_listener;
 mod spoofing;
+mod workers;

@@ -1,0 +1,142 @@
+//! One prefix index per Envoy: with four workers, requests on different connections reach different workers (each
+//! with its own VM), and each worker routes with what the others recorded (`exchange` in the filter).
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::json;
+
+use crate::common::{prompt, Rig};
+
+/// Envoy worker threads in this test.
+const WORKERS: u32 = 4;
+/// Follow-up turns of the conversation, each on its own connection.
+const TURNS: usize = 6;
+
+/// A chat body: the conversation's first exchange, then `question`.
+fn turn(history: &str, question: &str) -> Vec<u8> {
+    json!({"model": "m", "messages": [
+        {"role": "user", "content": history},
+        {"role": "assistant", "content": "Noted."},
+        {"role": "user", "content": question},
+    ]})
+    .to_string()
+    .into_bytes()
+}
+
+/// POSTs `body` on a connection of its own (a fresh client), as separate users or a reconnecting client do.
+async fn post_fresh(rig: &Rig, body: Vec<u8>) -> (u16, String) {
+    let client = reqwest::Client::builder().timeout(Duration::from_secs(20)).build().expect("client");
+    let r = client.post(format!("{}/v1/chat/completions", rig.envoy.url())).body(body).send().await.expect("request");
+    let status = r.status().as_u16();
+    let upstream = r.headers().get("x-upstream").and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
+    let _ = r.bytes().await;
+    (status, upstream)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_conversation_on_different_connections_stays_on_one_endpoint_across_workers() {
+    let rig = Arc::new(Rig::start_workers(3, json!({"strategy": "PREFIX_AWARE"}), WORKERS).await);
+    let history = prompt("conversation about warm caches", 3000);
+    let (status, first) = post_fresh(&rig, turn(&history, "first question")).await;
+    assert_eq!(status, 200);
+    let home = rig.index_of(&first).expect("answered by an upstream");
+
+    // Put prefill work in front of the conversation's endpoint: hold it, and send unrelated requests until one is
+    // waiting there. A worker that does not know the conversation sees that work at `home` and an idle endpoint
+    // elsewhere, and would place the next turn there; a worker that knows home holds 3,000 cached characters stays.
+    rig.upstreams[home].hold();
+    let mut filler = Vec::new();
+    for i in 0..30 {
+        let rig2 = rig.clone();
+        let body = turn(&prompt(&format!("unrelated filler {i}"), 400), "hello");
+        filler.push(tokio::spawn(async move { post_fresh(&rig2, body).await }));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        if rig.upstreams[home].active() >= 1 {
+            break;
+        }
+    }
+    assert_eq!(rig.upstreams[home].active(), 1, "no unrelated request reached the conversation's endpoint");
+
+    let mut turns = Vec::new();
+    for t in 0..TURNS {
+        let rig2 = rig.clone();
+        let body = turn(&history, &format!("follow-up question {t}"));
+        turns.push(tokio::spawn(async move { post_fresh(&rig2, body).await }));
+        // One at a time, so each turn's pick sees the earlier ones (sent by whichever worker routed them).
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    for _ in 0..100 {
+        if rig.upstreams[home].active() == 1 + TURNS {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let at_home = rig.upstreams[home].active();
+    rig.upstreams[home].release();
+    let answered: Vec<(u16, String)> = futures_join(turns).await;
+    futures_join(filler).await;
+    assert!(answered.iter().all(|(s, _)| *s == 200), "{answered:?}");
+    assert!(answered.iter().all(|(_, u)| *u == first), "a turn left the conversation's endpoint {first}: {answered:?}");
+    assert_eq!(at_home, 1 + TURNS);
+    let s = rig.stats_until(|s| s.filter("index_exchange.applied") >= 1).await;
+    assert!(s.filter("index_exchange.applied") >= 1, "no index record was applied across workers");
+    assert_eq!(s.filter("index_exchange.dropped"), 0);
+    assert!(workers_used(&rig, &s) >= 2, "every connection on one worker: the test proves nothing");
+}
+
+/// Workers that accepted at least one connection, from Envoy's per-worker listener stats.
+fn workers_used(rig: &Rig, s: &warmpath_harness::Stats) -> usize {
+    let port = rig.envoy.config().listener_port;
+    (0..WORKERS).filter(|w| s.get(&format!("listener.127.0.0.1_{port}.worker_{w}.downstream_cx_total")) > 0).count()
+}
+
+/// Idle upstreams: conversations whose every turn comes on a fresh connection (so different turns are handled by
+/// different workers) each land on one upstream, and different conversations on different ones.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conversation_on_fresh_connections_sticks_with_four_workers() {
+    let upstreams = warmpath_harness::Upstream::start_many(4).await.expect("upstreams");
+    let cfg = Rig::config(&upstreams, json!({"strategy": "PREFIX_AWARE"}));
+    let envoy = warmpath_harness::EnvoyProcess::start(cfg, WORKERS).await.expect("envoy starts");
+    let client = reqwest::Client::builder().timeout(Duration::from_secs(20)).build().expect("client");
+    let rig = Rig { upstreams, envoy, client };
+    let mut homes = BTreeSet::new();
+    for c in 0..6 {
+        // Conversations share no leading text.
+        let mut messages = vec![json!({"role": "system", "content": prompt(&format!("persona {c}"), 200)})];
+        let mut seen = BTreeSet::new();
+        for turn in 0..5 {
+            messages.push(json!({"role": "user", "content": prompt(&format!("conv {c} turn {turn}"), 300)}));
+            let body = json!({"model": "m", "messages": messages}).to_string();
+            // A new client per turn: a new connection, accepted by whichever worker the kernel picks.
+            let fresh = reqwest::Client::builder().pool_max_idle_per_host(0).build().expect("client");
+            let r = fresh
+                .post(format!("{}/v1/chat/completions", rig.envoy.url()))
+                .header("connection", "close")
+                .body(body)
+                .send()
+                .await
+                .expect("request through envoy");
+            assert_eq!(r.status(), 200);
+            let upstream = r.headers().get("x-upstream").and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
+            seen.insert(upstream);
+            messages.push(json!({"role": "assistant", "content": prompt(&format!("answer {c} {turn}"), 400)}));
+        }
+        assert_eq!(seen.len(), 1, "conversation {c} spread over {seen:?}");
+        homes.extend(seen);
+    }
+    assert!(homes.len() >= 2, "six conversations all on {homes:?}");
+    // The turns really were handled by more than one worker: every worker VM's counters flush into one stat, so
+    // this reads the connection count per worker from Envoy's own listener stats instead.
+    let s = rig.envoy.stats().await.expect("stats");
+    assert!(workers_used(&rig, &s) >= 2, "all 30 connections on one worker: the test proves nothing");
+}
+
+async fn futures_join(handles: Vec<tokio::task::JoinHandle<(u16, String)>>) -> Vec<(u16, String)> {
+    let mut out = Vec::with_capacity(handles.len());
+    for h in handles {
+        out.push(h.await.expect("join"));
+    }
+    out
+}

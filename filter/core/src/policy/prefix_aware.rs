@@ -425,13 +425,23 @@ impl PrefixAwarePolicy {
         cands.extend(least.map(|l| l.2));
         cands.sort_unstable();
         cands.dedup();
-        let best = cands
+        let scored: Vec<(usize, usize)> = cands
             .iter()
             .filter(|&&i| guard.admits(loads, i))
             .map(|&i| {
                 let cached = self.cached_at(plan, &ph.blocks, i);
+                // A key cut at `prefix_length` and held whole: the index cannot see past the cut, and a prefix
+                // shared that far (a conversation's history, a long document) usually goes on being shared.
+                let cached = if key.truncated && cached >= key.text.len() { prompt } else { cached.min(prompt) };
+                (i, cached)
+            })
+            .collect();
+        let most_cached = scored.iter().map(|&(_, c)| c).max().unwrap_or(0);
+        let best = scored
+            .iter()
+            .map(|&(i, cached)| {
                 let waiting = waiting_work(&load_at(loads, i), mean);
-                let ttft = waiting + prompt.saturating_sub(cached) as u64;
+                let ttft = waiting + (prompt - cached) as u64 + (most_cached - cached) as u64;
                 Candidate { pos: i, ttft, score: hrw::score_hashed(kf, self.addr_hashes[i]), cached }
             })
             .min_by(|a, b| a.ttft.cmp(&b.ttft).then_with(|| b.score.cmp(&a.score)));

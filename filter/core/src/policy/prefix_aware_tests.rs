@@ -411,8 +411,9 @@ fn equal_loads_give_the_consistent_pick() {
 #[test]
 fn a_loaded_holder_loses_only_when_the_predicted_ttft_says_so() {
     // Turn 1 is cached at p (`matched` bytes); turn 2 extends it. Another endpoint has nothing cached, so its
-    // prediction is the whole prompt; p's is its waiting work plus the new part. p keeps the conversation while
-    // its waiting work is below what it has cached, and loses it beyond.
+    // prediction is the whole prompt plus the `matched` bytes the move would compute a second time; p's is its
+    // waiting work plus the new part. p keeps the conversation while its waiting work is below twice what it has
+    // cached, and loses it beyond.
     let n = 4;
     let t = conversation(31, None, 2, 300);
     let (_, p) = primed(settings(n), &t[0]);
@@ -423,15 +424,17 @@ fn a_loaded_holder_loses_only_when_the_predicted_ttft_says_so() {
     let prompt = t[1].text.len() as u32;
     assert!(matched > 0 && matched < prompt, "matched {matched} of {prompt}");
     assert_eq!(d.prefill_bytes, prompt - matched, "prefill work charged = uncached part");
-    for (work, stays) in [(0, true), (matched / 2, true), (matched - 1, true), (matched + 1, false), (matched * 3, false)] {
+    for (work, stays) in
+        [(0, true), (matched, true), (2 * matched - 1, true), (2 * matched + 1, false), (matched * 5, false)]
+    {
         let (mut r, _) = primed(settings(n), &t[0]);
         let mut w = vec![0u32; n];
         w[p] = work;
         let d = r.route_key(&t[1], 0, &pending(&w)).unwrap();
         if stays {
-            assert_eq!((d.endpoint, d.reason), (p, Reason::PrefixMatch), "waiting {work} < cached {matched}");
+            assert_eq!((d.endpoint, d.reason), (p, Reason::PrefixMatch), "waiting {work} < 2 × cached {matched}");
         } else {
-            assert_ne!(d.endpoint, p, "waiting {work} > cached {matched}");
+            assert_ne!(d.endpoint, p, "waiting {work} > 2 × cached {matched}");
             assert_eq!((d.reason, d.matched_len, d.prefill_bytes), (Reason::Overflow, 0, prompt));
         }
     }
@@ -518,4 +521,29 @@ fn a_cut_key_takes_the_body_length_as_the_prompt() {
     let input = crate::PickInput { key: Some(&k), body_len: body.len(), ..Default::default() };
     let d = r.route(&input, &[]).unwrap();
     assert_eq!(d.prefill_bytes as usize, body.len());
+}
+
+#[test]
+fn a_key_held_whole_past_its_cut_counts_the_whole_prompt_as_cached() {
+    // Turn 1 is longer than `prefix_length`, so the key is cut and the index sees only its first 1,024 bytes; turn
+    // 2 repeats turn 1 and adds a question. The holder p of the whole key is expected to hold the rest of the
+    // prompt too: it keeps turn 2 with far more waiting work than the key's length, until its waiting work
+    // exceeds twice the prompt (the prompt this request would prefill elsewhere, plus the same work done again).
+    let s = Settings { prefix_length: 1024, ..settings(4) };
+    let long = words(81, 6000);
+    let k1 = extract_key(CHAT, &chat(&[("user", &long)]), None, 1024).unwrap();
+    let body2 = chat(&[("user", &long), ("assistant", &words(82, 300)), ("user", &words(83, 100))]);
+    let k2 = extract_key(CHAT, &body2, None, 1024).unwrap();
+    assert!(k1.truncated && k2.truncated);
+    let (_, p) = primed(s.clone(), &k1);
+    let prompt = body2.len() as u32;
+    let n = 4;
+    for (work, stays) in [(0, true), (4 * 1024, true), (prompt, true), (2 * prompt - 1, true), (2 * prompt + 1, false)] {
+        let (mut r, _) = primed(s.clone(), &k1);
+        let mut w = vec![0u32; n];
+        w[p] = work;
+        let input = crate::PickInput { key: Some(&k2), body_len: body2.len(), ..Default::default() };
+        let d = r.route(&input, &pending(&w)).unwrap();
+        assert_eq!(d.endpoint == p, stays, "waiting {work}, prompt {prompt}: {:?}", d.reason);
+    }
 }

@@ -29,7 +29,12 @@
 //! 4. For each candidate `e` the predicted time to first token, in bytes of prompt text to prefill before this
 //!    request's first token:
 //!
-//!    `ttft(e) = waiting(e) + max(prompt − cached(e), 0)`
+//!    `ttft(e) = waiting(e) + max(prompt − cached(e), 0) + (most_cached − cached(e))`
+//!
+//!    where `most_cached` is the largest `cached` among the admitted candidates: a move off the best-cached
+//!    endpoint computes that difference a second time, on an endpoint that then serves whoever queues behind it,
+//!    so it is charged twice; a holder keeps a request until its waiting work exceeds twice its cached advantage.
+//!    Requests with nothing cached anywhere are placed by `waiting + prompt` alone.
 //!
 //!    - `cached(e)`: the longest match of this request's chain that the index lists `e` as a holder of (the
 //!      matched length for holders of the deepest node, else the deepest full block `e` holds, by binary search),
@@ -37,6 +42,10 @@
 //!      prefix (a shared system prompt) is continued by many different requests, so it becomes cached wherever
 //!      one of them goes once; counting it only at its first holders would send all of its traffic there.
 //!    - `prompt`: the extracted text's length, or the body's length when the key was cut at `prefix_length`.
+//!      A candidate holding the whole cut key counts the whole prompt as cached: the index cannot see past the
+//!      cut, and a prefix shared that far usually goes on (on the Mooncake trace a request matching an earlier
+//!      one over its first 2,048 tokens shares 95 % of its prompt with it on average). The pending prefill
+//!      charged for the request stays the part past what the index confirms.
 //!    - `waiting(e)`: the larger of the prefill work this gateway sent to `e` that has not produced a first
 //!      response byte ([`EndpointLoad::pending_prefill`]), and what the server itself reports queued
 //!      (`waiting` requests × the mean uncached work of the requests this policy routed).

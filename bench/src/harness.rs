@@ -141,7 +141,7 @@ pub struct RunSettings {
     pub rate_scale: f64,
     /// Wall-clock budget for sending; requests not sent by then are counted as not sent.
     pub max_wall: Duration,
-    /// Extra plugin-configuration fields for the filter (a JSON object), e.g. `{"load_factor": 1.5}`.
+    /// Extra plugin-configuration fields for the filter (a JSON object), e.g. `{"concurrency_threshold": 16}`.
     pub filter_extra: Value,
     /// Characters of text the baselines key on (the filter uses its own `prefix_length`).
     pub prefix_length: usize,

@@ -70,7 +70,7 @@ struct Args {
     /// Server batch limit (requests running at once).
     #[arg(long, default_value_t = 64)]
     max_num_seqs: usize,
-    /// Extra filter plugin configuration (JSON object merged into the generated one), e.g. '{"load_factor": 1.5}'.
+    /// Extra filter plugin configuration (JSON object merged into the generated one), e.g. '{"concurrency_threshold": 16}'.
     /// Checked by the filter's own validation before anything starts; may not set `strategy` or `endpoints`
     /// (use --strategies and --endpoints).
     #[arg(long, default_value = "{}")]

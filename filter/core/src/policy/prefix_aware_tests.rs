@@ -545,5 +545,8 @@ fn a_key_held_whole_past_its_cut_counts_the_whole_prompt_as_cached() {
         let input = crate::PickInput { key: Some(&k2), body_len: body2.len(), ..Default::default() };
         let d = r.route(&input, &pending(&w)).unwrap();
         assert_eq!(d.endpoint == p, stays, "waiting {work}, prompt {prompt}: {:?}", d.reason);
+        // The work charged is what the index does not confirm: the part past the key at the holder, the whole
+        // body elsewhere.
+        assert_eq!(d.prefill_bytes, if stays { prompt - k2.text.len() as u32 } else { prompt }, "waiting {work}");
     }
 }

@@ -550,3 +550,27 @@ fn a_key_held_whole_past_its_cut_counts_the_whole_prompt_as_cached() {
         assert_eq!(d.prefill_bytes, if stays { prompt - k2.text.len() as u32 } else { prompt }, "waiting {work}");
     }
 }
+
+#[test]
+fn a_prefix_other_requests_went_on_from_is_not_charged_for_moving() {
+    // Request 1 is a shared prompt plus its own question, at p. Request 2 shares the prompt and asks another
+    // question: its match ends where request 1 went on differently, so a second copy of the prompt elsewhere is
+    // reused by the requests after it, not waste. p keeps request 2 while its waiting work is below the shared
+    // part p has cached, and loses it beyond — no doubling, unlike a conversation's next turn (the test above).
+    let n = 4;
+    let system = words(91, 1500);
+    let k1 = key(&[("system", &system), ("user", &words(92, 200))]);
+    let k2 = key(&[("system", &system), ("user", &words(93, 200))]);
+    let (mut r, p) = primed(settings(n), &k1);
+    let d = r.route_key(&k2, 0, &pending(&vec![0; n])).unwrap();
+    assert_eq!(d.endpoint, p);
+    let matched = d.matched_len as u32;
+    assert!(matched >= 1400 && (matched as usize) < k2.text.len(), "matched {matched}");
+    for (work, stays) in [(matched / 2, true), (matched - 1, true), (matched + 100, false), (matched * 3 / 2, false)] {
+        let (mut r, _) = primed(settings(n), &k1);
+        let mut w = vec![0u32; n];
+        w[p] = work;
+        let d = r.route_key(&k2, 0, &pending(&w)).unwrap();
+        assert_eq!(d.endpoint == p, stays, "waiting {work}, cached {matched}: {:?}", d.reason);
+    }
+}

@@ -5,7 +5,7 @@
 //! Transport: proxy-wasm shared queues. Each VM registers its own queue (a name unique to the VM) and lists the
 //! queue's token in a directory kept in shared data under `warmpath.index_peers.<plugin>`: entries
 //! `[token: u32 LE][expiry: u64 LE, ms since the epoch]`, renewed on every tick and dropped once expired, so a VM
-//! that went away (a module reload) stops receiving within [`PEER_TTL`]. After a pick the VM enqueues the record on
+//! that went away (a module reload) stops receiving within [`entry_ttl`] (10 s at the default tick). After a pick the VM enqueues the record on
 //! each listed peer's queue (the host wakes the peer's root context, which drains its queue); before each pick it
 //! drains its own queue, so a record enqueued before a request arrives is applied before that request is routed.
 //!
@@ -13,7 +13,7 @@
 //! one dequeue per record waiting (plus one that finds the queue empty) before it. Everything fails soft: a host
 //! error loses that record (the peer then routes as it would without exchange), never a request.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::time::Duration;
 
 use proxy_wasm::hostcalls;
@@ -22,9 +22,15 @@ use warmpath_core::Router;
 
 use crate::metrics::Metrics;
 
-/// How long a directory entry lives without renewal. Renewed every tick (500 ms by default, else the feed
-/// interval), so an entry of a live VM never expires while the tick runs at least every `PEER_TTL / 4`.
+/// Shortest life of a directory entry without renewal. Entries are renewed every tick (500 ms by default, else the
+/// feed interval, up to 60 s), and live for the larger of this and four ticks ([`entry_ttl`]), so the entry of a
+/// live VM never expires between two renewals.
 pub const PEER_TTL: Duration = Duration::from_secs(10);
+
+/// Life of a directory entry for a VM that renews it every `tick`: the larger of [`PEER_TTL`] and four ticks.
+pub fn entry_ttl(tick: Duration) -> Duration {
+    PEER_TTL.max(tick.saturating_mul(4))
+}
 
 /// Compare-and-swap attempts on the directory per renewal (a few VMs contend; the next tick retries).
 const MAX_CAS_ATTEMPTS: usize = 16;
@@ -46,23 +52,33 @@ pub struct Exchange {
     own: u32,
     /// Tokens of the other VMs' queues and the directory's CAS token they were read at.
     peers: RefCell<(Vec<u32>, Option<u32>)>,
+    /// Life of this VM's directory entry, ms ([`entry_ttl`] of the tick in force).
+    ttl_ms: Cell<u64>,
 }
 
 impl Exchange {
     /// Registers this VM's queue for `plugin` (the caller's root context receives its wake-ups) and enters it in
-    /// the directory. `unique` distinguishes this VM from the others (any per-VM random value).
-    pub fn join(plugin: &str, unique: u64, now_ms: u64) -> Exchange {
+    /// the directory, to be renewed every `tick`. `unique` distinguishes this VM from the others (any per-VM
+    /// random value).
+    pub fn join(plugin: &str, unique: u64, now_ms: u64, tick: Duration) -> Exchange {
         let queue_name = format!("warmpath.index.{plugin}.{unique:016x}");
         let own = hostcalls::register_shared_queue(&queue_name).unwrap_or(0);
-        let x = Exchange { directory: format!("warmpath.index_peers.{plugin}"), queue_name, own, peers: RefCell::new((Vec::new(), None)) };
+        let x = Exchange {
+            directory: format!("warmpath.index_peers.{plugin}"),
+            queue_name,
+            own,
+            peers: RefCell::new((Vec::new(), None)),
+            ttl_ms: Cell::new(entry_ttl(tick).as_millis() as u64),
+        };
         x.renew(now_ms);
         x
     }
 
-    /// Makes the calling root context the one woken for this VM's queue (after a reconfiguration created a new
-    /// root context; the queue and its contents stay).
-    pub fn rebind(&self) {
+    /// Makes the calling root context the one woken for this VM's queue and renewing its entry every `tick` (after
+    /// a reconfiguration created a new root context; the queue and its contents stay).
+    pub fn rebind(&self, tick: Duration) {
         let _ = hostcalls::register_shared_queue(&self.queue_name);
+        self.ttl_ms.set(entry_ttl(tick).as_millis() as u64);
     }
 
     /// True when `queue_id` is this VM's queue.
@@ -75,7 +91,7 @@ impl Exchange {
         if self.own == 0 {
             return;
         }
-        let expiry = now_ms.saturating_add(PEER_TTL.as_millis() as u64);
+        let expiry = now_ms.saturating_add(self.ttl_ms.get());
         for _ in 0..MAX_CAS_ATTEMPTS {
             let (bytes, cas) = match hostcalls::get_shared_data(&self.directory) {
                 Ok((b, cas)) => (b.unwrap_or_default(), cas),
@@ -100,7 +116,7 @@ impl Exchange {
 
     /// Re-reads the peers from the directory when it changed since the last read (one host call; the entries are
     /// parsed only after a change). Expired entries are left to the next renewal: a VM that went away receives for
-    /// at most [`PEER_TTL`] more.
+    /// at most one [`entry_ttl`] more.
     fn refresh_peers(&self) {
         let Ok((bytes, cas)) = hostcalls::get_shared_data(&self.directory) else { return };
         let mut peers = self.peers.borrow_mut();
@@ -168,6 +184,12 @@ fn entries(bytes: &[u8]) -> impl Iterator<Item = (u32, u64)> + '_ {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn entries_outlive_four_ticks() {
+        assert_eq!(entry_ttl(Duration::from_millis(500)), PEER_TTL);
+        assert_eq!(entry_ttl(Duration::from_secs(60)), Duration::from_secs(240), "a 60 s feed interval");
+    }
 
     #[test]
     fn directory_entries_decode_and_ignore_a_partial_tail() {

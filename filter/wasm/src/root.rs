@@ -162,17 +162,17 @@ impl RootContext for FilterRoot {
             r
         });
         shared::init();
+        let tick = settings.feed.as_ref().map(|f| Duration::from_millis(f.interval_ms)).unwrap_or(DEFAULT_TICK);
         let exchange = EXCHANGES.with(|x| {
             let mut x = x.borrow_mut();
             if let Some(e) = x.get(&plugin) {
-                e.rebind();
+                e.rebind(tick);
                 return e.clone();
             }
-            let e = Rc::new(Exchange::join(&plugin, random_u64(u64::from(self.context_id)), now_ms()));
+            let e = Rc::new(Exchange::join(&plugin, random_u64(u64::from(self.context_id)), now_ms(), tick));
             x.insert(plugin.clone(), e.clone());
             e
         });
-        let tick = settings.feed.as_ref().map(|f| Duration::from_millis(f.interval_ms)).unwrap_or(DEFAULT_TICK);
         self.feed = settings.feed.clone().map(|f| FeedPoller::new(f, self.context_id));
         let _ = hostcalls::set_tick_period(tick);
         info!(

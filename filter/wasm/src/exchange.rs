@@ -86,7 +86,8 @@ impl Exchange {
         self.own != 0 && queue_id == self.own
     }
 
-    /// Renews this VM's directory entry, drops expired ones, and refreshes the list of peers.
+    /// Renews this VM's directory entry and drops expired ones (the peers are read from the directory at each
+    /// publish).
     pub fn renew(&self, now_ms: u64) {
         if self.own == 0 {
             return;
@@ -104,10 +105,7 @@ impl Exchange {
                 out.extend_from_slice(&e.to_le_bytes());
             }
             match hostcalls::set_shared_data(&self.directory, Some(&out), cas) {
-                Ok(()) => {
-                    self.refresh_peers();
-                    return;
-                }
+                Ok(()) => return,
                 Err(Status::CasMismatch) => continue,
                 Err(_) => return,
             }

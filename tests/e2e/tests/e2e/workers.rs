@@ -25,10 +25,17 @@ fn turn(history: &str, question: &str) -> Vec<u8> {
     .into_bytes()
 }
 
-/// POSTs `body` on a connection of its own (a fresh client), as separate users or a reconnecting client do.
+/// POSTs `body` on a connection of its own (a fresh client, closed after the answer), as separate users or a
+/// reconnecting client do.
 async fn post_fresh(rig: &Rig, body: Vec<u8>) -> (u16, String) {
     let client = reqwest::Client::builder().timeout(Duration::from_secs(20)).build().expect("client");
-    let r = client.post(format!("{}/v1/chat/completions", rig.envoy.url())).body(body).send().await.expect("request");
+    let r = client
+        .post(format!("{}/v1/chat/completions", rig.envoy.url()))
+        .header("connection", "close")
+        .body(body)
+        .send()
+        .await
+        .expect("request through envoy");
     let status = r.status().as_u16();
     let upstream = r.headers().get("x-upstream").and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
     let _ = r.bytes().await;
@@ -96,11 +103,7 @@ fn workers_used(rig: &Rig, s: &warmpath_harness::Stats) -> usize {
 /// different workers) each land on one upstream, and different conversations on different ones.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn conversation_on_fresh_connections_sticks_with_four_workers() {
-    let upstreams = warmpath_harness::Upstream::start_many(4).await.expect("upstreams");
-    let cfg = Rig::config(&upstreams, json!({"strategy": "PREFIX_AWARE"}));
-    let envoy = warmpath_harness::EnvoyProcess::start(cfg, WORKERS).await.expect("envoy starts");
-    let client = reqwest::Client::builder().timeout(Duration::from_secs(20)).build().expect("client");
-    let rig = Rig { upstreams, envoy, client };
+    let rig = Rig::start_workers(4, json!({"strategy": "PREFIX_AWARE"}), WORKERS).await;
     let mut homes = BTreeSet::new();
     for c in 0..6 {
         // Conversations share no leading text.
@@ -108,18 +111,10 @@ async fn conversation_on_fresh_connections_sticks_with_four_workers() {
         let mut seen = BTreeSet::new();
         for turn in 0..5 {
             messages.push(json!({"role": "user", "content": prompt(&format!("conv {c} turn {turn}"), 300)}));
-            let body = json!({"model": "m", "messages": messages}).to_string();
-            // A new client per turn: a new connection, accepted by whichever worker the kernel picks.
-            let fresh = reqwest::Client::builder().pool_max_idle_per_host(0).build().expect("client");
-            let r = fresh
-                .post(format!("{}/v1/chat/completions", rig.envoy.url()))
-                .header("connection", "close")
-                .body(body)
-                .send()
-                .await
-                .expect("request through envoy");
-            assert_eq!(r.status(), 200);
-            let upstream = r.headers().get("x-upstream").and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
+            let body = json!({"model": "m", "messages": messages}).to_string().into_bytes();
+            // A new connection per turn, accepted by whichever worker the kernel picks.
+            let (status, upstream) = post_fresh(&rig, body).await;
+            assert_eq!(status, 200);
             seen.insert(upstream);
             messages.push(json!({"role": "assistant", "content": prompt(&format!("answer {c} {turn}"), 400)}));
         }

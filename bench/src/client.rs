@@ -5,6 +5,7 @@ use std::time::Instant;
 
 use serde::Deserialize;
 use warmpath_sim::api::Usage;
+use warmpath_core::headers::DESTINATION_HEADER;
 use warmpath_sim::ENDPOINT_HEADER;
 
 /// What happened to one request. Times are wall-clock milliseconds.
@@ -28,6 +29,9 @@ pub struct Outcome {
     pub usage: Usage,
     /// `IP:port` of the server that answered.
     pub endpoint: Option<String>,
+    /// `IP:port` the harness's own router picked, for requests it routed (compared with `endpoint` to prove the
+    /// pick was honoured on the way).
+    pub picked: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -61,16 +65,42 @@ impl Chunk {
     }
 }
 
-/// POSTs `body` (a streaming OpenAI request) to `url` and reads the SSE stream to the end.
-pub async fn send(client: &reqwest::Client, url: &str, body: Vec<u8>, id: usize, sent_ms: f64) -> Outcome {
-    send_observed(client, url, body, id, sent_ms, || {}).await
+/// Where a request goes: a URL, and for a request the harness routed itself, the server it picked. With a `via`
+/// proxy the pick travels in [`DESTINATION_HEADER`] (Envoy's `override_host` policy sends the request there);
+/// without one the request goes straight to the picked server.
+#[derive(Debug, Clone)]
+pub struct Destination {
+    url: String,
+    picked: Option<String>,
+}
+
+impl Destination {
+    /// `base` + `path`, routed by whatever listens at `base` (the filter, a peer's router).
+    pub fn routed_by(base: &str, path: &str) -> Destination {
+        Destination { url: format!("{base}{path}"), picked: None }
+    }
+
+    /// The harness's own pick `picked` (`IP:port`): through the proxy at `via` (a base URL) with the pick in
+    /// [`DESTINATION_HEADER`], or straight to it when `via` is `None`.
+    pub fn picked(picked: String, via: Option<&str>, path: &str) -> Destination {
+        let url = match via {
+            Some(base) => format!("{base}{path}"),
+            None => format!("http://{picked}{path}"),
+        };
+        Destination { url, picked: Some(picked) }
+    }
+}
+
+/// POSTs `body` (a streaming OpenAI request) to `to` and reads the SSE stream to the end.
+pub async fn send(client: &reqwest::Client, to: Destination, body: Vec<u8>, id: usize, sent_ms: f64) -> Outcome {
+    send_observed(client, to, body, id, sent_ms, || {}).await
 }
 
 /// Like [`send`], calling `on_first_token` once when the first generated text arrives (routers that track
 /// prefill work per server release it then).
 pub async fn send_observed(
     client: &reqwest::Client,
-    url: &str,
+    to: Destination,
     body: Vec<u8>,
     id: usize,
     sent_ms: f64,
@@ -79,7 +109,12 @@ pub async fn send_observed(
     let mut on_first_token = Some(on_first_token);
     let start = Instant::now();
     let mut out = Outcome { id, sent_ms, ..Default::default() };
-    let resp = match client.post(url).header("content-type", "application/json").body(body).send().await {
+    let mut req = client.post(&to.url).header("content-type", "application/json");
+    if let Some(p) = &to.picked {
+        req = req.header(DESTINATION_HEADER, p.as_str());
+    }
+    out.picked = to.picked;
+    let resp = match req.body(body).send().await {
         Ok(r) => r,
         Err(e) => {
             out.error = Some(format!("request failed: {e}"));

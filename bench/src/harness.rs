@@ -1,7 +1,8 @@
 //! Runs one strategy end to end: fresh simulated servers on loopback, then either a real Envoy with the warmpath
 //! filter (RANDOM / LEAST_OUTSTANDING_REQUESTS / PREFIX_AWARE), a peer's real router as its own process
-//! (SMG_CACHE_AWARE, VLLM_ROUTER_CACHE_AWARE), or client-side routing (a baseline policy, DYNAMO_KV, ORACLE), an
-//! open-loop replay of the workload, and the server-side truth collected afterwards.
+//! (SMG_CACHE_AWARE, VLLM_ROUTER_CACHE_AWARE), or client-side routing (a baseline policy, DYNAMO_KV, ORACLE) whose
+//! picks travel through the same Envoy without the filter ([`ClientHop`]), an open-loop replay of the workload, and
+//! the server-side truth collected afterwards.
 //!
 //! Every child (Envoy, peer router) is killed on drop, and servers stop on drop, so an error or Ctrl-C cleans up.
 
@@ -16,7 +17,7 @@ use warmpath_harness::{filter_wasm, EnvoyConfig, EnvoyProcess, FILTER_STAT_PREFI
 use warmpath_sim::{SimConfig, SimServer};
 
 use crate::baselines::Baseline;
-use crate::client::{send, send_observed, Outcome};
+use crate::client::{send, send_observed, Destination, Outcome};
 use crate::kvcost::{CostKind, CostRouter};
 use crate::peers::{Peer, PeerProcess};
 use crate::loads::{scrape, ServerMetrics};
@@ -74,15 +75,32 @@ impl Strategy {
         matches!(self, Strategy::Filter(_))
     }
 
-    /// The report's path column: `envoy`, the peer's process (`smg`, `vllm-router`), or `direct` (routed by the
-    /// harness itself, no proxy hop).
-    pub fn path(&self) -> &'static str {
-        match self {
-            Strategy::Filter(_) => "envoy",
-            Strategy::Peer(p) => p.binary(),
-            Strategy::Baseline(_) | Strategy::Cost(_) => "direct",
+    /// The report's path column: `envoy` (Envoy with the filter), the peer's process (`smg`, `vllm-router`), or
+    /// for the harness's own routers `envoy-pick` (their pick through Envoy without the filter) or `direct` (no
+    /// proxy hop), as `hop` says.
+    pub fn path(&self, hop: ClientHop) -> &'static str {
+        match (self, hop) {
+            (Strategy::Filter(_), _) => "envoy",
+            (Strategy::Peer(p), _) => p.binary(),
+            (Strategy::Baseline(_) | Strategy::Cost(_), ClientHop::Envoy) => "envoy-pick",
+            (Strategy::Baseline(_) | Strategy::Cost(_), ClientHop::Direct) => "direct",
         }
     }
+}
+
+/// How the requests of the harness's own routers (the re-implemented baselines, DYNAMO_KV and the exact-state
+/// references) reach the servers. The filter and the peers' routers are proxies, so a request pays one proxy
+/// hop (and, with the filter, the body's buffering) before its server sees it; sending the client-side picks
+/// through the same hop makes the TTFT columns comparable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum ClientHop {
+    /// Through an Envoy started from the same bootstrap as the filter's, without the filter and without the
+    /// strip of client destination headers: the pick travels in `x-gateway-destination-endpoint` and Envoy's
+    /// `override_host` policy sends the request there (the path column says `envoy-pick`).
+    #[default]
+    Envoy,
+    /// Straight from the client to the picked server, no proxy hop (the path column says `direct`).
+    Direct,
 }
 
 /// Keys of the plugin configuration the harness sets itself: `strategy` is the strategy being measured (its report
@@ -152,6 +170,8 @@ pub struct RunSettings {
     pub gateways: usize,
     /// How the client spreads requests over the gateways.
     pub spread: Spread,
+    /// How the harness's own routers reach the servers.
+    pub client_hop: ClientHop,
     /// Model name sent in requests.
     pub model: String,
     /// Print a progress line every this often (None = quiet).
@@ -207,8 +227,10 @@ pub struct StrategyRun {
 enum Target {
     /// Proxies' base URLs: the Envoy gateways with the filter, or one peer router.
     Proxy(Vec<String>),
-    Direct(Arc<ClientRouter>),
-    Cost(Arc<CostRouter>),
+    /// A baseline policy routed by the harness; its picks go through the plain Envoy at this base URL, if any.
+    Direct(Arc<ClientRouter>, Option<String>),
+    /// A KV-cost router run by the harness; its picks go through the plain Envoy at this base URL, if any.
+    Cost(Arc<CostRouter>, Option<String>),
 }
 
 /// How long a peer router may take to come up (it health-checks every server first).
@@ -225,6 +247,17 @@ pub async fn run_strategy(strategy: &Strategy, reqs: &[Request], s: &RunSettings
     let mut envoys = Vec::new();
     let mut peer = None;
     let mut scraper = None;
+    // The plain Envoy the harness's own picks travel through (ClientHop::Envoy).
+    let mut hop = None;
+    if matches!(strategy, Strategy::Baseline(_) | Strategy::Cost(_)) && s.client_hop == ClientHop::Envoy {
+        let upstreams: Vec<std::net::SocketAddr> = servers.iter().map(|x| x.addr()).collect();
+        let mut cfg = EnvoyConfig::new(upstreams, "{}");
+        // No wasm filter, and the client's destination header is honoured: here the client is the router.
+        cfg.strip_in_envoy = false;
+        let envoy = EnvoyProcess::start(cfg, s.envoy_concurrency).await?;
+        hop = Some(envoy.url());
+        envoys.push(envoy);
+    }
     let target = match strategy {
         Strategy::Filter(name) => {
             let upstreams: Vec<std::net::SocketAddr> = servers.iter().map(|x| x.addr()).collect();
@@ -245,12 +278,12 @@ pub async fn run_strategy(strategy: &Strategy, reqs: &[Request], s: &RunSettings
         Strategy::Cost(kind) => {
             let probes = servers.iter().map(|x| x.probe()).collect();
             let r = CostRouter::new(*kind, addrs.clone(), probes, s.sim.block_tokens, s.sim.latency.time_scale);
-            Target::Cost(Arc::new(r))
+            Target::Cost(Arc::new(r), hop)
         }
         Strategy::Baseline(b) => {
             let r = ClientRouter::new(b.create(), &addrs, s.prefix_length);
             scraper = Some(r.spawn_scraper(Duration::from_millis(50)));
-            Target::Direct(r)
+            Target::Direct(r, hop)
         }
     };
 
@@ -287,24 +320,24 @@ pub async fn run_strategy(strategy: &Strategy, reqs: &[Request], s: &RunSettings
         let (client, id, path) = (client.clone(), r.id, r.path());
         match &target {
             Target::Proxy(bases) => {
-                let url = format!("{}{path}", bases[s.spread.gateway(r, bases.len())]);
-                tasks.spawn(async move { send(&client, &url, body, id, sent_ms).await });
+                let to = Destination::routed_by(&bases[s.spread.gateway(r, bases.len())], path);
+                tasks.spawn(async move { send(&client, to, body, id, sent_ms).await });
             }
-            Target::Direct(router) => {
-                let router = router.clone();
+            Target::Direct(router, via) => {
+                let (router, via) = (router.clone(), via.clone());
                 tasks.spawn(async move {
                     let (addr, guard) = router.route(path, &body);
-                    let o = send(&client, &format!("http://{addr}{path}"), body, id, sent_ms).await;
+                    let o = send(&client, Destination::picked(addr, via.as_deref(), path), body, id, sent_ms).await;
                     drop(guard);
                     o
                 });
             }
-            Target::Cost(router) => {
-                let (router, prompt) = (router.clone(), r.server_prompt());
+            Target::Cost(router, via) => {
+                let (router, prompt, via) = (router.clone(), r.server_prompt(), via.clone());
                 tasks.spawn(async move {
                     let (addr, ticket) = router.route(&prompt);
-                    let url = format!("http://{addr}{path}");
-                    let o = send_observed(&client, &url, body, id, sent_ms, || ticket.first_token()).await;
+                    let to = Destination::picked(addr, via.as_deref(), path);
+                    let o = send_observed(&client, to, body, id, sent_ms, || ticket.first_token()).await;
                     drop(ticket);
                     o
                 });
@@ -340,7 +373,7 @@ pub async fn run_strategy(strategy: &Strategy, reqs: &[Request], s: &RunSettings
         server_metrics.push((a.clone(), scrape(&client, a).await?));
     }
     let (overflows, filter_stats) = match &target {
-        Target::Proxy(_) if !envoys.is_empty() => {
+        Target::Proxy(_) if strategy.via_envoy() => {
             // Summed over the gateways: each Envoy counts its own decisions. The filter hands its counters to
             // Envoy once per tick (500 ms by default), so wait (bounded) until every sent request's decision shows.
             let settle = Instant::now() + Duration::from_secs(3);
@@ -362,7 +395,7 @@ pub async fn run_strategy(strategy: &Strategy, reqs: &[Request], s: &RunSettings
             let ov = fs.iter().filter(|(k, _)| k.contains("overflow")).map(|(_, v)| *v).sum();
             (ov, fs)
         }
-        Target::Direct(r) => (r.overflows.load(std::sync::atomic::Ordering::Relaxed), Vec::new()),
+        Target::Direct(r, _) => (r.overflows.load(std::sync::atomic::Ordering::Relaxed), Vec::new()),
         _ => (0, Vec::new()),
     };
     if let Some(t) = scraper {
@@ -380,7 +413,7 @@ pub async fn run_strategy(strategy: &Strategy, reqs: &[Request], s: &RunSettings
     Ok(StrategyRun {
         label,
         via_envoy: strategy.via_envoy(),
-        path: strategy.path(),
+        path: strategy.path(s.client_hop),
         outcomes,
         not_sent: reqs.len() - sent,
         servers: server_metrics,

@@ -8,7 +8,7 @@ use anyhow::Context;
 use clap::Parser;
 use serde_json::Value;
 use tokio::signal::unix::{signal, SignalKind};
-use warmpath_bench::harness::{check_filter_extra, run_strategy, RunSettings, Spread, Strategy};
+use warmpath_bench::harness::{check_filter_extra, run_strategy, ClientHop, RunSettings, Spread, Strategy};
 use warmpath_bench::report::{table, table_runs, write_csv, Summary};
 use warmpath_bench::workload::{generate, window, GenParams, Request, WorkloadKind};
 use warmpath_bench::{plot, pooled, trace};
@@ -89,6 +89,11 @@ struct Args {
     /// conversation).
     #[arg(long, value_enum, default_value = "random")]
     spread: Spread,
+    /// How the client-side routers (the re-implemented baselines, DYNAMO_KV, ORACLE, ORACLE_TTFT) reach the
+    /// servers: `envoy` (their pick through an Envoy without the filter, in `x-gateway-destination-endpoint`: the
+    /// same proxy hop the filter and the peers' routers pay) or `direct` (no proxy hop).
+    #[arg(long, value_enum, default_value = "envoy")]
+    client_hop: ClientHop,
     /// Repetitions: run k uses seed --seed + k (generated workloads) or the k-th stretch of --requests requests of
     /// the trace (evenly spaced, overlapping stretches when the trace is shorter than --runs × --requests); the
     /// table shows each column's mean and min–max, and run k's files go to <out>/run<k>.
@@ -202,6 +207,7 @@ async fn run(a: Args) -> anyhow::Result<()> {
         envoy_concurrency: a.envoy_concurrency,
         gateways: a.gateways,
         spread: a.spread,
+        client_hop: a.client_hop,
         model: "sim-model".into(),
         progress_every: Some(Duration::from_secs(5)),
     };
@@ -245,8 +251,8 @@ async fn run(a: Args) -> anyhow::Result<()> {
         let bad: Vec<&Summary> = all_rows.iter().flatten().filter(|r| !r.balanced()).collect();
         for r in &bad {
             eprintln!(
-                "check failed for {}: errors {}, client completed {}, servers finished {}",
-                r.label, r.errors, r.client_ok, r.server_requests
+                "check failed for {}: errors {}, client completed {}, servers finished {}, answered elsewhere than picked {}",
+                r.label, r.errors, r.client_ok, r.server_requests, r.misrouted
             );
         }
         anyhow::ensure!(bad.is_empty(), "counters do not balance");

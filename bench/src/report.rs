@@ -15,7 +15,7 @@ use crate::harness::StrategyRun;
 pub struct Summary {
     /// Strategy label.
     pub label: String,
-    /// "envoy", a peer router's process name, or "direct" (routed client-side).
+    /// The path column ([`crate::harness::Strategy::path`]).
     pub path: &'static str,
     /// Requests sent.
     pub requests: usize,
@@ -37,6 +37,9 @@ pub struct Summary {
     pub server_requests: u64,
     /// Requests the client saw complete.
     pub client_ok: usize,
+    /// Requests the harness routed itself that a server other than its pick answered (0 unless the hop to the
+    /// servers ignored the pick).
+    pub misrouted: usize,
 }
 
 /// The `q`-quantile (0–1) of `v` by nearest rank; 0 for an empty slice.
@@ -74,12 +77,14 @@ impl Summary {
             throughput: if sim_s > 0.0 { ok.len() as f64 / sim_s } else { 0.0 },
             server_requests: total as u64,
             client_ok: ok.len(),
+            misrouted: ok.iter().filter(|o| o.picked.is_some() && o.picked != o.endpoint).count(),
         }
     }
 
-    /// True when the client's completed count equals the servers' finished count and every request answered.
+    /// True when the client's completed count equals the servers' finished count, every request was answered, and
+    /// every pick of the harness's own routers reached the server it named.
     pub fn balanced(&self) -> bool {
-        self.server_requests == self.client_ok as u64 && self.errors == 0
+        self.server_requests == self.client_ok as u64 && self.errors == 0 && self.misrouted == 0
     }
 }
 
@@ -266,6 +271,7 @@ mod tests {
             throughput: 1.0,
             server_requests: 10,
             client_ok: 10,
+            misrouted: 0,
         }
     }
 

@@ -4,7 +4,7 @@
 mod common;
 
 use common::{assert_balanced, settings};
-use warmpath_bench::harness::{run_strategy, RunSettings, Spread, Strategy};
+use warmpath_bench::harness::{run_strategy, ClientHop, RunSettings, Spread, Strategy};
 use warmpath_bench::report::Summary;
 use warmpath_bench::workload::{generate, GenParams, WorkloadKind};
 
@@ -30,6 +30,11 @@ async fn baselines_run_in_the_same_harness_and_balance() {
     for b in ["SAGEMAKER_PREFIX", "GIE_SCORERS", "SGLANG_CACHE_AWARE"] {
         let run = run_strategy(&Strategy::parse(b).unwrap(), &reqs, &s).await.expect(b);
         assert!(!run.via_envoy);
+        // Their picks travel through an Envoy without the filter, and every one reaches the server it names
+        // (assert_balanced compares each pick with the server that answered).
+        assert_eq!(run.path, "envoy-pick");
+        assert!(run.outcomes.iter().all(|o| o.picked.is_some()), "{b}: every request carries the harness's pick");
+        assert!(run.filter_stats.is_empty(), "{b}: no filter on the hop");
         assert_balanced(&run);
         let hit = Summary::of(&run).hit_ratio;
         eprintln!("{b}: hit ratio {hit:.3}");
@@ -48,4 +53,13 @@ async fn two_gateways_answer_every_request_and_each_request_is_decided_once() {
         let decided: u64 = run.filter_stats.iter().filter(|(k, _)| k.contains(".decisions.")).map(|(_, v)| v).sum();
         assert_eq!(decided, reqs.len() as u64, "{spread:?}: {:?}", run.filter_stats);
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_side_pick_goes_straight_to_its_server_without_the_hop() {
+    let reqs = generate(WorkloadKind::Chat, GenParams { requests: 40, rate_per_s: 8.0, seed: 7 });
+    let s = RunSettings { client_hop: ClientHop::Direct, ..settings() };
+    let run = run_strategy(&Strategy::parse("SGLANG_CACHE_AWARE").unwrap(), &reqs, &s).await.expect("direct run");
+    assert_eq!(run.path, "direct");
+    assert_balanced(&run);
 }

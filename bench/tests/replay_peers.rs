@@ -17,7 +17,7 @@ async fn real_peers_answer_every_request_and_smg_reuses_repeated_prefixes() {
     for name in ["SMG_CACHE_AWARE", "VLLM_ROUTER_CACHE_AWARE"] {
         let strategy = Strategy::parse(name).unwrap();
         let run = run_strategy(&strategy, &reqs, &s).await.unwrap_or_else(|e| panic!("{name}: {e:#}"));
-        assert_eq!(run.path, strategy.path());
+        assert_eq!(run.path, strategy.path(s.client_hop));
         assert!(!run.via_envoy);
         assert_balanced(&run);
         let cached = run.outcomes.iter().filter(|o| o.usage.prompt_tokens_details.cached_tokens > 0).count();
@@ -35,7 +35,7 @@ async fn kv_cost_routers_answer_every_request_and_reuse_prefixes() {
     let s = settings();
     for name in ["DYNAMO_KV", "ORACLE", "ORACLE_TTFT"] {
         let run = run_strategy(&Strategy::parse(name).unwrap(), &reqs, &s).await.expect(name);
-        assert_eq!(run.path, "direct");
+        assert_eq!(run.path, "envoy-pick");
         assert_balanced(&run);
         let hit = Summary::of(&run).hit_ratio;
         eprintln!("{name}: hit ratio {hit:.3}");

@@ -26,6 +26,7 @@ pub fn settings() -> RunSettings {
         envoy_concurrency: 2,
         gateways: 1,
         spread: Default::default(),
+        client_hop: Default::default(),
         model: "sim-model".into(),
         progress_every: None,
     }
@@ -47,5 +48,7 @@ pub fn assert_balanced(run: &StrategyRun) {
     let client_cached: u64 = run.outcomes.iter().map(|o| o.usage.prompt_tokens_details.cached_tokens).sum();
     let server_cached: f64 = run.servers.iter().map(|(_, m)| m.prefix_hits).sum();
     assert_eq!(client_cached as f64, server_cached, "{}", run.label);
+    // A pick of the harness's own router reached the server it named.
+    assert_eq!(s.misrouted, 0, "{}: answered elsewhere than picked", run.label);
 }
 

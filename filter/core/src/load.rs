@@ -20,7 +20,11 @@ impl LoadGuard {
     /// True when endpoint `i` can take one more request: fewer than `threshold` requests outstanding
     /// ([`EndpointLoad::effective`]) and no saturated KV cache.
     pub fn admits(&self, loads: &[EndpointLoad], i: usize) -> bool {
-        let l = load_at(loads, i);
+        self.admits_load(&load_at(loads, i))
+    }
+
+    /// [`LoadGuard::admits`] for one endpoint's load.
+    pub fn admits_load(&self, l: &EndpointLoad) -> bool {
         l.effective() < self.threshold && !l.kv_saturated()
     }
 }

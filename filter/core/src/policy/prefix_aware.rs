@@ -25,7 +25,8 @@
 //!    seen the shared prefix, and turn k+1 gets turn k's key as long as turn 1 reached that checkpoint.
 //! 3. Candidates: the holders of the deepest matched node, the key's top [`RENDEZVOUS_CANDIDATES`] rendezvous
 //!    endpoints, and the least-loaded endpoint (least waiting prefill work, then fewest requests outstanding).
-//!    Finding the last two is one pass over the endpoints with a few multiplications each (no sort).
+//!    Finding the last two is one pass over the endpoints with a few multiplications and comparisons each (no
+//!    sort).
 //! 4. For each candidate `e` the predicted time to first token, in bytes of prompt text to prefill before this
 //!    request's first token:
 //!
@@ -390,8 +391,9 @@ impl PrefixAwarePolicy {
         let kf = hrw::key_factor(key_hash);
         let prompt = if key.truncated { key.text.len().max(body_len) } else { key.text.len() };
         let mean = self.mean_uncached;
-        // Two passes over the endpoints, a few operations each (no sort): the key's top rendezvous endpoints, and
-        // the least-loaded admitted endpoint.
+        // Two tight passes over the endpoints, a few operations each (no sort): the key's top rendezvous endpoints
+        // (scores from the precomputed address hashes), and the least-loaded admitted endpoint (least waiting work,
+        // then fewest outstanding, then the higher score, computed only for ties).
         let mut top = [(0u64, usize::MAX); RENDEZVOUS_CANDIDATES];
         for (i, &h) in self.addr_hashes.iter().enumerate() {
             let score = hrw::score_hashed(kf, h);
@@ -404,39 +406,31 @@ impl PrefixAwarePolicy {
                 top[j] = (score, i);
             }
         }
-        // Least waiting work, then fewest outstanding; ties go to the higher score, computed only for them.
         let mut least: Option<(u64, u32, usize)> = None;
-        let mut least_score = 0u64;
+        let idle = EndpointLoad::default();
         for i in 0..endpoints.len() {
-            if !guard.admits(loads, i) {
+            let l = loads.get(i).unwrap_or(&idle);
+            if !guard.admits_load(l) {
                 continue;
             }
-            let l = load_at(loads, i);
-            let rank = (waiting_work(&l, mean), l.effective());
-            let better = match least {
-                None => true,
-                Some((w, e, _)) if rank < (w, e) => true,
-                Some((w, e, _)) if rank == (w, e) => {
-                    let sc = hrw::score_hashed(kf, self.addr_hashes[i]);
-                    if sc > least_score {
-                        least_score = sc;
+            let rank = (waiting_work(l, mean), l.effective());
+            match least {
+                Some((w, e, _)) if rank > (w, e) => {}
+                Some((w, e, j)) if rank == (w, e) => {
+                    if hrw::score_hashed(kf, self.addr_hashes[i]) > hrw::score_hashed(kf, self.addr_hashes[j]) {
                         least = Some((w, e, i));
                     }
-                    false
                 }
-                _ => false,
-            };
-            if better {
-                least_score = hrw::score_hashed(kf, self.addr_hashes[i]);
-                least = Some((rank.0, rank.1, i));
+                _ => least = Some((rank.0, rank.1, i)),
             }
         }
+        let least = least.map(|(_, _, i)| i);
         let mut cands: Vec<usize> = Vec::with_capacity(MAX_HOLDERS + RENDEZVOUS_CANDIDATES + 1);
         if let Some(info) = plan.deepest.and_then(|h| self.index.get(h)) {
             cands.extend(info.holders.iter().filter_map(|&id| self.pos(id)));
         }
         cands.extend(top.iter().filter(|t| t.1 != usize::MAX).map(|t| t.1));
-        cands.extend(least.map(|l| l.2));
+        cands.extend(least);
         cands.sort_unstable();
         cands.dedup();
         let scored: Vec<(usize, usize)> = cands

@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 use tokio::task::JoinSet;
 use warmpath_core::Settings;
-use warmpath_harness::{filter_wasm, EnvoyConfig, EnvoyProcess, FILTER_STAT_PREFIX};
+use warmpath_core::feed::{FeedEndpoint, FeedSnapshot};
+use warmpath_harness::{filter_wasm, EnvoyConfig, EnvoyProcess, FeedCluster, FeedServer, FILTER_STAT_PREFIX};
 use warmpath_sim::{SimConfig, SimServer};
 
 use crate::baselines::Baseline;
@@ -104,8 +105,21 @@ pub enum ClientHop {
 }
 
 /// Keys of the plugin configuration the harness sets itself: `strategy` is the strategy being measured (its report
-/// label) and `endpoints` are the simulated servers, so extra configuration may not override them.
-pub const HARNESS_OWNED_KEYS: [&str; 2] = ["strategy", "endpoints"];
+/// label), `endpoints` are the simulated servers, and `feed` is the harness's own feed server (several gateways),
+/// so extra configuration may not override them.
+pub const HARNESS_OWNED_KEYS: [&str; 3] = ["strategy", "endpoints", "feed"];
+
+/// Envoy cluster of the harness's feed server (several gateways).
+const FEED_CLUSTER: &str = "warmpath_feed";
+
+/// The feed path the gateways poll on the harness's feed server.
+const FEED_PATH: &str = "/v1/feed/bench";
+
+/// The feed poll interval for time scale `time_scale`: one simulated second, at least the filter's 100 ms.
+pub fn feed_interval_ms(time_scale: f64) -> u64 {
+    let (lo, hi) = warmpath_core::config::FEED_INTERVAL_RANGE;
+    ((1000.0 * time_scale).round() as u64).clamp(lo, hi)
+}
 
 /// The plugin configuration (JSON text) for filter strategy `name` in front of `upstreams`: `strategy` and
 /// `endpoints` from the harness, then the fields of `extra` (a JSON object, checked by
@@ -170,6 +184,9 @@ pub struct RunSettings {
     pub gateways: usize,
     /// How the client spreads requests over the gateways.
     pub spread: Spread,
+    /// With several gateways, exchange index records between them through a feed server as the controller's feed
+    /// does (`warmpath_core::exchange`); false answers the exchange with 404, as a feed server without it would.
+    pub gateway_exchange: bool,
     /// How the harness's own routers reach the servers.
     pub client_hop: ClientHop,
     /// Model name sent in requests.
@@ -247,6 +264,7 @@ pub async fn run_strategy(strategy: &Strategy, reqs: &[Request], s: &RunSettings
     let mut envoys = Vec::new();
     let mut peer = None;
     let mut scraper = None;
+    let mut feed: Option<FeedServer> = None;
     // The plain Envoy the harness's own picks travel through (ClientHop::Envoy).
     let mut hop = None;
     if matches!(strategy, Strategy::Baseline(_) | Strategy::Cost(_)) && s.client_hop == ClientHop::Envoy {
@@ -261,8 +279,29 @@ pub async fn run_strategy(strategy: &Strategy, reqs: &[Request], s: &RunSettings
     let target = match strategy {
         Strategy::Filter(name) => {
             let upstreams: Vec<std::net::SocketAddr> = servers.iter().map(|x| x.addr()).collect();
-            let plugin = filter_plugin_config(name, &upstreams, &s.filter_extra);
-            let cfg = EnvoyConfig::new(upstreams, plugin).with_wasm(filter_wasm()?);
+            let mut extra = s.filter_extra.clone();
+            let mut feed_cluster = None;
+            if s.gateways > 1 {
+                // Several gateways poll one feed, as they would the controller's: it serves the same endpoints and
+                // carries the index exchange between them.
+                let snapshot = FeedSnapshot {
+                    version: 1,
+                    endpoints: addrs.iter().map(|a| FeedEndpoint { address: a.clone(), load: None }).collect(),
+                };
+                let f = FeedServer::start(serde_json::to_string(&snapshot)?).await?;
+                f.set_index_exchange(s.gateway_exchange);
+                let interval_ms = feed_interval_ms(s.sim.latency.time_scale);
+                if let Some(o) = extra.as_object_mut() {
+                    o.insert("feed".into(), json!({"cluster": FEED_CLUSTER, "path": FEED_PATH, "interval_ms": interval_ms}));
+                }
+                feed_cluster = Some(FeedCluster { name: FEED_CLUSTER.into(), address: f.addr() });
+                feed = Some(f);
+            }
+            let plugin = filter_plugin_config(name, &upstreams, &extra);
+            let mut cfg = EnvoyConfig::new(upstreams, plugin).with_wasm(filter_wasm()?);
+            if let Some(c) = feed_cluster {
+                cfg = cfg.with_feed(c);
+            }
             for _ in 0..s.gateways.max(1) {
                 envoys.push(EnvoyProcess::start(cfg.clone(), s.envoy_concurrency).await?);
             }
@@ -402,6 +441,7 @@ pub async fn run_strategy(strategy: &Strategy, reqs: &[Request], s: &RunSettings
         t.abort();
     }
     drop(envoys);
+    drop(feed);
     drop(peer);
     for srv in servers {
         srv.stop().await;

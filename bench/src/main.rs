@@ -82,13 +82,20 @@ struct Args {
     #[arg(long, default_value_t = 2)]
     envoy_concurrency: u32,
     /// Envoy processes (gateway replicas) for the filter strategies, each with the same plugin configuration; the
-    /// client spreads requests over them (see --spread). Other strategies use one router.
+    /// client spreads requests over them (see --spread). Above 1, the gateways poll one feed server (the same
+    /// endpoints, a poll every simulated second, at least 100 ms) that carries the index exchange between them
+    /// (see --no-gateway-exchange). Other strategies use one router.
     #[arg(long, default_value_t = 1, value_parser = at_least_one)]
     gateways: usize,
     /// How the client spreads requests over --gateways: `random` (per request) or `session` (sticky per
     /// conversation).
     #[arg(long, value_enum, default_value = "random")]
     spread: Spread,
+    /// With --gateways above 1, do not exchange index records between the gateways: the harness's feed server
+    /// answers the exchange with 404, as a feed server without it would (each gateway then routes on its own
+    /// index). By default the gateways exchange them through the feed server, as through the controller's feed.
+    #[arg(long)]
+    no_gateway_exchange: bool,
     /// How the client-side routers (the re-implemented baselines, DYNAMO_KV, ORACLE, ORACLE_TTFT) reach the
     /// servers: `envoy` (their pick through an Envoy without the filter, in `x-gateway-destination-endpoint`: the
     /// same proxy hop the filter and the peers' routers pay) or `direct` (no proxy hop).
@@ -208,6 +215,7 @@ async fn run(a: Args) -> anyhow::Result<()> {
         gateways: a.gateways,
         spread: a.spread,
         client_hop: a.client_hop,
+        gateway_exchange: !a.no_gateway_exchange,
         model: "sim-model".into(),
         progress_every: Some(Duration::from_secs(5)),
     };

@@ -1,16 +1,20 @@
 //! A local endpoint/load feed server for the filter's poller: serves whatever snapshot document the test sets (one
-//! per path if asked, for several feeds), and
-//! can be stopped (port closed) and restarted on the same port.
+//! per path if asked, for several feeds), keeps the gateway leg of the index exchange (`POST <path>/index`, a
+//! [`RecordLog`] per feed path, as the controller does) unless told to answer it with 404 like a server without
+//! it, and can be stopped (port closed) and restarted on the same port.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use anyhow::Result;
+use axum::body::Bytes;
 use axum::extract::State;
-use axum::http::Uri;
-use axum::response::IntoResponse;
+use axum::http::{HeaderMap, Method, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use warmpath_core::exchange::{RecordLog, INDEX_PATH_SUFFIX};
+use warmpath_core::headers::{CURSOR_HEADER, REPORTER_HEADER};
 use tokio::task::JoinHandle;
 
 struct Shared {
@@ -18,6 +22,12 @@ struct Shared {
     /// Snapshots served at a given path instead of `body` (several feeds behind one server).
     by_path: Mutex<HashMap<String, String>>,
     hits: AtomicU64,
+    /// The index exchange's record log of each feed path.
+    logs: Mutex<HashMap<String, RecordLog>>,
+    /// Answer the index exchange (else 404).
+    exchange: AtomicBool,
+    /// Index exchange reports answered with 200.
+    reports: AtomicU64,
 }
 
 /// A feed server on 127.0.0.1 answering every GET with the current snapshot JSON.
@@ -32,7 +42,14 @@ impl FeedServer {
     pub async fn start(snapshot_json: String) -> Result<Self> {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
-        let shared = Arc::new(Shared { body: Mutex::new(snapshot_json), by_path: Mutex::new(HashMap::new()), hits: AtomicU64::new(0) });
+        let shared = Arc::new(Shared {
+            body: Mutex::new(snapshot_json),
+            by_path: Mutex::new(HashMap::new()),
+            hits: AtomicU64::new(0),
+            logs: Mutex::new(HashMap::new()),
+            exchange: AtomicBool::new(true),
+            reports: AtomicU64::new(0),
+        });
         let mut s = FeedServer { addr, shared, task: None };
         s.serve(listener);
         Ok(s)
@@ -64,9 +81,19 @@ impl FeedServer {
         }
     }
 
-    /// How many requests the feed answered so far.
+    /// How many snapshot requests (GET) the feed answered so far.
     pub fn hits(&self) -> u64 {
         self.shared.hits.load(Ordering::SeqCst)
+    }
+
+    /// Keeps (`true`, the default) or refuses with 404 the gateway leg of the index exchange.
+    pub fn set_index_exchange(&self, on: bool) {
+        self.shared.exchange.store(on, Ordering::SeqCst);
+    }
+
+    /// How many index exchange reports were answered with 200 so far.
+    pub fn index_reports(&self) -> u64 {
+        self.shared.reports.load(Ordering::SeqCst)
     }
 
     /// Closes the port: polls fail with connection refused until [`Self::restart`].
@@ -94,9 +121,27 @@ impl Drop for FeedServer {
     }
 }
 
-async fn answer(State(s): State<Arc<Shared>>, uri: Uri) -> impl IntoResponse {
+async fn answer(State(s): State<Arc<Shared>>, method: Method, uri: Uri, headers: HeaderMap, body: Bytes) -> Response {
+    if method == Method::POST {
+        let Some(feed) = uri.path().strip_suffix(INDEX_PATH_SUFFIX) else {
+            return StatusCode::NOT_FOUND.into_response();
+        };
+        if !s.exchange.load(Ordering::SeqCst) {
+            return StatusCode::NOT_FOUND.into_response();
+        }
+        let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+        let mut logs = s.logs.lock().unwrap_or_else(|e| e.into_inner());
+        let log = logs.entry(feed.to_string()).or_default();
+        return match log.serve(header(REPORTER_HEADER), header(CURSOR_HEADER), &body) {
+            Ok((records, cursor)) => {
+                s.reports.fetch_add(1, Ordering::SeqCst);
+                ([(CURSOR_HEADER, cursor.to_string())], records).into_response()
+            }
+            Err(e) => (StatusCode::BAD_REQUEST, e).into_response(),
+        };
+    }
     s.hits.fetch_add(1, Ordering::SeqCst);
     let at_path = s.by_path.lock().ok().and_then(|m| m.get(uri.path()).cloned());
     let body = at_path.unwrap_or_else(|| s.body.lock().map(|b| b.clone()).unwrap_or_default());
-    ([("content-type", "application/json")], body)
+    ([("content-type", "application/json")], body).into_response()
 }

@@ -27,6 +27,7 @@ pub fn settings() -> RunSettings {
         gateways: 1,
         spread: Default::default(),
         client_hop: Default::default(),
+        gateway_exchange: true,
         model: "sim-model".into(),
         progress_every: None,
     }

@@ -12,6 +12,17 @@
 //! `[VERSION: u8][block_size: u32][address length: u8][address bytes][chain length: u16][chain: u64 × length]`.
 //! The block size travels with the record because a chain's hashes mean nothing under another block size (a
 //! worker that has not applied a new configuration yet drops the record).
+//!
+//! ## Between gateways
+//! Several gateway replicas (Envoys) serving one pool have the same problem one level up: a conversation's next
+//! turn often reaches another Envoy. Each Envoy's feed poller reports the records its workers produced since its
+//! last poll to the feed server (`POST <feed path>` + [`INDEX_PATH_SUFFIX`]) and gets back the records the other
+//! Envoys reported since its cursor; the feed server keeps them in a [`RecordLog`]. The exchange is best-effort:
+//! a record that arrives late or never only costs the hit a local index would have missed anyway.
+
+use std::collections::VecDeque;
+
+use crate::headers::{CURSOR_HEADER, REPORTER_HEADER};
 
 /// Format version of a record (the first byte).
 pub const VERSION: u8 = 1;
@@ -91,6 +102,113 @@ fn split(b: &[u8], n: usize) -> Option<(&[u8], &[u8])> {
     (b.len() >= n).then(|| b.split_at(n))
 }
 
+/// Appended to a feed's path for the gateway leg of the exchange: `POST <feed path>/index`.
+pub const INDEX_PATH_SUFFIX: &str = "/index";
+
+/// Most bytes of records one gateway reports in one poll, and most bytes one answer carries: a gateway keeps
+/// what it routed between two polls up to this much (more is counted as dropped), and an answer that would be
+/// larger stops early, the cursor telling the gateway where to go on at its next poll.
+pub const MAX_REPORT_BYTES: usize = 1 << 20;
+
+/// Records a [`RecordLog`] keeps (the oldest go first). 16,384 records are a few seconds of a busy pool's
+/// requests (a record is ≈ 8 bytes per block of the key, under 1 KB for an 8 KB key), enough for a gateway that
+/// polls every second to miss none.
+pub const LOG_RECORDS: usize = 16_384;
+
+/// The feed server's side of the gateway leg: the records every gateway reported, in arrival order, each with a
+/// sequence number and its reporter, bounded to a number of records.
+#[derive(Debug)]
+pub struct RecordLog {
+    records: VecDeque<(u64, u64, Vec<u8>)>,
+    /// Sequence number of the next record (the first is 1, so cursor 0 means "from the start").
+    next: u64,
+    capacity: usize,
+}
+
+impl Default for RecordLog {
+    fn default() -> Self {
+        RecordLog::new(LOG_RECORDS)
+    }
+}
+
+impl RecordLog {
+    /// An empty log keeping the newest `capacity` records (at least 1).
+    pub fn new(capacity: usize) -> RecordLog {
+        RecordLog { records: VecDeque::new(), next: 1, capacity: capacity.max(1) }
+    }
+
+    /// The cursor after the newest record (what a gateway that has seen everything holds).
+    pub fn cursor(&self) -> u64 {
+        self.next - 1
+    }
+
+    /// Appends each record of `bytes` (concatenated records as [`encode`] writes them) under `reporter`, an id
+    /// the reporting gateway keeps for its life. Returns how many were appended, or the reason the bytes are
+    /// malformed (the records before the malformed one are kept: what a gateway sends is checked, not trusted).
+    pub fn append(&mut self, reporter: u64, bytes: &[u8]) -> Result<usize, &'static str> {
+        let mut n = 0;
+        for rec in decode(bytes) {
+            let rec = rec?;
+            let mut one = Vec::new();
+            if !encode(&mut one, rec.block_size as usize, rec.address, &rec.chain) {
+                continue;
+            }
+            if self.records.len() == self.capacity {
+                self.records.pop_front();
+            }
+            self.records.push_back((self.next, reporter, one));
+            self.next += 1;
+            n += 1;
+        }
+        Ok(n)
+    }
+
+    /// One report of a gateway, as the feed server receives it: the values of the [`REPORTER_HEADER`] and
+    /// [`CURSOR_HEADER`] request headers and the body (records). Appends the records and answers with the other
+    /// gateways' records since the cursor, and the cursor for the answer's [`CURSOR_HEADER`].
+    ///
+    /// Errors (the feed server answers 400 with the text): a missing or malformed header, a body over
+    /// [`MAX_REPORT_BYTES`], malformed records (the well-formed records before them are kept).
+    pub fn serve(&mut self, reporter: Option<&str>, cursor: Option<&str>, body: &[u8]) -> Result<(Vec<u8>, u64), String> {
+        let reporter = reporter
+            .filter(|r| r.len() == 16)
+            .and_then(|r| u64::from_str_radix(r, 16).ok())
+            .ok_or_else(|| format!("header {REPORTER_HEADER} must be 16 hex digits"))?;
+        let cursor = match cursor {
+            None => 0,
+            Some(c) => c.trim().parse::<u64>().map_err(|_| format!("header {CURSOR_HEADER} must be a decimal number"))?,
+        };
+        if body.len() > MAX_REPORT_BYTES {
+            return Err(format!("{} bytes of records, at most {MAX_REPORT_BYTES} per report", body.len()));
+        }
+        self.append(reporter, body).map_err(|e| format!("index records rejected: {e}"))?;
+        Ok(self.since(cursor, reporter))
+    }
+
+    /// The records after `cursor` that reporters other than `reporter` sent, concatenated (at most
+    /// [`MAX_REPORT_BYTES`], whole records), and the cursor to ask with next time. A cursor past the newest
+    /// record (the feed server restarted and counts from the start again) reads from the start.
+    pub fn since(&self, cursor: u64, reporter: u64) -> (Vec<u8>, u64) {
+        let cursor = if cursor > self.cursor() { 0 } else { cursor };
+        let mut out = Vec::new();
+        let mut last = self.cursor();
+        // Sequence numbers are consecutive, so the first record after `cursor` is found by position.
+        let first = self.records.front().map_or(0, |r| r.0);
+        let skip = usize::try_from((cursor + 1).saturating_sub(first)).unwrap_or(usize::MAX);
+        for (seq, from, bytes) in self.records.iter().skip(skip) {
+            if *from == reporter {
+                continue;
+            }
+            if !out.is_empty() && out.len() + bytes.len() > MAX_REPORT_BYTES {
+                last = seq - 1;
+                break;
+            }
+            out.extend_from_slice(bytes);
+        }
+        (out, last)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     // Under wasm32 the same tests run through wasm-bindgen-test (scripts/test.d/15-core-wasm.sh).
@@ -123,6 +241,91 @@ mod tests {
         let rec = decode(&out).next().expect("one").expect("well-formed");
         assert_eq!(rec.chain.len(), MAX_CHAIN);
         assert_eq!(rec.chain[..3], [0, 1, 2], "the head is kept");
+    }
+
+    fn chains(bytes: &[u8]) -> Vec<(String, Vec<u64>)> {
+        decode(bytes).map(|r| r.expect("well-formed")).map(|r| (r.address.to_string(), r.chain)).collect()
+    }
+
+    #[test]
+    fn the_log_returns_what_others_reported_since_the_cursor() {
+        let mut log = RecordLog::new(100);
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        encode(&mut a, 128, "10.0.0.1:80", &[1, 2]);
+        encode(&mut a, 128, "10.0.0.2:80", &[3]);
+        encode(&mut b, 128, "10.0.0.3:80", &[4]);
+        assert_eq!(log.append(7, &a), Ok(2));
+        assert_eq!(log.append(9, &b), Ok(1));
+        assert_eq!(log.cursor(), 3);
+        // Gateway 7 gets only gateway 9's record; gateway 9 only gateway 7's; a newcomer everything.
+        let (got, c) = log.since(0, 7);
+        assert_eq!((chains(&got), c), (vec![("10.0.0.3:80".into(), vec![4])], 3));
+        let (got, c) = log.since(0, 9);
+        assert_eq!(chains(&got).len(), 2);
+        assert_eq!(c, 3);
+        assert_eq!(chains(&log.since(0, 1).0).len(), 3);
+        // Nothing new past the cursor.
+        assert_eq!(log.since(3, 7), (Vec::new(), 3));
+        // Only what came after the cursor.
+        assert_eq!(chains(&log.since(1, 1).0), vec![("10.0.0.2:80".into(), vec![3]), ("10.0.0.3:80".into(), vec![4])]);
+        // A cursor from before a restart of the feed server reads from the start.
+        assert_eq!(chains(&log.since(1000, 1).0).len(), 3);
+    }
+
+    #[test]
+    fn the_log_is_bounded_and_refuses_garbage_after_the_good_records() {
+        let mut log = RecordLog::new(2);
+        let mut recs = Vec::new();
+        for i in 0..5u64 {
+            encode(&mut recs, 128, "10.0.0.1:80", &[i]);
+        }
+        assert_eq!(log.append(1, &recs), Ok(5));
+        assert_eq!(log.cursor(), 5);
+        // Only the newest two are kept; a gateway behind the window gets those.
+        assert_eq!(chains(&log.since(0, 2).0), vec![("10.0.0.1:80".into(), vec![3]), ("10.0.0.1:80".into(), vec![4])]);
+        let mut bad = Vec::new();
+        encode(&mut bad, 128, "10.0.0.9:80", &[9]);
+        bad.extend_from_slice(&[9, 9, 9]);
+        assert_eq!(log.append(1, &bad), Err("unknown record version"));
+        assert_eq!(log.cursor(), 6, "the good record before the garbage is kept");
+    }
+
+    #[test]
+    fn a_report_is_checked_before_it_is_kept() {
+        let mut log = RecordLog::default();
+        let mut rec = Vec::new();
+        encode(&mut rec, 128, "10.0.0.1:80", &[5]);
+        assert!(log.serve(None, None, &rec).unwrap_err().contains(REPORTER_HEADER));
+        assert!(log.serve(Some("xyz"), None, &rec).unwrap_err().contains("16 hex digits"));
+        assert!(log.serve(Some("00000000000000aa"), Some("-1"), &rec).unwrap_err().contains(CURSOR_HEADER));
+        assert!(log.serve(Some("00000000000000aa"), None, &vec![1; MAX_REPORT_BYTES + 1]).unwrap_err().contains("at most"));
+        assert!(log.serve(Some("00000000000000aa"), None, &[7, 7]).unwrap_err().contains("rejected"));
+        assert_eq!(log.cursor(), 0, "nothing kept from refused reports");
+        // A well-formed report: kept, and the reporter's own record is not sent back to it.
+        assert_eq!(log.serve(Some("00000000000000aa"), Some("0"), &rec), Ok((Vec::new(), 1)));
+        assert_eq!(log.serve(Some("00000000000000bb"), None, &[]), Ok((rec.clone(), 1)));
+    }
+
+    #[test]
+    fn an_answer_is_bounded_and_its_cursor_says_where_to_go_on() {
+        let mut log = RecordLog::new(10_000);
+        let chain: Vec<u64> = (0..1000).collect();
+        let mut recs = Vec::new();
+        for _ in 0..300 {
+            encode(&mut recs, 128, "10.0.0.1:80", &chain);
+        }
+        log.append(1, &recs).expect("well-formed");
+        // 300 records of ≈ 8 KB: each answer stays under the bound, and following the cursor gets every record once.
+        let (mut cursor, mut got, mut answers) = (0, 0, 0);
+        while cursor < log.cursor() {
+            let (bytes, next) = log.since(cursor, 2);
+            assert!(bytes.len() <= MAX_REPORT_BYTES && next > cursor, "{} bytes, cursor {cursor} -> {next}", bytes.len());
+            got += chains(&bytes).len();
+            assert_eq!(got as u64, next, "the cursor counts exactly the records delivered");
+            (cursor, answers) = (next, answers + 1);
+        }
+        assert_eq!(got, 300, "nothing lost between answers");
+        assert!(answers >= 3, "{answers} answers for 2.4 MB");
     }
 
     #[test]

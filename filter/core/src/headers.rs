@@ -36,3 +36,12 @@ pub const DEBUG_HEADER: &str = "x-warmpath-decision";
 /// Envoy stores it as `wasm.warmpath.decision`: an access log reads it with
 /// `%FILTER_STATE(wasm.warmpath.decision:PLAIN)%`.
 pub const DECISION_PROPERTY: &str = "warmpath.decision";
+
+/// Request header of the gateway leg of the index exchange (`POST <feed path>/index`, [`crate::exchange`]): the
+/// reporting gateway's id, 16 lower-case hex digits, kept for the Envoy's life, so the feed server never sends a
+/// gateway its own records back.
+pub const REPORTER_HEADER: &str = "x-warmpath-reporter";
+
+/// Request and response header of the gateway leg of the index exchange: on the request the cursor of the last
+/// record the gateway received (decimal, 0 at first), on the answer the cursor to send next time.
+pub const CURSOR_HEADER: &str = "x-warmpath-cursor";

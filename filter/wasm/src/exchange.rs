@@ -12,12 +12,18 @@
 //! Cost per request with W VMs: W − 1 enqueues of one record (≈ 8 bytes per block of the key) after the pick, and
 //! one dequeue per record waiting (plus one that finds the queue empty) before it. Everything fails soft: a host
 //! error loses that record (the peer then routes as it would without exchange), never a request.
+//!
+//! Between gateways: the VM that holds the feed poller's lease also keeps a copy of every record it routes or
+//! receives from the other VMs ([`Exchange::collect`]), which the poller reports to the feed server; the records
+//! of the other gateways that come back are applied there and forwarded to the other VMs ([`Exchange::forward`]),
+//! which do not keep them, so nothing is reported twice while the lease stays put.
 
 use std::cell::{Cell, RefCell};
 use std::time::Duration;
 
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::Status;
+use warmpath_core::exchange::MAX_REPORT_BYTES;
 use warmpath_core::Router;
 
 use crate::metrics::Metrics;
@@ -54,6 +60,8 @@ pub struct Exchange {
     peers: RefCell<(Vec<u32>, Option<u32>)>,
     /// Life of this VM's directory entry, ms ([`entry_ttl`] of the tick in force).
     ttl_ms: Cell<u64>,
+    /// This Envoy's records kept for the feed while this VM polls it (`None`: not polling).
+    collected: RefCell<Option<Vec<u8>>>,
 }
 
 impl Exchange {
@@ -69,6 +77,7 @@ impl Exchange {
             own,
             peers: RefCell::new((Vec::new(), None)),
             ttl_ms: Cell::new(entry_ttl(tick).as_millis() as u64),
+            collected: RefCell::new(None),
         };
         x.renew(now_ms);
         x
@@ -125,8 +134,47 @@ impl Exchange {
         *peers = (entries(&bytes).map(|(t, _)| t).filter(|&t| t != self.own).collect(), cas);
     }
 
-    /// Sends `record` to every peer, as listed in the directory now (a VM that joined since the last tick included).
+    /// Starts (`true`) or stops keeping a copy of this Envoy's records for the feed: the records this VM routes and
+    /// those it receives from the other VMs. Stopping drops what was kept.
+    pub fn collect(&self, on: bool) {
+        let mut c = self.collected.borrow_mut();
+        match (on, c.is_some()) {
+            (true, false) => *c = Some(Vec::new()),
+            (false, true) => *c = None,
+            _ => {}
+        }
+    }
+
+    /// The records kept since the last call (empty when not collecting).
+    pub fn take_collected(&self) -> Vec<u8> {
+        self.collected.borrow_mut().as_mut().map(std::mem::take).unwrap_or_default()
+    }
+
+    /// Keeps `records` for the feed when collecting, up to [`MAX_REPORT_BYTES`] between two reports (more is
+    /// counted as dropped).
+    fn keep(&self, records: &[u8], metrics: &Metrics) {
+        let mut c = self.collected.borrow_mut();
+        let Some(kept) = c.as_mut() else { return };
+        if kept.len() + records.len() > MAX_REPORT_BYTES {
+            metrics.count(metric::DROPPED, 1);
+            return;
+        }
+        kept.extend_from_slice(records);
+    }
+
+    /// Sends `record`, this VM's own, to every peer, as listed in the directory now (a VM that joined since the
+    /// last tick included), and keeps it for the feed when collecting.
     pub fn publish(&self, record: &[u8], metrics: &Metrics) {
+        self.keep(record, metrics);
+        self.send(record, metrics);
+    }
+
+    /// Sends `records` that came from the other gateways to every peer (not kept for the feed).
+    pub fn forward(&self, records: &[u8], metrics: &Metrics) {
+        self.send(records, metrics);
+    }
+
+    fn send(&self, record: &[u8], metrics: &Metrics) {
         self.refresh_peers();
         let peers = self.peers.borrow();
         let mut sent = 0;
@@ -145,16 +193,21 @@ impl Exchange {
         }
     }
 
-    /// Applies every record waiting in this VM's queue to `router`.
+    /// Applies every record waiting in this VM's queue to `router`. Records name endpoints by address, so while
+    /// the router has no endpoints yet (a feed-driven list before this VM applied the first snapshot) they stay
+    /// queued instead of being skipped.
     pub fn drain(&self, router: &mut Router, metrics: &Metrics) {
-        if self.own == 0 {
+        if self.own == 0 || router.endpoints().is_empty() {
             return;
         }
         let mut applied = 0;
         let mut dropped = 0;
         while let Ok(Some(bytes)) = hostcalls::dequeue_shared_queue(self.own) {
             match router.learn(&bytes) {
-                Ok(n) => applied += n as u64,
+                Ok(n) => {
+                    applied += n as u64;
+                    self.keep(&bytes, metrics);
+                }
                 Err(_) => dropped += 1,
             }
         }

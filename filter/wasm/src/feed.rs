@@ -5,6 +5,12 @@
 //! When the feed is unreachable or answers garbage, the last good snapshot stays in force and the failure is
 //! counted (`warmpath.feed.failures.<cause>`). Endpoint-set changes and the servers' reported loads go to the plugin's own router together
 //! (`Router::set_feed_endpoints`), which keeps the prefix index and the in-flight counters of endpoints that stay.
+//!
+//! On the same tick the poller runs the gateway leg of the index exchange (`warmpath_core::exchange`): it reports
+//! the index records this Envoy's VMs produced since the last report (`POST <path>/index`, kept by the VM while it
+//! holds the lease, `Exchange::collect`) and applies the records the other gateways reported, forwarding them to
+//! this Envoy's other VMs. A feed server without that route (404), or any failure, costs only the records of that
+//! round (counted in `warmpath.feed.failures.index`); routing goes on with this Envoy's own index.
 
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -12,11 +18,29 @@ use std::time::Duration;
 
 use log::{info, warn};
 use proxy_wasm::hostcalls;
+use proxy_wasm::types::{BufferType, MapType};
+use warmpath_core::exchange::INDEX_PATH_SUFFIX;
 use warmpath_core::feed::FeedSnapshot;
+use warmpath_core::headers::{CURSOR_HEADER, REPORTER_HEADER};
 use warmpath_core::{FeedSettings, Router, ServerLoad};
 
+use crate::exchange::Exchange;
 use crate::metrics::Metrics;
 use crate::shared;
+
+/// Counters of the gateway leg of the index exchange (see `metrics`).
+mod metric {
+    /// Index records this Envoy reported to the feed.
+    pub const REPORTED: &str = "warmpath.index_exchange.reported";
+    /// Index records of other gateways received from the feed and applied.
+    pub const RECEIVED: &str = "warmpath.index_exchange.received";
+}
+
+/// The `:status` of the answer at hand; `None` for a failed call (connection refused, timeout), which arrives with
+/// no headers at all.
+fn status() -> Option<Vec<u8>> {
+    hostcalls::get_map_value_bytes(MapType::HttpCallResponseHeaders, ":status").ok().flatten()
+}
 
 /// Shared-data key prefix of the latest good snapshot (its JSON bytes, as served); the feed's cluster and path
 /// complete the key, so plugins polling different feeds in one Envoy keep apart.
@@ -25,6 +49,9 @@ const SNAPSHOT_KEY: &str = "warmpath.feed.snapshot.";
 const LEASE_KEY: &str = "warmpath.feed.lease.";
 /// A lease lasts this many poll intervals, so a vanished owner (VM torn down) is replaced after a few ticks.
 const LEASE_INTERVALS: u64 = 3;
+/// Shared-data key prefix of this Envoy's reporter id and cursor in the gateway leg of the index exchange
+/// (`[reporter: u64 LE][cursor: u64 LE]`), completed like `SNAPSHOT_KEY`: they outlive a change of the poller VM.
+const INDEX_STATE_KEY: &str = "warmpath.feed.index.";
 
 /// Poller state of one root context.
 pub struct FeedPoller {
@@ -37,6 +64,10 @@ pub struct FeedPoller {
     applied_version: Option<u64>,
     /// True once a failed dispatch (e.g. no such cluster) was logged.
     dispatch_warned: bool,
+    index_path: String,
+    index_state_key: String,
+    /// Token of the index exchange call in flight.
+    index_pending: Option<u32>,
 }
 
 impl FeedPoller {
@@ -47,6 +78,9 @@ impl FeedPoller {
         FeedPoller {
             snapshot_key: format!("{SNAPSHOT_KEY}{feed}"),
             lease_key: format!("{LEASE_KEY}{feed}"),
+            index_state_key: format!("{INDEX_STATE_KEY}{feed}"),
+            index_path: format!("{}{INDEX_PATH_SUFFIX}", settings.path),
+            index_pending: None,
             settings,
             owner,
             pending: None,
@@ -56,11 +90,20 @@ impl FeedPoller {
         }
     }
 
-    /// Applies a newer published snapshot, then polls if this VM holds (or takes) the lease.
-    pub fn on_tick(&mut self, now_ms: u64, router: &Rc<RefCell<Router>>, metrics: &Metrics) {
+    /// Applies a newer published snapshot, then polls if this VM holds (or takes) the lease, and reports this
+    /// Envoy's index records to the feed.
+    pub fn on_tick(&mut self, now_ms: u64, router: &Rc<RefCell<Router>>, exchange: &Exchange, metrics: &Metrics) {
         self.apply_published(router, metrics);
         let ttl = self.settings.interval_ms.saturating_mul(LEASE_INTERVALS);
-        if self.pending.is_some() || !shared::take_lease(&self.lease_key, self.owner, now_ms, ttl) {
+        let polling = shared::take_lease(&self.lease_key, self.owner, now_ms, ttl);
+        exchange.collect(polling);
+        if !polling {
+            return;
+        }
+        if self.index_pending.is_none() {
+            self.report_index(router, exchange, metrics);
+        }
+        if self.pending.is_some() {
             return;
         }
         let headers = vec![(":method", "GET"), (":path", self.settings.path.as_str()), (":authority", "warmpath-feed")];
@@ -85,22 +128,105 @@ impl FeedPoller {
         }
     }
 
-    /// Handles the feed's answer: publish and apply a valid, newer snapshot; count anything else.
-    pub fn on_response(&mut self, token: u32, body_size: usize, router: &Rc<RefCell<Router>>, metrics: &Metrics) {
+    /// Sends the records this Envoy produced since the last report, with the cursor of what it received so far,
+    /// and keeps the call's token; the records of that round are lost if the call cannot be sent.
+    fn report_index(&mut self, router: &Rc<RefCell<Router>>, exchange: &Exchange, metrics: &Metrics) {
+        // What the other VMs routed up to now goes into this report.
+        let Ok(mut r) = router.try_borrow_mut() else { return };
+        // Records name endpoints by address: before the first snapshot (a feed-driven endpoint list) the answer's
+        // records could not be applied, and the cursor would move past them.
+        if r.endpoints().is_empty() {
+            return;
+        }
+        exchange.drain(&mut r, metrics);
+        drop(r);
+        let records = exchange.take_collected();
+        let (reporter, cursor) = self.index_state();
+        let reporter = format!("{reporter:016x}");
+        let cursor = cursor.to_string();
+        let headers = vec![
+            (":method", "POST"),
+            (":path", self.index_path.as_str()),
+            (":authority", "warmpath-feed"),
+            ("content-type", "application/octet-stream"),
+            (REPORTER_HEADER, reporter.as_str()),
+            (CURSOR_HEADER, cursor.as_str()),
+        ];
+        let timeout = Duration::from_millis(self.settings.interval_ms.max(100));
+        match hostcalls::dispatch_http_call(&self.settings.cluster, headers, Some(&records), vec![], timeout) {
+            Ok(token) => {
+                self.index_pending = Some(token);
+                let n = warmpath_core::exchange::decode(&records).count() as u64;
+                if n > 0 {
+                    metrics.count(metric::REPORTED, n);
+                }
+            }
+            Err(_) => metrics.count("warmpath.feed.failures.index", 1),
+        }
+    }
+
+    /// This Envoy's reporter id and cursor, created (a random id, cursor 0) on first use.
+    fn index_state(&self) -> (u64, u64) {
+        if let Ok((Some(b), _)) = hostcalls::get_shared_data(&self.index_state_key) {
+            if b.len() == 16 {
+                let reporter = u64::from_le_bytes(b[..8].try_into().expect("8 bytes"));
+                let cursor = u64::from_le_bytes(b[8..].try_into().expect("8 bytes"));
+                return (reporter, cursor);
+            }
+        }
+        let reporter = crate::root::random_u64(self.owner) | 1;
+        self.set_index_state(reporter, 0);
+        (reporter, 0)
+    }
+
+    fn set_index_state(&self, reporter: u64, cursor: u64) {
+        let mut v = [0u8; 16];
+        v[..8].copy_from_slice(&reporter.to_le_bytes());
+        v[8..].copy_from_slice(&cursor.to_le_bytes());
+        let _ = hostcalls::set_shared_data(&self.index_state_key, Some(&v), None);
+    }
+
+    /// Handles the answer of the index exchange: apply and forward the other gateways' records, keep the cursor.
+    fn on_index_response(&mut self, body_size: usize, router: &Rc<RefCell<Router>>, exchange: &Exchange, metrics: &Metrics) {
+        self.index_pending = None;
+        if status().as_deref() != Some(b"200") {
+            return metrics.count("warmpath.feed.failures.index", 1);
+        }
+        let cursor = hostcalls::get_map_value_bytes(MapType::HttpCallResponseHeaders, CURSOR_HEADER)
+            .ok()
+            .flatten()
+            .and_then(|v| std::str::from_utf8(&v).ok()?.trim().parse::<u64>().ok());
+        let Some(cursor) = cursor else { return metrics.count("warmpath.feed.failures.index", 1) };
+        let body = hostcalls::get_buffer(BufferType::HttpCallResponseBody, 0, body_size).ok().flatten().unwrap_or_default();
+        if !body.is_empty() {
+            let Ok(mut r) = router.try_borrow_mut() else { return };
+            match r.learn(&body) {
+                Ok(n) => metrics.count(metric::RECEIVED, n as u64),
+                Err(_) => return metrics.count("warmpath.feed.failures.index", 1),
+            }
+            drop(r);
+            exchange.forward(&body, metrics);
+        }
+        let (reporter, _) = self.index_state();
+        self.set_index_state(reporter, cursor);
+    }
+
+    /// Handles the feed's answers: the snapshot (publish and apply a valid, newer one; count anything else) or the
+    /// index exchange.
+    pub fn on_response(&mut self, token: u32, body_size: usize, router: &Rc<RefCell<Router>>, exchange: &Exchange, metrics: &Metrics) {
+        if self.index_pending == Some(token) {
+            return self.on_index_response(body_size, router, exchange, metrics);
+        }
         if self.pending != Some(token) {
             return;
         }
         self.pending = None;
-        // A failed call (connection refused, timeout) arrives here with no headers at all.
-        let status = hostcalls::get_map_value_bytes(proxy_wasm::types::MapType::HttpCallResponseHeaders, ":status")
-            .ok()
-            .flatten();
-        match status.as_deref() {
+        match status().as_deref() {
             Some(b"200") => {}
             None => return metrics.count("warmpath.feed.failures.unreachable", 1),
             Some(_) => return metrics.count("warmpath.feed.failures.status", 1),
         }
-        let body = hostcalls::get_buffer(proxy_wasm::types::BufferType::HttpCallResponseBody, 0, body_size)
+        let body = hostcalls::get_buffer(BufferType::HttpCallResponseBody, 0, body_size)
             .ok()
             .flatten()
             .unwrap_or_default();

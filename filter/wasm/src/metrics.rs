@@ -18,12 +18,14 @@
 //! | `warmpath.endpoints` | gauge | endpoints the router currently picks from |
 //! | `warmpath.cas_failures` | counter | in-flight updates the host kept refusing |
 //! | `warmpath.feed.polls` | counter | feed requests sent (by the one VM holding the poller lease) |
-//! | `warmpath.feed.failures.<cause>` | counter | failed polls: `dispatch` (call not sent), `unreachable` (no response), `status` (non-200, including Envoy's 503 for an unreachable feed), `invalid` (document refused) |
+//! | `warmpath.feed.failures.<cause>` | counter | failed polls: `dispatch` (call not sent), `unreachable` (no response), `status` (non-200, including Envoy's 503 for an unreachable feed), `invalid` (document refused), `index` (the index exchange with the other gateways failed: not sent, non-200, no cursor, malformed records) |
 //! | `warmpath.feed.applied` | counter | snapshot applications (per VM) |
 //! | `warmpath.feed.version` | gauge | version of the last applied snapshot |
 //! | `warmpath.index_exchange.sent` | counter | index records sent to the other VMs of this Envoy (one per peer and request; `exchange`) |
 //! | `warmpath.index_exchange.applied` | counter | index records received from other VMs and applied |
-//! | `warmpath.index_exchange.dropped` | counter | index records lost: malformed, or the host refused to enqueue them |
+//! | `warmpath.index_exchange.dropped` | counter | index records lost: malformed, the host refused to enqueue them, or more than the feed takes in one report |
+//! | `warmpath.index_exchange.reported` | counter | index records this Envoy reported to the feed for the other gateways (`feed`) |
+//! | `warmpath.index_exchange.received` | counter | index records of other gateways received from the feed and applied |
 //!
 //! Per-request counters (decisions, matched prefix, skipped requests) are added up in the VM and handed to Envoy on the root
 //! context's tick (every `feed.interval_ms`, else 500 ms): one host call per metric per tick instead of per

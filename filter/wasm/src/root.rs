@@ -125,7 +125,7 @@ impl FilterRoot {
 impl Context for FilterRoot {
     fn on_http_call_response(&mut self, token_id: u32, _num_headers: usize, body_size: usize, _num_trailers: usize) {
         if let (Some(feed), Some(shared)) = (self.feed.as_mut(), self.shared.as_ref()) {
-            feed.on_response(token_id, body_size, &shared.router, &shared.metrics);
+            feed.on_response(token_id, body_size, &shared.router, &shared.exchange, &shared.metrics);
         }
     }
 }
@@ -194,7 +194,7 @@ impl RootContext for FilterRoot {
 
     fn on_tick(&mut self) {
         if let (Some(feed), Some(shared)) = (self.feed.as_mut(), self.shared.as_ref()) {
-            feed.on_tick(now_ms(), &shared.router, &shared.metrics);
+            feed.on_tick(now_ms(), &shared.router, &shared.exchange, &shared.metrics);
         }
         if let Some(shared) = &self.shared {
             shared.exchange.renew(now_ms());

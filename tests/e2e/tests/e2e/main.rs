@@ -11,6 +11,7 @@ mod debug_header;
 mod feed;
 mod failopen;
 mod failover;
+mod gateways;
 mod gauges;
 mod honoured;
 mod inflight;

@@ -1,0 +1,164 @@
+//! Several gateways (Envoys) in front of one pool, polling one feed: each reports its index records to the feed
+//! and applies the other gateways' (the gateway leg of the index exchange, `warmpath_core::exchange`), so a
+//! conversation whose turns reach different gateways stays on one endpoint. The same scenario with the feed's
+//! exchange answered by 404 (a feed server without it) moves the turn, so the assertion has teeth.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::json;
+use warmpath_core::feed::{FeedEndpoint, FeedSnapshot};
+use warmpath_harness::{filter_wasm, EnvoyConfig, EnvoyProcess, FeedCluster, FeedServer, Stats, Upstream};
+
+use crate::common::{prompt, CONCURRENCY};
+
+/// Feed poll interval of both gateways, ms.
+const INTERVAL_MS: u64 = 200;
+
+/// Upstreams, two gateways with the filter, and the feed both poll.
+struct Fleet {
+    upstreams: Vec<Upstream>,
+    gateways: [EnvoyProcess; 2],
+    feed: FeedServer,
+}
+
+impl Fleet {
+    async fn start(exchange: bool) -> Fleet {
+        let upstreams = Upstream::start_many(3).await.expect("upstreams");
+        let addrs: Vec<_> = upstreams.iter().map(Upstream::addr).collect();
+        let snapshot = FeedSnapshot {
+            version: 1,
+            endpoints: addrs.iter().map(|a| FeedEndpoint { address: a.to_string(), load: None }).collect(),
+        };
+        let feed = FeedServer::start(serde_json::to_string(&snapshot).expect("json")).await.expect("feed");
+        feed.set_index_exchange(exchange);
+        let plugin = json!({
+            "endpoints": [], "strategy": "PREFIX_AWARE",
+            "feed": {"cluster": "warmpath_feed", "path": "/v1/feed/pool", "interval_ms": INTERVAL_MS},
+        });
+        let cfg = EnvoyConfig::new(addrs, plugin.to_string())
+            .with_wasm(filter_wasm().expect("filter module"))
+            .with_rig_headers()
+            .with_feed(FeedCluster { name: "warmpath_feed".into(), address: feed.addr() });
+        let a = EnvoyProcess::start(cfg.clone(), CONCURRENCY).await.expect("gateway A");
+        let b = EnvoyProcess::start(cfg, CONCURRENCY).await.expect("gateway B");
+        Fleet { upstreams, gateways: [a, b], feed }
+    }
+
+    fn index_of(&self, addr: &str) -> usize {
+        self.upstreams.iter().position(|u| u.addr().to_string() == addr).expect("answered by an upstream")
+    }
+
+    /// Polls gateway `g`'s stats until `pred` holds (up to 10 s); returns the last stats either way.
+    async fn stats_until(&self, g: usize, pred: impl Fn(&Stats) -> bool) -> Stats {
+        let mut s = self.gateways[g].stats().await.expect("stats");
+        for _ in 0..200 {
+            if pred(&s) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            s = self.gateways[g].stats().await.expect("stats");
+        }
+        s
+    }
+}
+
+/// A chat body: the conversation's first exchange, then `question`.
+fn turn(history: &str, question: &str) -> Vec<u8> {
+    json!({"model": "m", "messages": [
+        {"role": "user", "content": history},
+        {"role": "assistant", "content": "Noted."},
+        {"role": "user", "content": question},
+    ]})
+    .to_string()
+    .into_bytes()
+}
+
+/// POSTs `body` through gateway `envoy` on a connection of its own; returns the status and the upstream that
+/// answered.
+async fn post(envoy: &EnvoyProcess, body: Vec<u8>) -> (u16, String) {
+    let client = reqwest::Client::builder().timeout(Duration::from_secs(20)).build().expect("client");
+    let r = client
+        .post(format!("{}/v1/chat/completions", envoy.url()))
+        .header("connection", "close")
+        .body(body)
+        .send()
+        .await
+        .expect("request through envoy");
+    let status = r.status().as_u16();
+    let upstream = r.headers().get("x-upstream").and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
+    let _ = r.bytes().await;
+    (status, upstream)
+}
+
+/// A conversation's first turn through gateway A, then prefill work held at its endpoint as gateway B sees it
+/// (B's own filler requests waiting there), then its second turn through B. A gateway that does not know where
+/// the conversation went sees that work and an idle endpoint elsewhere and moves the turn; one that learned that
+/// the endpoint holds 3,000 cached characters keeps it there. Returns the first turn's upstream and the second's.
+async fn second_turn_through_the_other_gateway(f: Arc<Fleet>, name: &str, learned: impl Fn(&Stats) -> bool) -> (String, String) {
+    let history = prompt(name, 3000);
+    let (status, first) = post(&f.gateways[0], turn(&history, "first question")).await;
+    assert_eq!(status, 200);
+    let home = f.index_of(&first);
+    // Gateway A reports on its next poll, gateway B fetches on its own.
+    let s = f.stats_until(1, &learned).await;
+    if !learned(&s) {
+        let a = f.gateways[0].stats().await.expect("stats");
+        let show = |s: &Stats| format!("{:?}", s.with_prefix("wasmcustom.warmpath.").filter(|(k, _)| k.contains("exchange") || k.contains("feed")).collect::<Vec<_>>());
+        panic!("gateway B did not learn: A {} B {}; feed reports {}", show(&a), show(&s), f.feed.index_reports());
+    }
+
+    f.upstreams[home].hold();
+    let mut filler = Vec::new();
+    for i in 0..30 {
+        let f2 = f.clone();
+        let body = turn(&prompt(&format!("{name} filler {i}"), 400), "hello");
+        filler.push(tokio::spawn(async move { post(&f2.gateways[1], body).await }));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        if f.upstreams[home].active() >= 1 {
+            break;
+        }
+    }
+    assert_eq!(f.upstreams[home].active(), 1, "no filler request reached the conversation's endpoint");
+    let f2 = f.clone();
+    let second = tokio::spawn(async move { post(&f2.gateways[1], turn(&history, "second question")).await });
+    // The turn either waits at the held endpoint or is answered by another one.
+    for _ in 0..100 {
+        if f.upstreams[home].active() == 2 || second.is_finished() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    f.upstreams[home].release();
+    let (status, upstream) = second.await.expect("join");
+    assert_eq!(status, 200);
+    for h in filler {
+        assert_eq!(h.await.expect("join").0, 200);
+    }
+    (first, upstream)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_conversation_stays_on_one_endpoint_across_gateways_through_the_feed() {
+    let f = Arc::new(Fleet::start(true).await);
+    let (first, second) =
+        second_turn_through_the_other_gateway(f.clone(), "across gateways", |s| s.filter("index_exchange.received") >= 1).await;
+    assert_eq!(second, first, "the second turn left the conversation's endpoint");
+    assert!(f.feed.index_reports() >= 2, "both gateways report to the feed");
+    let a = f.stats_until(0, |s| s.filter("index_exchange.reported") >= 1).await;
+    assert!(a.filter("index_exchange.reported") >= 1, "gateway A reported its record");
+    assert_eq!(a.filter("feed.failures.index"), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_feeds_exchange_each_gateway_routes_on_its_own_index() {
+    let f = Arc::new(Fleet::start(false).await);
+    // Nothing to learn: wait until gateway B has polled (and been refused) a few times instead.
+    let (first, second) =
+        second_turn_through_the_other_gateway(f.clone(), "gateways alone", |s| s.filter("feed.failures.index") >= 2).await;
+    assert_ne!(second, first, "gateway B kept a turn it knew nothing of at a loaded endpoint");
+    let b = f.stats_until(1, |_| true).await;
+    assert_eq!(b.filter("index_exchange.received"), 0);
+    // The refused exchange costs nothing else: the feed's snapshot is applied and every request was answered.
+    assert_eq!(b.filter("feed.version"), 1);
+}

@@ -88,6 +88,11 @@ impl Summary {
     }
 }
 
+/// What the table's units and path column mean, printed under every table.
+const LEGEND: &str = "latencies in simulated ms; hit ratio = server-side cached prompt tokens / prompt tokens; \
+    path: envoy = Envoy + the filter; envoy-pick = routed client-side by the harness, its pick through Envoy without \
+    the filter; direct = routed client-side, no proxy hop; smg / vllm-router = the peer's real router process";
+
 /// The comparison table as Markdown (also readable in a terminal), with the pooled-cache bound below it.
 pub fn table(rows: &[Summary], pooled: Option<f64>) -> String {
     let mut s = String::new();
@@ -118,7 +123,7 @@ pub fn table(rows: &[Summary], pooled: Option<f64>) -> String {
     if let Some(p) = pooled {
         let _ = writeln!(s, "\npooled-cache bound (one cache holding the whole fleet's capacity): hit ratio {p:.3}");
     }
-    let _ = writeln!(s, "latencies in simulated ms; hit ratio = server-side cached prompt tokens / prompt tokens; \"direct\" = routed client-side by the harness (no proxy hop); smg / vllm-router = the peer's real router process");
+    let _ = writeln!(s, "{LEGEND}");
     s
 }
 
@@ -173,7 +178,7 @@ pub fn table_runs(runs: &[Vec<Summary>], pooled: &[f64]) -> String {
             mean_range(pooled, 3)
         );
     }
-    let _ = writeln!(s, "mean (min–max) over {} runs; latencies in simulated ms; hit ratio = server-side cached prompt tokens / prompt tokens; \"direct\" = routed client-side by the harness (no proxy hop); smg / vllm-router = the peer's real router process", runs.len());
+    let _ = writeln!(s, "mean (min–max) over {} runs; {LEGEND}", runs.len());
     s
 }
 

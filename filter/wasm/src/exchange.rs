@@ -28,9 +28,9 @@ use warmpath_core::Router;
 
 use crate::metrics::Metrics;
 
-/// Shortest life of a directory entry without renewal. Entries are renewed every tick (500 ms by default, else the
-/// feed interval, up to 60 s), and live for the larger of this and four ticks ([`entry_ttl`]), so the entry of a
-/// live VM never expires between two renewals.
+/// Shortest life of a directory entry without renewal. Entries are renewed every tick (at most 500 ms), and live
+/// for the larger of this and four ticks ([`entry_ttl`]), so the entry of a live VM never expires between two
+/// renewals.
 pub const PEER_TTL: Duration = Duration::from_secs(10);
 
 /// Life of a directory entry for a VM that renews it every `tick`: the larger of [`PEER_TTL`] and four ticks.
@@ -239,7 +239,7 @@ mod tests {
     #[test]
     fn entries_outlive_four_ticks() {
         assert_eq!(entry_ttl(Duration::from_millis(500)), PEER_TTL);
-        assert_eq!(entry_ttl(Duration::from_secs(60)), Duration::from_secs(240), "a 60 s feed interval");
+        assert_eq!(entry_ttl(Duration::from_secs(60)), Duration::from_secs(240), "a tick of a minute");
     }
 
     #[test]

@@ -1,12 +1,14 @@
 //! The endpoint/load feed poller: one poller per Envoy, elected among the VMs through a lease in shared
-//! data, fetches the controller's versioned snapshot (`GET feed.path` on Envoy cluster `feed.cluster`) on the tick
-//! and publishes it in shared data; every VM applies a newer published snapshot to its router on its own tick.
+//! data, fetches the controller's versioned snapshot (`GET feed.path` on Envoy cluster `feed.cluster`) every
+//! `feed.interval_ms` and publishes it in shared data; every VM applies a newer published snapshot to its router on
+//! its own tick.
 //!
 //! When the feed is unreachable or answers garbage, the last good snapshot stays in force and the failure is
 //! counted (`warmpath.feed.failures.<cause>`). Endpoint-set changes and the servers' reported loads go to the plugin's own router together
 //! (`Router::set_feed_endpoints`), which keeps the prefix index and the in-flight counters of endpoints that stay.
 //!
-//! On the same tick the poller runs the gateway leg of the index exchange (`warmpath_core::exchange`): it reports
+//! On every tick (500 ms, or `feed.interval_ms` when shorter, so a slow load feed does not slow the exchange) the
+//! poller runs the gateway leg of the index exchange (`warmpath_core::exchange`): it reports
 //! the index records this Envoy's VMs produced since the last report (`POST <path>/index`, kept by the VM while it
 //! holds the lease, `Exchange::collect`) and applies the records the other gateways reported, forwarding them to
 //! this Envoy's other VMs. A feed server without that route (404), or any failure, costs only the records of that
@@ -68,11 +70,18 @@ pub struct FeedPoller {
     index_state_key: String,
     /// Token of the index exchange call in flight.
     index_pending: Option<u32>,
+    /// Ticks per snapshot poll (`feed.interval_ms` over the tick period, rounded up).
+    ticks_per_poll: u64,
+    /// Ticks this VM held the lease, counted to poll the snapshot every `ticks_per_poll`.
+    ticks: u64,
+    /// The tick count at or after which the next snapshot poll is due.
+    next_poll: u64,
 }
 
 impl FeedPoller {
-    /// A poller for `settings`; `context_id` salts its lease owner id.
-    pub fn new(settings: FeedSettings, context_id: u32) -> Self {
+    /// A poller for `settings` called every `tick`; `context_id` salts its lease owner id.
+    pub fn new(settings: FeedSettings, context_id: u32, tick: Duration) -> Self {
+        let tick_ms = (tick.as_millis() as u64).max(1);
         let owner = crate::root::random_u64(u64::from(context_id)) | 1;
         let feed = format!("{}{}", settings.cluster, settings.path);
         FeedPoller {
@@ -81,6 +90,9 @@ impl FeedPoller {
             index_state_key: format!("{INDEX_STATE_KEY}{feed}"),
             index_path: format!("{}{INDEX_PATH_SUFFIX}", settings.path),
             index_pending: None,
+            ticks_per_poll: settings.interval_ms.div_ceil(tick_ms).max(1),
+            ticks: 0,
+            next_poll: 0,
             settings,
             owner,
             pending: None,
@@ -103,9 +115,11 @@ impl FeedPoller {
         if self.index_pending.is_none() {
             self.report_index(router, exchange, metrics);
         }
-        if self.pending.is_some() {
+        self.ticks += 1;
+        if self.ticks < self.next_poll || self.pending.is_some() {
             return;
         }
+        self.next_poll = self.ticks + self.ticks_per_poll;
         let headers = vec![(":method", "GET"), (":path", self.settings.path.as_str()), (":authority", "warmpath-feed")];
         let timeout = Duration::from_millis(self.settings.interval_ms.max(100));
         match hostcalls::dispatch_http_call(&self.settings.cluster, headers, None, vec![], timeout) {
@@ -152,7 +166,7 @@ impl FeedPoller {
             (REPORTER_HEADER, reporter.as_str()),
             (CURSOR_HEADER, cursor.as_str()),
         ];
-        let timeout = Duration::from_millis(self.settings.interval_ms.max(100));
+        let timeout = Duration::from_millis(self.settings.interval_ms.clamp(100, 1000));
         match hostcalls::dispatch_http_call(&self.settings.cluster, headers, Some(&records), vec![], timeout) {
             Ok(token) => {
                 self.index_pending = Some(token);

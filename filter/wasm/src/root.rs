@@ -22,7 +22,9 @@ use crate::feed::FeedPoller;
 use crate::http::FilterHttp;
 use crate::{metrics, shared};
 
-/// Tick period when no feed is configured: how often batched counters are flushed and in-flight gauges refreshed.
+/// Longest tick period: how often batched counters are flushed, in-flight gauges refreshed and, with a feed, index
+/// records exchanged with the other gateways. A feed polled more often (`feed.interval_ms` below this) ticks at its
+/// own interval; one polled less often is polled every few ticks.
 const DEFAULT_TICK: Duration = Duration::from_millis(500);
 
 thread_local! {
@@ -162,7 +164,7 @@ impl RootContext for FilterRoot {
             r
         });
         shared::init();
-        let tick = settings.feed.as_ref().map(|f| Duration::from_millis(f.interval_ms)).unwrap_or(DEFAULT_TICK);
+        let tick = settings.feed.as_ref().map_or(DEFAULT_TICK, |f| Duration::from_millis(f.interval_ms).min(DEFAULT_TICK));
         let exchange = EXCHANGES.with(|x| {
             let mut x = x.borrow_mut();
             if let Some(e) = x.get(&plugin) {
@@ -173,7 +175,7 @@ impl RootContext for FilterRoot {
             x.insert(plugin.clone(), e.clone());
             e
         });
-        self.feed = settings.feed.clone().map(|f| FeedPoller::new(f, self.context_id));
+        self.feed = settings.feed.clone().map(|f| FeedPoller::new(f, self.context_id, tick));
         let _ = hostcalls::set_tick_period(tick);
         info!(
             "configured plugin={plugin} strategy={} endpoints={} prefix_length={} block_size={} concurrency_threshold={} max_body_bytes={} feed={} upstream_clusters={}",

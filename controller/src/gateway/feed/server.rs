@@ -4,6 +4,9 @@
 //! Routes:
 //! - `GET /v1/feed/{kind}/{namespace}/{name}` → the feed's [`FeedSnapshot`] as JSON (404 if
 //!   unknown); `kind` is `policy` or `httproute`.
+//! - `POST /v1/feed/{kind}/{namespace}/{name}/index` → the gateway leg of the index exchange: the body's index
+//!   records are kept, the answer carries the other gateways' records since the request's cursor
+//!   (`warmpath_core::exchange`; 404 for an unknown feed, 400 with the reason for a malformed report).
 //! - `GET /wasm/{file}` → the filter module (`application/wasm`), only under its content-addressed
 //!   name `warmpath_filter-<first 16 hex of sha256>.wasm`, so a gateway can never cache one build
 //!   under another build's URL; Envoy Gateway / Istio also verify the sha256 we render.
@@ -14,11 +17,13 @@ use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::{Path, State};
-use axum::http::{header, StatusCode};
+use axum::http::{header, HeaderMap, HeaderName, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 use axum::Router;
 use sha2::{Digest, Sha256};
+use warmpath_core::exchange::INDEX_PATH_SUFFIX;
+use warmpath_core::headers::{CURSOR_HEADER, REPORTER_HEADER};
 
 use super::store::FeedStore;
 #[cfg(doc)]
@@ -61,6 +66,7 @@ struct AppState {
 pub fn router(store: FeedStore, wasm: Option<WasmBlob>) -> Router {
     Router::new()
         .route("/v1/feed/{kind}/{namespace}/{name}", get(feed))
+        .route(&format!("/v1/feed/{{kind}}/{{namespace}}/{{name}}{INDEX_PATH_SUFFIX}"), post(index_exchange))
         .route("/wasm/{file}", get(wasm_module))
         .route("/healthz", get(|| async { "ok" }))
         .with_state(AppState { store, wasm: wasm.map(Arc::new) })
@@ -83,6 +89,24 @@ async fn feed(State(st): State<AppState>, Path((kind, namespace, name)): Path<(S
     let key = crate::routing::feed_key(&kind, &namespace, &name);
     match st.store.get(&key) {
         Some(snap) => axum::Json(snap).into_response(),
+        None => (StatusCode::NOT_FOUND, format!("no feed {key}\n")).into_response(),
+    }
+}
+
+async fn index_exchange(
+    State(st): State<AppState>,
+    Path((kind, namespace, name)): Path<(String, String, String)>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let key = crate::routing::feed_key(&kind, &namespace, &name);
+    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    match st.store.index_exchange(&key, header(REPORTER_HEADER), header(CURSOR_HEADER), &body) {
+        Some(Ok((records, cursor))) => {
+            ([(header::CONTENT_TYPE, "application/octet-stream".to_string()), (HeaderName::from_static(CURSOR_HEADER), cursor.to_string())], records)
+                .into_response()
+        }
+        Some(Err(e)) => (StatusCode::BAD_REQUEST, format!("{e}\n")).into_response(),
         None => (StatusCode::NOT_FOUND, format!("no feed {key}\n")).into_response(),
     }
 }
@@ -126,6 +150,22 @@ mod tests {
         assert_eq!((snap.version, snap.endpoints.len()), (1, 1));
         assert_eq!(reqwest::get(format!("{base}/v1/feed/policy/ns/q")).await.unwrap().status(), 404);
         assert_eq!(reqwest::get(format!("{base}/healthz")).await.unwrap().text().await.unwrap(), "ok");
+        // The index exchange beside the feed: a gateway's records go to the others, never back to itself.
+        let mut rec = Vec::new();
+        warmpath_core::exchange::encode(&mut rec, 128, "10.0.0.1:8000", &[1, 2, 3]);
+        let report = |who: &'static str, body: Vec<u8>, path: &'static str| {
+            let url = format!("{base}{path}");
+            async move {
+                reqwest::Client::new().post(url).header(REPORTER_HEADER, who).header(CURSOR_HEADER, "0").body(body).send().await.unwrap()
+            }
+        };
+        let a = report("00000000000000aa", rec.clone(), "/v1/feed/policy/ns/p/index").await;
+        assert_eq!((a.status(), a.headers()[CURSOR_HEADER].to_str().unwrap().to_string()), (StatusCode::OK, "1".to_string()));
+        assert!(a.bytes().await.unwrap().is_empty(), "its own record is not sent back");
+        let b = report("00000000000000bb", Vec::new(), "/v1/feed/policy/ns/p/index").await;
+        assert_eq!(b.bytes().await.unwrap().to_vec(), rec);
+        assert_eq!(report("00000000000000bb", Vec::new(), "/v1/feed/policy/ns/q/index").await.status(), 404);
+        assert_eq!(report("nope", Vec::new(), "/v1/feed/policy/ns/p/index").await.status(), 400);
         task.abort();
     }
 }

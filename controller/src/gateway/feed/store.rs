@@ -1,8 +1,11 @@
 //! Snapshots per feed key (`namespace/name` of the policy or annotated HTTPRoute). The version of a
-//! feed grows only when its content changes, so pollers can skip identical documents.
+//! feed grows only when its content changes, so pollers can skip identical documents. Beside each snapshot, the
+//! feed's log of index records for the gateway leg of the index exchange (`warmpath_core::exchange`).
 
 use std::collections::HashMap;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
+
+use warmpath_core::exchange::RecordLog;
 
 use super::{FeedEndpoint, FeedSnapshot};
 
@@ -10,6 +13,8 @@ use super::{FeedEndpoint, FeedSnapshot};
 #[derive(Clone, Default)]
 pub struct FeedStore {
     inner: Arc<RwLock<HashMap<String, FeedSnapshot>>>,
+    /// The index exchange's record log of each feed (created by the first report).
+    logs: Arc<Mutex<HashMap<String, RecordLog>>>,
 }
 
 impl FeedStore {
@@ -38,9 +43,21 @@ impl FeedStore {
         self.inner.read().unwrap_or_else(|p| p.into_inner()).get(key).cloned()
     }
 
-    /// Removes a feed (its policy was deleted). Returns whether it existed.
+    /// Removes a feed (its policy was deleted), with its record log. Returns whether it existed.
     pub fn remove(&self, key: &str) -> bool {
+        self.logs.lock().unwrap_or_else(|p| p.into_inner()).remove(key);
         self.inner.write().unwrap_or_else(|p| p.into_inner()).remove(key).is_some()
+    }
+
+    /// One gateway's report to the index exchange of feed `key` ([`RecordLog::serve`]): `None` when the feed does
+    /// not exist, else the other gateways' records since the cursor and the next cursor, or why the report was
+    /// refused.
+    pub fn index_exchange(&self, key: &str, reporter: Option<&str>, cursor: Option<&str>, body: &[u8]) -> Option<Result<(Vec<u8>, u64), String>> {
+        if !self.inner.read().unwrap_or_else(|p| p.into_inner()).contains_key(key) {
+            return None;
+        }
+        let mut logs = self.logs.lock().unwrap_or_else(|p| p.into_inner());
+        Some(logs.entry(key.to_string()).or_default().serve(reporter, cursor, body))
     }
 
     /// Keys of every feed, sorted.
@@ -71,5 +88,21 @@ mod tests {
         assert!(s.remove("ns/p"));
         assert!(s.get("ns/p").is_none());
         assert!(!s.remove("ns/p"));
+    }
+
+    #[test]
+    fn index_exchange_needs_the_feed_and_goes_with_it() {
+        let s = FeedStore::default();
+        let mut rec = Vec::new();
+        warmpath_core::exchange::encode(&mut rec, 128, "10.0.0.1:80", &[1, 2]);
+        assert!(s.index_exchange("ns/p", Some("0000000000000001"), None, &rec).is_none(), "no such feed");
+        s.update("ns/p", vec![ep("10.0.0.1:80", 0)]);
+        assert_eq!(s.index_exchange("ns/p", Some("0000000000000001"), None, &rec), Some(Ok((Vec::new(), 1))));
+        assert_eq!(s.index_exchange("ns/p", Some("0000000000000002"), None, &[]), Some(Ok((rec.clone(), 1))));
+        assert!(s.index_exchange("ns/p", None, None, &[]).unwrap().is_err(), "a report names its gateway");
+        // A feed deleted and created again starts with an empty log.
+        s.remove("ns/p");
+        s.update("ns/p", vec![ep("10.0.0.1:80", 0)]);
+        assert_eq!(s.index_exchange("ns/p", Some("0000000000000002"), None, &[]), Some(Ok((Vec::new(), 0))));
     }
 }

@@ -12,8 +12,9 @@ use warmpath_harness::{filter_wasm, EnvoyConfig, EnvoyProcess, FeedCluster, Feed
 
 use crate::common::{prompt, CONCURRENCY};
 
-/// Feed poll interval of both gateways, ms.
-const INTERVAL_MS: u64 = 200;
+/// Feed poll interval of both gateways, ms: longer than the filter's 500 ms tick, which runs the index exchange
+/// (a load feed polled every few seconds must not slow it).
+const INTERVAL_MS: u64 = 1500;
 
 /// Upstreams, two gateways with the filter, and the feed both poll.
 struct Fleet {
@@ -148,6 +149,11 @@ async fn a_conversation_stays_on_one_endpoint_across_gateways_through_the_feed()
     let a = f.stats_until(0, |s| s.filter("index_exchange.reported") >= 1).await;
     assert!(a.filter("index_exchange.reported") >= 1, "gateway A reported its record");
     assert_eq!(a.filter("feed.failures.index"), 0);
+    // The exchange runs every tick (500 ms), the snapshot poll every INTERVAL_MS (three ticks).
+    let (reports, polls) = (f.feed.index_reports(), f.feed.hits());
+    tokio::time::sleep(Duration::from_millis(3000)).await;
+    let (reports, polls) = (f.feed.index_reports() - reports, f.feed.hits() - polls);
+    assert!(reports >= 2 * polls.max(1), "{reports} exchange reports and {polls} snapshot polls in 3 s");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -142,3 +142,32 @@ pub fn prompt(seed: &str, len: usize) -> String {
     s.truncate(len);
     s
 }
+
+/// A chat body of a conversation's later turn: its first exchange (`history`, then the assistant's "Noted."), then
+/// `question`.
+pub fn turn(history: &str, question: &str) -> Vec<u8> {
+    json!({"model": "m", "messages": [
+        {"role": "user", "content": history},
+        {"role": "assistant", "content": "Noted."},
+        {"role": "user", "content": question},
+    ]})
+    .to_string()
+    .into_bytes()
+}
+
+/// POSTs a chat `body` through `envoy` on a connection of its own (a fresh client, closed after the answer), as
+/// separate users or a reconnecting client do; returns the status and the upstream that answered.
+pub async fn post_fresh(envoy: &EnvoyProcess, body: Vec<u8>) -> (u16, String) {
+    let client = reqwest::Client::builder().timeout(Duration::from_secs(20)).build().expect("client");
+    let r = client
+        .post(format!("{}/v1/chat/completions", envoy.url()))
+        .header("connection", "close")
+        .body(body)
+        .send()
+        .await
+        .expect("request through envoy");
+    let status = r.status().as_u16();
+    let upstream = r.headers().get("x-upstream").and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
+    let _ = r.bytes().await;
+    (status, upstream)
+}

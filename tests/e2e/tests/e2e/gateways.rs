@@ -10,7 +10,7 @@ use serde_json::json;
 use warmpath_core::feed::{FeedEndpoint, FeedSnapshot};
 use warmpath_harness::{filter_wasm, EnvoyConfig, EnvoyProcess, FeedCluster, FeedServer, Stats, Upstream};
 
-use crate::common::{prompt, CONCURRENCY};
+use crate::common::{post_fresh, prompt, turn, CONCURRENCY};
 
 /// Feed poll interval of both gateways, ms: longer than the filter's 500 ms tick, which runs the index exchange
 /// (a load feed polled every few seconds must not slow it).
@@ -64,41 +64,20 @@ impl Fleet {
     }
 }
 
-/// A chat body: the conversation's first exchange, then `question`.
-fn turn(history: &str, question: &str) -> Vec<u8> {
-    json!({"model": "m", "messages": [
-        {"role": "user", "content": history},
-        {"role": "assistant", "content": "Noted."},
-        {"role": "user", "content": question},
-    ]})
-    .to_string()
-    .into_bytes()
-}
-
-/// POSTs `body` through gateway `envoy` on a connection of its own; returns the status and the upstream that
-/// answered.
-async fn post(envoy: &EnvoyProcess, body: Vec<u8>) -> (u16, String) {
-    let client = reqwest::Client::builder().timeout(Duration::from_secs(20)).build().expect("client");
-    let r = client
-        .post(format!("{}/v1/chat/completions", envoy.url()))
-        .header("connection", "close")
-        .body(body)
-        .send()
-        .await
-        .expect("request through envoy");
-    let status = r.status().as_u16();
-    let upstream = r.headers().get("x-upstream").and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
-    let _ = r.bytes().await;
-    (status, upstream)
-}
-
 /// A conversation's first turn through gateway A, then prefill work held at its endpoint as gateway B sees it
 /// (B's own filler requests waiting there), then its second turn through B. A gateway that does not know where
 /// the conversation went sees that work and an idle endpoint elsewhere and moves the turn; one that learned that
 /// the endpoint holds 3,000 cached characters keeps it there. Returns the first turn's upstream and the second's.
 async fn second_turn_through_the_other_gateway(f: Arc<Fleet>, name: &str, learned: impl Fn(&Stats) -> bool) -> (String, String) {
+    // The endpoints come from the feed: wait until both gateways applied the snapshot, then two more ticks for
+    // every VM of each (they apply it on their own tick; before that a request is not routed by the filter).
+    for g in 0..2 {
+        let s = f.stats_until(g, |s| s.filter("feed.version") == 1).await;
+        assert_eq!(s.filter("feed.version"), 1, "gateway {g} did not apply the feed's snapshot");
+    }
+    tokio::time::sleep(Duration::from_millis(1000)).await;
     let history = prompt(name, 3000);
-    let (status, first) = post(&f.gateways[0], turn(&history, "first question")).await;
+    let (status, first) = post_fresh(&f.gateways[0], turn(&history, "first question")).await;
     assert_eq!(status, 200);
     let home = f.index_of(&first);
     // Gateway A reports on its next poll, gateway B fetches on its own.
@@ -114,7 +93,7 @@ async fn second_turn_through_the_other_gateway(f: Arc<Fleet>, name: &str, learne
     for i in 0..30 {
         let f2 = f.clone();
         let body = turn(&prompt(&format!("{name} filler {i}"), 400), "hello");
-        filler.push(tokio::spawn(async move { post(&f2.gateways[1], body).await }));
+        filler.push(tokio::spawn(async move { post_fresh(&f2.gateways[1], body).await }));
         tokio::time::sleep(Duration::from_millis(100)).await;
         if f.upstreams[home].active() >= 1 {
             break;
@@ -122,7 +101,7 @@ async fn second_turn_through_the_other_gateway(f: Arc<Fleet>, name: &str, learne
     }
     assert_eq!(f.upstreams[home].active(), 1, "no filler request reached the conversation's endpoint");
     let f2 = f.clone();
-    let second = tokio::spawn(async move { post(&f2.gateways[1], turn(&history, "second question")).await });
+    let second = tokio::spawn(async move { post_fresh(&f2.gateways[1], turn(&history, "second question")).await });
     // The turn either waits at the held endpoint or is answered by another one.
     for _ in 0..100 {
         if f.upstreams[home].active() == 2 || second.is_finished() {

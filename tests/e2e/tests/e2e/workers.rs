@@ -7,46 +7,18 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use crate::common::{prompt, Rig};
+use crate::common::{post_fresh, prompt, turn, Rig};
 
 /// Envoy worker threads in this test.
 const WORKERS: u32 = 4;
 /// Follow-up turns of the conversation, each on its own connection.
 const TURNS: usize = 6;
 
-/// A chat body: the conversation's first exchange, then `question`.
-fn turn(history: &str, question: &str) -> Vec<u8> {
-    json!({"model": "m", "messages": [
-        {"role": "user", "content": history},
-        {"role": "assistant", "content": "Noted."},
-        {"role": "user", "content": question},
-    ]})
-    .to_string()
-    .into_bytes()
-}
-
-/// POSTs `body` on a connection of its own (a fresh client, closed after the answer), as separate users or a
-/// reconnecting client do.
-async fn post_fresh(rig: &Rig, body: Vec<u8>) -> (u16, String) {
-    let client = reqwest::Client::builder().timeout(Duration::from_secs(20)).build().expect("client");
-    let r = client
-        .post(format!("{}/v1/chat/completions", rig.envoy.url()))
-        .header("connection", "close")
-        .body(body)
-        .send()
-        .await
-        .expect("request through envoy");
-    let status = r.status().as_u16();
-    let upstream = r.headers().get("x-upstream").and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
-    let _ = r.bytes().await;
-    (status, upstream)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_conversation_on_different_connections_stays_on_one_endpoint_across_workers() {
     let rig = Arc::new(Rig::start_workers(3, json!({"strategy": "PREFIX_AWARE"}), WORKERS).await);
     let history = prompt("conversation about warm caches", 3000);
-    let (status, first) = post_fresh(&rig, turn(&history, "first question")).await;
+    let (status, first) = post_fresh(&rig.envoy, turn(&history, "first question")).await;
     assert_eq!(status, 200);
     let home = rig.index_of(&first).expect("answered by an upstream");
 
@@ -58,7 +30,7 @@ async fn a_conversation_on_different_connections_stays_on_one_endpoint_across_wo
     for i in 0..30 {
         let rig2 = rig.clone();
         let body = turn(&prompt(&format!("unrelated filler {i}"), 400), "hello");
-        filler.push(tokio::spawn(async move { post_fresh(&rig2, body).await }));
+        filler.push(tokio::spawn(async move { post_fresh(&rig2.envoy, body).await }));
         tokio::time::sleep(Duration::from_millis(100)).await;
         if rig.upstreams[home].active() >= 1 {
             break;
@@ -70,7 +42,7 @@ async fn a_conversation_on_different_connections_stays_on_one_endpoint_across_wo
     for t in 0..TURNS {
         let rig2 = rig.clone();
         let body = turn(&history, &format!("follow-up question {t}"));
-        turns.push(tokio::spawn(async move { post_fresh(&rig2, body).await }));
+        turns.push(tokio::spawn(async move { post_fresh(&rig2.envoy, body).await }));
         // One at a time, so each turn's pick sees the earlier ones (sent by whichever worker routed them).
         tokio::time::sleep(Duration::from_millis(150)).await;
     }
@@ -113,7 +85,7 @@ async fn conversation_on_fresh_connections_sticks_with_four_workers() {
             messages.push(json!({"role": "user", "content": prompt(&format!("conv {c} turn {turn}"), 300)}));
             let body = json!({"model": "m", "messages": messages}).to_string().into_bytes();
             // A new connection per turn, accepted by whichever worker the kernel picks.
-            let (status, upstream) = post_fresh(&rig, body).await;
+            let (status, upstream) = post_fresh(&rig.envoy, body).await;
             assert_eq!(status, 200);
             seen.insert(upstream);
             messages.push(json!({"role": "assistant", "content": prompt(&format!("answer {c} {turn}"), 400)}));

@@ -25,8 +25,8 @@
 //!    seen the shared prefix, and turn k+1 gets turn k's key as long as turn 1 reached that checkpoint.
 //! 3. Candidates: the holders of the deepest matched node, the key's top [`RENDEZVOUS_CANDIDATES`] rendezvous
 //!    endpoints, and the least-loaded endpoint (least waiting prefill work, then fewest requests outstanding).
-//!    Finding the last two is one pass over the endpoints with a few multiplications and comparisons each (no
-//!    sort).
+//!    Finding the last two takes two passes over the endpoints with a few multiplications and comparisons each
+//!    (no sort).
 //! 4. For each candidate `e` the predicted time to first token, in bytes of prompt text to prefill before this
 //!    request's first token:
 //!

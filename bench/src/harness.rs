@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 use tokio::task::JoinSet;
 use warmpath_core::Settings;
-use warmpath_core::feed::{FeedEndpoint, FeedSnapshot};
+use warmpath_core::feed::{FeedEndpoint, FeedLoad, FeedSnapshot};
 use warmpath_harness::{filter_wasm, EnvoyConfig, EnvoyProcess, FeedCluster, FeedServer, FILTER_STAT_PREFIX};
 use warmpath_sim::{SimConfig, SimServer};
 
@@ -105,11 +105,11 @@ pub enum ClientHop {
 }
 
 /// Keys of the plugin configuration the harness sets itself: `strategy` is the strategy being measured (its report
-/// label), `endpoints` are the simulated servers, and `feed` is the harness's own feed server (several gateways),
-/// so extra configuration may not override them.
+/// label), `endpoints` are the simulated servers, and `feed` is the harness's own feed server (several gateways, or
+/// [`RunSettings::feed`]), so extra configuration may not override them.
 pub const HARNESS_OWNED_KEYS: [&str; 3] = ["strategy", "endpoints", "feed"];
 
-/// Envoy cluster of the harness's feed server (several gateways).
+/// Envoy cluster of the harness's feed server.
 const FEED_CLUSTER: &str = "warmpath_feed";
 
 /// The feed path the gateways poll on the harness's feed server.
@@ -187,6 +187,9 @@ pub struct RunSettings {
     /// With several gateways, exchange index records between them through a feed server as the controller's feed
     /// does (`warmpath_core::exchange`); false answers the exchange with 404, as a feed server without it would.
     pub gateway_exchange: bool,
+    /// Feed the filter strategies from the harness's feed server even with one gateway (it always runs with
+    /// several): the endpoints and each server's load, scraped every poll interval, as the controller's feed does.
+    pub feed: bool,
     /// How the harness's own routers reach the servers.
     pub client_hop: ClientHop,
     /// Model name sent in requests.
@@ -264,7 +267,7 @@ pub async fn run_strategy(strategy: &Strategy, reqs: &[Request], s: &RunSettings
     let mut envoys = Vec::new();
     let mut peer = None;
     let mut scraper = None;
-    let mut feed: Option<FeedServer> = None;
+    let mut feed: Option<Arc<FeedServer>> = None;
     // The plain Envoy the harness's own picks travel through (ClientHop::Envoy).
     let mut hop = None;
     if matches!(strategy, Strategy::Baseline(_) | Strategy::Cost(_)) && s.client_hop == ClientHop::Envoy {
@@ -281,20 +284,21 @@ pub async fn run_strategy(strategy: &Strategy, reqs: &[Request], s: &RunSettings
             let upstreams: Vec<std::net::SocketAddr> = servers.iter().map(|x| x.addr()).collect();
             let mut extra = s.filter_extra.clone();
             let mut feed_cluster = None;
-            if s.gateways > 1 {
-                // Several gateways poll one feed, as they would the controller's: it serves the same endpoints and
-                // carries the index exchange between them.
+            if s.gateways > 1 || s.feed {
+                // The gateways poll one feed, as they would the controller's: it serves the same endpoints with
+                // each server's load, and carries the index exchange between gateways.
                 let snapshot = FeedSnapshot {
                     version: 1,
                     endpoints: addrs.iter().map(|a| FeedEndpoint { address: a.clone(), load: None }).collect(),
                 };
-                let f = FeedServer::start(serde_json::to_string(&snapshot)?).await?;
+                let f = Arc::new(FeedServer::start(serde_json::to_string(&snapshot)?).await?);
                 f.set_index_exchange(s.gateway_exchange);
                 let interval_ms = feed_interval_ms(s.sim.latency.time_scale);
                 if let Some(o) = extra.as_object_mut() {
                     o.insert("feed".into(), json!({"cluster": FEED_CLUSTER, "path": FEED_PATH, "interval_ms": interval_ms}));
                 }
                 feed_cluster = Some(FeedCluster { name: FEED_CLUSTER.into(), address: f.addr() });
+                scraper = Some(spawn_feed_loads(&f, addrs.clone(), Duration::from_millis(interval_ms)));
                 feed = Some(f);
             }
             let plugin = filter_plugin_config(name, &upstreams, &extra);
@@ -461,6 +465,33 @@ pub async fn run_strategy(strategy: &Strategy, reqs: &[Request], s: &RunSettings
         filter_stats,
         wall_s,
         time_scale: scale,
+    })
+}
+
+/// Starts a task that, every `every` (wall time), scrapes each server's `/metrics` and makes the endpoints with
+/// their loads `feed`'s next snapshot, as the controller's feed does (an endpoint whose scrape failed is served
+/// without a load). Ends when the feed server is dropped.
+fn spawn_feed_loads(feed: &Arc<FeedServer>, addrs: Vec<String>, every: Duration) -> tokio::task::JoinHandle<()> {
+    let weak = Arc::downgrade(feed);
+    tokio::spawn(async move {
+        let client = reqwest::Client::new();
+        let mut version = 1;
+        loop {
+            tokio::time::sleep(every).await;
+            let mut endpoints = Vec::with_capacity(addrs.len());
+            for a in &addrs {
+                let load = scrape(&client, a).await.ok().map(|m| {
+                    let l = m.load();
+                    FeedLoad { waiting: l.waiting, running: l.running, kv_cache_usage: l.kv_cache_usage.clamp(0.0, 1.0) }
+                });
+                endpoints.push(FeedEndpoint { address: a.clone(), load });
+            }
+            let Some(f) = weak.upgrade() else { return };
+            version += 1;
+            if let Ok(json) = serde_json::to_string(&FeedSnapshot { version, endpoints }) {
+                f.set_snapshot(json);
+            }
+        }
     })
 }
 

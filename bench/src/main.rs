@@ -82,9 +82,9 @@ struct Args {
     #[arg(long, default_value_t = 2)]
     envoy_concurrency: u32,
     /// Envoy processes (gateway replicas) for the filter strategies, each with the same plugin configuration; the
-    /// client spreads requests over them (see --spread). Above 1, the gateways poll one feed server (the same
-    /// endpoints, a poll every simulated second, at least 100 ms) that carries the index exchange between them
-    /// (see --no-gateway-exchange). Other strategies use one router.
+    /// client spreads requests over them (see --spread). Above 1, the gateways poll one feed server (as with
+    /// --feed) that also carries the index exchange between them (see --no-gateway-exchange). Other strategies use
+    /// one router.
     #[arg(long, default_value_t = 1, value_parser = at_least_one)]
     gateways: usize,
     /// How the client spreads requests over --gateways: `random` (per request) or `session` (sticky per
@@ -96,6 +96,12 @@ struct Args {
     /// index). By default the gateways exchange them through the feed server, as through the controller's feed.
     #[arg(long)]
     no_gateway_exchange: bool,
+    /// Feed the filter strategies from a feed server as the controller's feed would, also with one gateway: the
+    /// endpoints and each server's load (waiting, running, KV usage from its /metrics), scraped and polled every
+    /// simulated second (at least 100 ms wall). Without it and with one gateway, the filter knows only the load
+    /// it sent itself.
+    #[arg(long)]
+    feed: bool,
     /// How the client-side routers (the re-implemented baselines, DYNAMO_KV, ORACLE, ORACLE_TTFT) reach the
     /// servers: `envoy` (their pick through an Envoy without the filter, in `x-gateway-destination-endpoint`: the
     /// same proxy hop the filter and the peers' routers pay) or `direct` (no proxy hop).
@@ -216,6 +222,7 @@ async fn run(a: Args) -> anyhow::Result<()> {
         spread: a.spread,
         client_hop: a.client_hop,
         gateway_exchange: !a.no_gateway_exchange,
+        feed: a.feed,
         model: "sim-model".into(),
         progress_every: Some(Duration::from_secs(5)),
     };

@@ -56,6 +56,20 @@ async fn two_gateways_answer_every_request_and_each_request_is_decided_once() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_gateway_with_the_feed_applies_snapshots_with_server_loads() {
+    let reqs = generate(WorkloadKind::Chat, GenParams { requests: 60, rate_per_s: 8.0, seed: 8 });
+    let s = RunSettings { feed: true, ..settings() };
+    let run = run_strategy(&Strategy::Filter("PREFIX_AWARE".into()), &reqs, &s).await.expect("fed run");
+    assert_balanced(&run);
+    let stat = |name: &str| run.filter_stats.iter().filter(|(k, _)| k.ends_with(name)).map(|(_, v)| *v).sum::<u64>();
+    // The harness's feed server replaces its snapshot (a new version with each server's scraped load) every
+    // poll interval; the filter applying versions past the first shows the loads reach it during the run.
+    assert!(stat("feed.version") > 1, "{:?}", run.filter_stats);
+    assert!(stat("feed.applied") >= 2, "{:?}", run.filter_stats);
+    assert_eq!(stat("feed.failures.invalid"), 0, "{:?}", run.filter_stats);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_side_pick_goes_straight_to_its_server_without_the_hop() {
     let reqs = generate(WorkloadKind::Chat, GenParams { requests: 40, rate_per_s: 8.0, seed: 7 });
     let s = RunSettings { client_hop: ClientHop::Direct, ..settings() };

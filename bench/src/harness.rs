@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 use tokio::task::JoinSet;
 use warmpath_core::Settings;
-use warmpath_core::feed::{FeedEndpoint, FeedLoad, FeedSnapshot};
+use warmpath_core::feed::{FeedEndpoint, FeedSnapshot};
 use warmpath_harness::{filter_wasm, EnvoyConfig, EnvoyProcess, FeedCluster, FeedServer, FILTER_STAT_PREFIX};
 use warmpath_sim::{SimConfig, SimServer};
 
@@ -480,10 +480,7 @@ fn spawn_feed_loads(feed: &Arc<FeedServer>, addrs: Vec<String>, every: Duration)
             tokio::time::sleep(every).await;
             let mut endpoints = Vec::with_capacity(addrs.len());
             for a in &addrs {
-                let load = scrape(&client, a).await.ok().map(|m| {
-                    let l = m.load();
-                    FeedLoad { waiting: l.waiting, running: l.running, kv_cache_usage: l.kv_cache_usage.clamp(0.0, 1.0) }
-                });
+                let load = scrape(&client, a).await.ok().map(|m| m.load);
                 endpoints.push(FeedEndpoint { address: a.clone(), load });
             }
             let Some(f) = weak.upgrade() else { return };

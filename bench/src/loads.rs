@@ -4,16 +4,14 @@
 use std::time::Duration;
 
 use warmpath_core::endpoint::ServerLoad;
+use warmpath_core::feed::FeedLoad;
 
 /// Counters and gauges of one server, summed over label sets.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct ServerMetrics {
-    /// `vllm:num_requests_running`.
-    pub running: f64,
-    /// `vllm:num_requests_waiting`.
-    pub waiting: f64,
-    /// `vllm:kv_cache_usage_perc` (0–1).
-    pub kv_usage: f64,
+    /// `vllm:num_requests_waiting`, `vllm:num_requests_running` and `vllm:kv_cache_usage_perc`, as the
+    /// controller's feed serves them (`warmpath_server_metrics::ServerMetrics::load`).
+    pub load: FeedLoad,
     /// `vllm:prefix_cache_queries_total`, tokens.
     pub prefix_queries: f64,
     /// `vllm:prefix_cache_hits_total`, tokens.
@@ -30,18 +28,16 @@ impl ServerMetrics {
     pub fn parse(text: &str) -> anyhow::Result<Self> {
         let m = warmpath_server_metrics::ServerMetrics::parse(text).map_err(anyhow::Error::msg)?;
         Ok(ServerMetrics {
-            running: m.running,
-            waiting: m.waiting,
-            kv_usage: m.kv_cache_usage.unwrap_or(0.0),
+            load: m.load(),
             prefix_queries: m.prefix_cache_queries.unwrap_or(0.0),
             prefix_hits: m.prefix_cache_hits.unwrap_or(0.0),
             requests: m.requests_completed.unwrap_or(0.0),
         })
     }
 
-    /// The load part, as the core's [`ServerLoad`].
-    pub fn load(&self) -> ServerLoad {
-        ServerLoad { waiting: self.waiting as u32, running: self.running as u32, kv_cache_usage: self.kv_usage as f32 }
+    /// [`Self::load`] as the core's [`ServerLoad`] (what the client-side routers compare).
+    pub fn server_load(&self) -> ServerLoad {
+        self.load.into()
     }
 }
 
@@ -74,8 +70,13 @@ mod tests {
         let p = ServerMetrics::parse(&m.encode()).unwrap();
         assert_eq!(
             p,
-            ServerMetrics { running: 3.0, waiting: 2.0, kv_usage: 0.5, prefix_queries: 100.0, prefix_hits: 40.0, requests: 7.0 }
+            ServerMetrics {
+                load: FeedLoad { waiting: 2, running: 3, kv_cache_usage: 0.5 },
+                prefix_queries: 100.0,
+                prefix_hits: 40.0,
+                requests: 7.0
+            }
         );
-        assert_eq!(p.load(), ServerLoad { waiting: 2, running: 3, kv_cache_usage: 0.5 });
+        assert_eq!(p.server_load(), ServerLoad { waiting: 2, running: 3, kv_cache_usage: 0.5 });
     }
 }

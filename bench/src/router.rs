@@ -61,7 +61,7 @@ impl ClientRouter {
                 let Some(me) = weak.upgrade() else { return };
                 for (i, a) in addrs.iter().enumerate() {
                     if let Ok(m) = scrape(&client, a).await {
-                        me.server.lock().unwrap_or_else(|e| e.into_inner())[i] = Some(m.load());
+                        me.server.lock().unwrap_or_else(|e| e.into_inner())[i] = Some(m.server_load());
                     }
                 }
                 drop(me);

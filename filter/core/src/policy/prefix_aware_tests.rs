@@ -574,3 +574,49 @@ fn a_prefix_other_requests_went_on_from_is_not_charged_for_moving() {
         assert_eq!(d.endpoint == p, stays, "waiting {work}, cached {matched}: {:?}", d.reason);
     }
 }
+
+/// The single pass of the decision agrees with the definitions it packs into integers: the top rendezvous
+/// endpoints are the highest scores, and the least-loaded endpoint is the admitted one with the least waiting work,
+/// then the fewest outstanding requests, then the higher score — over loads with and without server reports,
+/// including ties and refused endpoints, and with fewer loads than endpoints (the rest are idle).
+#[test]
+fn one_pass_scan_matches_its_definitions() {
+    use super::{scan, waiting_work, RENDEZVOUS_CANDIDATES};
+    use crate::hrw;
+    use crate::load::{load_at, LoadGuard};
+    let r = |seed: u64, i: u64| xxh3_64(&[seed.to_le_bytes(), i.to_le_bytes()].concat());
+    for case in 0..2000u64 {
+        let n = 1 + (r(case, 0) % 40) as usize;
+        let hashes: Vec<u64> = (0..n as u64).map(|i| r(case, 100 + i)).collect();
+        let loads: Vec<EndpointLoad> = (0..n.saturating_sub((r(case, 1) % 3) as usize).max(1) as u64)
+            .map(|i| {
+                let h = r(case, 1000 + i);
+                EndpointLoad {
+                    in_flight: (h % 5) as u32,
+                    pending_prefill: [0, 100, 100, 5000][(h >> 8) as usize % 4],
+                    server: (h >> 16 & 3 == 0).then_some(ServerLoad {
+                        waiting: (h >> 20) as u32 % 3,
+                        running: (h >> 24) as u32 % 4,
+                        kv_cache_usage: if h >> 28 & 7 == 0 { 0.99 } else { 0.5 },
+                    }),
+                }
+            })
+            .collect();
+        let guard = LoadGuard::new(4);
+        let (mean, kf) = (60.0, hrw::key_factor(r(case, 2)));
+        let (top, least) = scan(kf, &hashes, &loads, guard, mean);
+        let score = |i: usize| hrw::score_hashed(kf, hashes[i]);
+        let mut by_score: Vec<usize> = (0..n).collect();
+        by_score.sort_by_key(|&i| std::cmp::Reverse(score(i)));
+        let want_top: Vec<usize> = by_score.iter().copied().take(RENDEZVOUS_CANDIDATES).collect();
+        let got_top: Vec<usize> = top.iter().map(|t| t.1).filter(|&i| i != usize::MAX).collect();
+        assert_eq!(got_top, want_top, "case {case}");
+        let want_least = (0..n)
+            .filter(|&i| guard.admits(&loads, i))
+            .min_by_key(|&i| {
+                let l = load_at(&loads, i);
+                (waiting_work(&l, mean), l.effective(), std::cmp::Reverse(score(i)))
+            });
+        assert_eq!(least, want_least, "case {case}");
+    }
+}

@@ -15,9 +15,9 @@ use prometheus_client::registry::Registry;
 #[derive(Debug)]
 pub struct Metrics {
     registry: Registry,
-    /// Requests in the running batch.
+    /// Requests in their prefill or decode.
     pub running: Gauge,
-    /// Requests waiting for a batch slot.
+    /// Requests whose prefill has not started: waiting for a batch slot, or with one, for the prefill lane.
     pub waiting: Gauge,
     /// Fraction of KV blocks pinned by running requests, 0–1.
     pub kv_usage: Gauge<f64, AtomicU64>,
@@ -57,8 +57,8 @@ impl Metrics {
             ),
             registry: Registry::default(),
         };
-        registry.register("vllm:num_requests_running", "Requests in the running batch", m.running.clone());
-        registry.register("vllm:num_requests_waiting", "Requests waiting for a batch slot", m.waiting.clone());
+        registry.register("vllm:num_requests_running", "Requests in their prefill or decode", m.running.clone());
+        registry.register("vllm:num_requests_waiting", "Requests whose prefill has not started", m.waiting.clone());
         registry.register("vllm:kv_cache_usage_perc", "KV-cache usage, 1 = 100 percent", m.kv_usage.clone());
         registry.register("vllm:prefix_cache_queries", "Prompt tokens queried in the prefix cache", m.prefix_queries.clone());
         registry.register("vllm:prefix_cache_hits", "Prompt tokens hit in the prefix cache", m.prefix_hits.clone());

@@ -307,9 +307,14 @@ async fn simulate(s: Shared, prompt: String, max_tokens: usize, tx: mpsc::Sender
     s.waiting_prompt_tokens.fetch_add(prompt_tokens, Ordering::Relaxed);
     let slot = s.batch.clone().acquire_owned().await;
     s.waiting_prompt_tokens.fetch_sub(prompt_tokens, Ordering::Relaxed);
-    s.metrics.waiting.dec();
-    let Ok(_slot) = slot else { return };
-    s.metrics.running.inc();
+    let Ok(_slot) = slot else {
+        s.metrics.waiting.dec();
+        return;
+    };
+    // Still `waiting` in the gauges until its prefill starts: vLLM's scheduler keeps a request in its waiting queue
+    // until a step schedules its first prompt tokens, which a long prefill ahead of it (holding the step's token
+    // budget) delays (`vllm/v1/core/sched/scheduler.py`). A request with a batch slot that waits for the prefill
+    // lane is that request.
     let start = Instant::now();
 
     let hashes = block_hashes(prompt.as_bytes(), s.cfg.block_tokens);
@@ -332,6 +337,8 @@ async fn simulate(s: Shared, prompt: String, max_tokens: usize, tx: mpsc::Sender
             Some(sem) => sem.clone().acquire_owned().await.ok(),
             None => None,
         };
+        s.metrics.waiting.dec();
+        s.metrics.running.inc();
         tokio::time::sleep(lat.wall(lat.prefill_ms(prompt_tokens - cached))).await;
     }
     {

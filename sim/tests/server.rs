@@ -156,3 +156,45 @@ async fn probe_reports_pending_prefill_while_it_runs_and_the_cached_prefix_after
     assert_eq!(after.cached_blocks, 24, "{after:?}");
     s.stop().await;
 }
+
+#[tokio::test]
+async fn a_request_queued_behind_another_prefill_counts_as_waiting() {
+    // One prefill lane at real time, 1 simulated ms per token: the first 400-token prompt holds the lane for 400 ms,
+    // so the second, sent while it prefills, has a batch slot but has not started its prefill (vLLM would still
+    // list it in its waiting queue).
+    let cfg = SimConfig {
+        latency: LatencyProfile { prefill_ms_per_token: 1.0, overhead_ms: 0.0, itl_ms: 1.0, prefill_lanes: 1, ..Default::default() },
+        ..Default::default()
+    };
+    let s = SimServer::start(cfg, "127.0.0.1:0".parse().unwrap()).await.unwrap();
+    let probe = s.probe();
+    let c = reqwest::Client::new();
+    let url = format!("http://{}/v1/completions", s.addr());
+    let metrics = format!("http://{}/metrics", s.addr());
+    let send = |seed: u64| {
+        let body = json!({"model": "m", "prompt": tokens::filler_text(seed, 400), "max_tokens": 2});
+        tokio::spawn(c.post(&url).json(&body).send())
+    };
+    let first = send(21);
+    let start = std::time::Instant::now();
+    while probe.truth("").pending_prefill_tokens == 0 && start.elapsed() < std::time::Duration::from_secs(5) {
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    let second = send(22);
+    let during = loop {
+        let m = c.get(&metrics).send().await.unwrap().text().await.unwrap();
+        if probe.truth("").pending_prefill_tokens >= 800 || start.elapsed() > std::time::Duration::from_secs(5) {
+            break m;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    };
+    assert!(during.contains("vllm:num_requests_running{model_name=\"sim-model\"} 1"), "{during}");
+    assert!(during.contains("vllm:num_requests_waiting{model_name=\"sim-model\"} 1"), "{during}");
+    for r in [first, second] {
+        r.await.unwrap().unwrap().bytes().await.unwrap();
+    }
+    let after = c.get(&metrics).send().await.unwrap().text().await.unwrap();
+    assert!(after.contains("vllm:num_requests_running{model_name=\"sim-model\"} 0"), "{after}");
+    assert!(after.contains("vllm:num_requests_waiting{model_name=\"sim-model\"} 0"), "{after}");
+    s.stop().await;
+}

@@ -28,10 +28,6 @@ pub struct ServerLoad {
     pub kv_cache_usage: f32,
 }
 
-/// KV-cache usage at or above which an endpoint that also has queued requests counts as overloaded
-/// (a full cache with a queue means the server is preempting or waiting for blocks).
-pub const KV_CACHE_FULL: f32 = 0.95;
-
 /// Load of one endpoint as the router sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct EndpointLoad {
@@ -58,10 +54,5 @@ impl EndpointLoad {
             Some(s) => self.in_flight.max(s.waiting.saturating_add(s.running)),
             None => self.in_flight,
         }
-    }
-
-    /// True when the server reports a full KV cache (≥ [`KV_CACHE_FULL`]) and a queue.
-    pub fn kv_saturated(&self) -> bool {
-        self.server.is_some_and(|s| s.kv_cache_usage >= KV_CACHE_FULL && s.waiting > 0)
     }
 }

@@ -26,7 +26,7 @@
 //! 3. Candidates: the holders of the deepest matched node, the key's top [`RENDEZVOUS_CANDIDATES`] rendezvous
 //!    endpoints, and the least-loaded endpoint (least waiting prefill work, then fewest requests outstanding).
 //!    Finding the last two takes one pass over the endpoints with a few multiplications and comparisons each
-//!    (no sort; see [`scan`]).
+//!    (no sort; see `scan`).
 //! 4. For each candidate `e` the predicted time to first token, in bytes of prompt text to prefill before this
 //!    request's first token:
 //!
@@ -52,9 +52,13 @@
 //!      cut, and a prefix shared that far usually goes on (on the Mooncake trace a request matching an earlier
 //!      one over its first 2,048 tokens shares 95 % of its prompt with it on average). The pending prefill
 //!      charged for the request stays the part past what the index confirms.
-//!    - `waiting(e)`: the larger of the prefill work this gateway sent to `e` that has not produced a first
-//!      response byte ([`EndpointLoad::pending_prefill`]), and what the server itself reports queued
-//!      (`waiting` requests × the mean uncached work of the requests this policy routed).
+//!    - `waiting(e)`: the prefill work this gateway sent to `e` that has not produced a first response byte
+//!      ([`EndpointLoad::pending_prefill`]). The server's own queue from the feed (`waiting` requests, up to one
+//!      poll old) is not added: turned into work (× the mean uncached work per request), whether taken when it
+//!      said more or counted only beyond this gateway's own pending work, a report of an already drained queue
+//!      moved requests off their holders (the Mooncake trace at one gateway: hit ratio 0.272 → 0.245 with the
+//!      first), and neither closed the tail that partial knowledge costs several gateways (BENCHMARKS.md §1,
+//!      gateway replicas). The server's counts join the outstanding count ([`EndpointLoad::effective`]).
 //!
 //!    This is the prefill part of NVIDIA Dynamo's KV router cost (`prefill_load_scale × max(active_prefill +
 //!    prompt_blocks − overlap_blocks, 0) + decode_blocks`, Dynamo `docs/architecture/kv_cache_routing.md`) with
@@ -65,8 +69,9 @@
 //!    on the engine's batch budget; the hard cap below bounds it instead.
 //! 5. Lowest prediction wins; ties go to the higher rendezvous score for the key, so with equal loads a request
 //!    with a useful match goes to a holder, one without to the key's rendezvous top — the consistent pick every
-//!    replica computes. A candidate at `concurrency_threshold` (or with a full KV cache and a queue) is never
-//!    chosen; when every candidate is, the least-loaded endpoint under the cap is, else the least-loaded one.
+//!    replica computes. A candidate at `concurrency_threshold` (counting the server's own waiting and running
+//!    requests when the feed reports them, [`EndpointLoad::effective`]) is never chosen; when every candidate
+//!    is, the least-loaded endpoint under the cap is, else the least-loaded one.
 //!
 //! The chosen endpoint's chain is recorded in the index in the same call.
 
@@ -96,10 +101,6 @@ pub const MAX_SEPARATOR_CHECKPOINTS: usize = 4;
 /// agrees on when the top is busy.
 pub const RENDEZVOUS_CANDIDATES: usize = 2;
 
-/// Weight of the newest request in the running mean of uncached work per request (an exponential moving average
-/// over about this many requests), used to turn a server-reported queue length into prefill work.
-const MEAN_WINDOW: f64 = 64.0;
-
 /// Longest-prefix-match + consistent-hash policy owning the bounded prefix index.
 pub struct PrefixAwarePolicy {
     block_size: usize,
@@ -111,8 +112,6 @@ pub struct PrefixAwarePolicy {
     addr_hashes: Vec<u64>,
     /// Position of each endpoint id in that list (`usize::MAX` = not present), indexed by id.
     pos_by_id: Vec<usize>,
-    /// Running mean of the uncached work of routed requests, bytes of prompt text.
-    mean_uncached: f64,
     /// The chain the last pick recorded ([`Policy::last_recorded`]).
     last_chain: Vec<u64>,
 }
@@ -157,7 +156,6 @@ impl PrefixAwarePolicy {
             ids: Vec::new(),
             addr_hashes: Vec::new(),
             pos_by_id: Vec::new(),
-            mean_uncached: 0.0,
             last_chain: Vec::new(),
         }
     }
@@ -343,13 +341,6 @@ impl PrefixAwarePolicy {
     }
 }
 
-/// Prefill work queued at an endpoint, bytes: this gateway's pending prefill, or the server's own queue
-/// (`waiting` × `mean_uncached`) when that says more.
-fn waiting_work(load: &EndpointLoad, mean_uncached: f64) -> u64 {
-    let server = load.server.map_or(0, |s| (f64::from(s.waiting) * mean_uncached) as u64);
-    u64::from(load.pending_prefill).max(server)
-}
-
 impl PrefixAwarePolicy {
     /// Bytes of `chain` the index expects cached at endpoint `pos`: `matched_len` for a holder of the deepest
     /// matched node, else the deepest full block (of the `plan.matched_blocks` present) it holds. Holders are
@@ -390,8 +381,7 @@ impl PrefixAwarePolicy {
         let key_hash = self.consistent_key(&key.text, ph, plan.common_blocks);
         let kf = hrw::key_factor(key_hash);
         let prompt = if key.truncated { key.text.len().max(body_len) } else { key.text.len() };
-        let mean = self.mean_uncached;
-        let (top, least) = scan(kf, &self.addr_hashes, loads, guard, mean);
+        let (top, least) = scan(kf, &self.addr_hashes, loads, guard);
         let mut cands: Vec<usize> = Vec::with_capacity(MAX_HOLDERS + RENDEZVOUS_CANDIDATES + 1);
         if let Some(info) = plan.deepest.and_then(|h| self.index.get(h)) {
             cands.extend(info.holders.iter().filter_map(|&id| self.pos(id)));
@@ -421,7 +411,7 @@ impl PrefixAwarePolicy {
         let best = scored
             .iter()
             .map(|&(i, cached)| {
-                let waiting = waiting_work(&load_at(loads, i), mean);
+                let waiting = u64::from(load_at(loads, i).pending_prefill);
                 let ttft = waiting + (prompt - cached) as u64 + most_cached.saturating_sub(cached) as u64;
                 Candidate { pos: i, ttft, score: hrw::score_hashed(kf, self.addr_hashes[i]), cached }
             })
@@ -452,7 +442,6 @@ impl PrefixAwarePolicy {
         // 1,254 vs 897 ms, Mooncake 4 x 32k 6,179 vs 4,004), as holders then look idle while their queue grows.
         let cached = best.cached.min(key.text.len());
         let uncached = prompt.saturating_sub(cached);
-        self.mean_uncached += (uncached as f64 - self.mean_uncached) / MEAN_WINDOW;
         let mut d = Decision::new(endpoints, best.pos, reason)
             .with_match((cached / self.block_size).min(plan.matched_blocks) as u32, cached);
         d.prefill_bytes = u32::try_from(uncached).unwrap_or(u32::MAX);
@@ -460,9 +449,7 @@ impl PrefixAwarePolicy {
     }
 }
 
-/// Bits of the waiting work kept in a [`scan`] rank (2^40 bytes: no queue comes near it).
-const RANK_WAITING_BITS: u32 = 40;
-/// Bits of the outstanding count kept in a [`scan`] rank.
+/// Bits of the outstanding count kept in a [`scan`] rank (above it, the 32-bit pending prefill work).
 const RANK_OUTSTANDING_BITS: u32 = 24;
 
 /// One pass over the endpoints for a key with [`hrw::key_factor`] `kf`: the positions of its top
@@ -471,11 +458,11 @@ const RANK_OUTSTANDING_BITS: u32 = 24;
 ///
 /// This pass is the only per-endpoint work of a decision, so it is written to cost a few operations per endpoint:
 /// every score is computed once (from the precomputed address hash) and serves both the rendezvous order and the
-/// least-loaded tie-break, and the least-loaded order is one integer comparison on a packed rank (waiting work in
-/// the high bits, outstanding count in the low ones; both saturate at widths no real queue reaches), the score
-/// deciding only ties. Measured against the two passes it replaced: 1,000 endpoints cost 2.5× the 8-endpoint
+/// least-loaded tie-break, and the least-loaded order is one integer comparison on a packed rank (pending prefill
+/// work in the high bits, the outstanding count, saturated at a width no real queue reaches, in the low ones), the
+/// score deciding only ties. Measured against the two passes it replaced: 1,000 endpoints cost 2.5× the 8-endpoint
 /// decision instead of 4.2× (BENCHMARKS.md §3).
-fn scan(kf: u64, addr_hashes: &[u64], loads: &[EndpointLoad], guard: LoadGuard, mean: f64) -> ([(u64, usize); RENDEZVOUS_CANDIDATES], Option<usize>) {
+fn scan(kf: u64, addr_hashes: &[u64], loads: &[EndpointLoad], guard: LoadGuard) -> ([(u64, usize); RENDEZVOUS_CANDIDATES], Option<usize>) {
     let mut top = [(0u64, usize::MAX); RENDEZVOUS_CANDIDATES];
     let mut least = (u64::MAX, 0u64, usize::MAX);
     let idle = EndpointLoad::default();
@@ -490,7 +477,7 @@ fn scan(kf: u64, addr_hashes: &[u64], loads: &[EndpointLoad], guard: LoadGuard, 
                 j -= 1;
             }
         }
-        let waiting = waiting_work(l, mean).min((1 << RANK_WAITING_BITS) - 1);
+        let waiting = u64::from(l.pending_prefill);
         let outstanding = u64::from(l.effective()).min((1 << RANK_OUTSTANDING_BITS) - 1);
         let rank = waiting << RANK_OUTSTANDING_BITS | outstanding;
         if rank <= least.0 && (rank < least.0 || score > least.1 || least.2 == usize::MAX) && guard.admits_load(l) {

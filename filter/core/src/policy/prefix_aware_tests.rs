@@ -322,7 +322,7 @@ fn server_load_joins_the_guard() {
     let queued = case(ServerLoad { waiting: 3, running: 1, kv_cache_usage: 0.2 });
     assert_eq!(queued.reason, Reason::Overflow, "queue at the server");
     let full = case(ServerLoad { waiting: 1, running: 0, kv_cache_usage: 0.99 });
-    assert_eq!(full.reason, Reason::Overflow, "full KV cache with a queue");
+    assert_eq!((full.endpoint, full.reason), (p, Reason::PrefixMatch), "a full KV cache with a short queue is under the cap");
     let busy = case(ServerLoad { waiting: 0, running: 2, kv_cache_usage: 0.99 });
     assert_eq!((busy.endpoint, busy.reason), (p, Reason::PrefixMatch), "full cache without a queue is fine");
 }
@@ -494,21 +494,21 @@ fn the_concurrency_threshold_is_a_hard_cap() {
 }
 
 #[test]
-fn server_reported_queue_raises_the_estimate() {
-    // p holds turn 1; the feed says p has requests waiting. Each counts as the mean uncached work of the requests
-    // routed so far, so a long enough queue sends turn 2 elsewhere even with no pending work seen by this gateway.
+fn a_server_reported_queue_counts_toward_the_cap_not_the_estimate() {
+    // p holds turn 1; the feed says p has requests waiting (a report up to one poll old). It does not raise p's
+    // predicted time to first token, so turn 2 stays on p, until the server's count reaches the cap.
     let n = 4;
     let t = conversation(61, None, 2, 300);
-    let with_waiting = |waiting: u32| {
-        let (mut r, p) = primed(Settings { concurrency_threshold: 1000, ..settings(n) }, &t[0]);
+    let route = |threshold: u32, waiting: u32| {
+        let (mut r, p) = primed(Settings { concurrency_threshold: threshold, ..settings(n) }, &t[0]);
         let mut loads = vec![EndpointLoad::default(); n];
         loads[p].server = Some(ServerLoad { waiting, running: 0, kv_cache_usage: 0.1 });
-        (r.route_key(&t[1], 0, &loads).unwrap().endpoint, p)
+        (r.route_key(&t[1], 0, &loads).unwrap(), p)
     };
-    let (d, p) = with_waiting(0);
-    assert_eq!(d, p);
-    let (d, p) = with_waiting(500);
-    assert_ne!(d, p, "a long server queue outweighs the cached prefix");
+    let (d, p) = route(1000, 500);
+    assert_eq!((d.endpoint, d.reason), (p, Reason::PrefixMatch), "a reported queue alone keeps the holder");
+    let (d, p) = route(400, 500);
+    assert_ne!(d.endpoint, p, "500 waiting at the server reach a cap of 400");
 }
 
 #[test]
@@ -581,7 +581,7 @@ fn a_prefix_other_requests_went_on_from_is_not_charged_for_moving() {
 /// including ties and refused endpoints, and with fewer loads than endpoints (the rest are idle).
 #[test]
 fn one_pass_scan_matches_its_definitions() {
-    use super::{scan, waiting_work, RENDEZVOUS_CANDIDATES};
+    use super::{scan, RENDEZVOUS_CANDIDATES};
     use crate::hrw;
     use crate::load::{load_at, LoadGuard};
     let r = |seed: u64, i: u64| xxh3_64(&[seed.to_le_bytes(), i.to_le_bytes()].concat());
@@ -603,8 +603,8 @@ fn one_pass_scan_matches_its_definitions() {
             })
             .collect();
         let guard = LoadGuard::new(4);
-        let (mean, kf) = (60.0, hrw::key_factor(r(case, 2)));
-        let (top, least) = scan(kf, &hashes, &loads, guard, mean);
+        let kf = hrw::key_factor(r(case, 2));
+        let (top, least) = scan(kf, &hashes, &loads, guard);
         let score = |i: usize| hrw::score_hashed(kf, hashes[i]);
         let mut by_score: Vec<usize> = (0..n).collect();
         by_score.sort_by_key(|&i| std::cmp::Reverse(score(i)));
@@ -615,7 +615,7 @@ fn one_pass_scan_matches_its_definitions() {
             .filter(|&i| guard.admits(&loads, i))
             .min_by_key(|&i| {
                 let l = load_at(&loads, i);
-                (waiting_work(&l, mean), l.effective(), std::cmp::Reverse(score(i)))
+                (l.pending_prefill, l.effective(), std::cmp::Reverse(score(i)))
             });
         assert_eq!(least, want_least, "case {case}");
     }

@@ -91,9 +91,18 @@ impl Destination {
     }
 }
 
-/// POSTs `body` (a streaming OpenAI request) to `to` and reads the SSE stream to the end.
-pub async fn send(client: &reqwest::Client, to: Destination, body: Vec<u8>, id: usize, sent_ms: f64) -> Outcome {
-    send_observed(client, to, body, id, sent_ms, || {}).await
+/// POSTs `body` (a streaming OpenAI request) to `to` and reads the SSE stream to the end. Latencies count from
+/// `start`: when the request reached its router. For the harness's own routers that is before their pick, so the
+/// time a pick takes is on the clock as the filter's decision inside Envoy is.
+pub async fn send(
+    client: &reqwest::Client,
+    to: Destination,
+    body: Vec<u8>,
+    id: usize,
+    sent_ms: f64,
+    start: Instant,
+) -> Outcome {
+    send_observed(client, to, body, id, sent_ms, start, || {}).await
 }
 
 /// Like [`send`], calling `on_first_token` once when the first generated text arrives (routers that track
@@ -104,10 +113,10 @@ pub async fn send_observed(
     body: Vec<u8>,
     id: usize,
     sent_ms: f64,
+    start: Instant,
     on_first_token: impl FnOnce(),
 ) -> Outcome {
     let mut on_first_token = Some(on_first_token);
-    let start = Instant::now();
     let mut out = Outcome { id, sent_ms, ..Default::default() };
     let mut req = client.post(&to.url).header("content-type", "application/json");
     if let Some(p) = &to.picked {

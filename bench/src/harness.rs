@@ -364,23 +364,26 @@ pub async fn run_strategy(strategy: &Strategy, reqs: &[Request], s: &RunSettings
         match &target {
             Target::Proxy(bases) => {
                 let to = Destination::routed_by(&bases[s.spread.gateway(r, bases.len())], path);
-                tasks.spawn(async move { send(&client, to, body, id, sent_ms).await });
+                tasks.spawn(async move { send(&client, to, body, id, sent_ms, Instant::now()).await });
             }
             Target::Direct(router, via) => {
                 let (router, via) = (router.clone(), via.clone());
                 tasks.spawn(async move {
+                    let at = Instant::now();
                     let (addr, guard) = router.route(path, &body);
-                    let o = send(&client, Destination::picked(addr, via.as_deref(), path), body, id, sent_ms).await;
+                    let o = send(&client, Destination::picked(addr, via.as_deref(), path), body, id, sent_ms, at).await;
                     drop(guard);
                     o
                 });
             }
             Target::Cost(router, via) => {
-                let (router, prompt, via) = (router.clone(), r.server_prompt(), via.clone());
+                let (router, req, via) = (router.clone(), r.clone(), via.clone());
                 tasks.spawn(async move {
-                    let (addr, ticket) = router.route(&prompt);
+                    // Rendering the prompt is this router's extraction: on the clock, as the filter's is.
+                    let at = Instant::now();
+                    let (addr, ticket) = router.route(&req.server_prompt());
                     let to = Destination::picked(addr, via.as_deref(), path);
-                    let o = send_observed(&client, to, body, id, sent_ms, || ticket.first_token()).await;
+                    let o = send_observed(&client, to, body, id, sent_ms, at, || ticket.first_token()).await;
                     drop(ticket);
                     o
                 });

@@ -207,3 +207,45 @@ async fn two_plugins_keep_their_own_feeds_server_loads() {
     assert_eq!(counts[1] + counts[2], 30, "{counts:?}");
     assert_eq!(counts[PER_POOL + 1] + counts[PER_POOL + 2], 30, "{counts:?}");
 }
+
+/// A server reporting a full KV cache and a short queue keeps its traffic. A full cache is a loaded vLLM server's
+/// normal state (it evicts the least recently used blocks), and the report is up to one poll old, so PREFIX_AWARE
+/// does not read it as overload: only the reported waiting + running requests count, toward
+/// `concurrency_threshold`. Both endpoints report the same short queue, one of them a full cache: distinct
+/// prompts still spread over both by their keys, and a repeated prompt stays where it went first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_kv_cache_report_keeps_its_traffic() {
+    let upstreams = Upstream::start_many(2).await.expect("upstreams");
+    let a: Vec<SocketAddr> = upstreams.iter().map(Upstream::addr).collect();
+    let full = FeedLoad { waiting: 1, running: 2, kv_cache_usage: 1.0 };
+    let roomy = FeedLoad { waiting: 1, running: 2, kv_cache_usage: 0.2 };
+    let feed = FeedServer::start(snapshot(1, &[(a[0], Some(full)), (a[1], Some(roomy))])).await.expect("feed");
+    let plugin = json!({
+        "endpoints": [], "strategy": "PREFIX_AWARE",
+        "feed": {"cluster": "warmpath_feed", "path": "/v1/endpoints", "interval_ms": INTERVAL_MS},
+    });
+    let cfg = EnvoyConfig::new(a.clone(), plugin.to_string())
+        .with_wasm(filter_wasm().expect("filter module"))
+        .with_rig_headers()
+        .with_feed(FeedCluster { name: "warmpath_feed".into(), address: feed.addr() });
+    let envoy = EnvoyProcess::start(cfg, CONCURRENCY).await.expect("envoy");
+    let client = reqwest::Client::builder().timeout(Duration::from_secs(20)).build().expect("client");
+    let rig = Rig { upstreams, envoy, client };
+    wait_version(&rig, 1).await;
+    used(&rig);
+
+    let mut first = Vec::new();
+    for i in 0..40 {
+        let r = rig.chat(&prompt(&format!("kv full {i}"), 2000)).await;
+        assert_eq!(r.status, 200);
+        assert_ne!(r.reason(), "fail_open", "{r:?}");
+        first.push(r.upstream);
+    }
+    let on_full = rig.upstreams[0].count();
+    // Rendezvous over two endpoints: each key lands on either with probability 1/2; below 8 of 40 is 1 in 10^5.
+    assert!(on_full >= 8, "the endpoint reporting a full KV cache got {on_full} of 40 requests");
+    for (i, home) in first.iter().enumerate().step_by(4) {
+        let r = rig.chat(&prompt(&format!("kv full {i}"), 2000)).await;
+        assert_eq!(&r.upstream, home, "prompt {i} moved off its first endpoint");
+    }
+}

@@ -91,23 +91,11 @@ impl Destination {
     }
 }
 
-/// POSTs `body` (a streaming OpenAI request) to `to` and reads the SSE stream to the end. Latencies count from
-/// `start`: when the request reached its router. For the harness's own routers that is before their pick, so the
-/// time a pick takes is on the clock as the filter's decision inside Envoy is.
+/// POSTs `body` (a streaming OpenAI request) to `to` and reads the SSE stream to the end, calling
+/// `on_first_token` once when the first generated text arrives (routers that track prefill work per server release
+/// it then). Latencies count from `start`: when the request reached its router. For the harness's own routers that
+/// is before their pick, so the time a pick takes is on the clock as the filter's decision inside Envoy is.
 pub async fn send(
-    client: &reqwest::Client,
-    to: Destination,
-    body: Vec<u8>,
-    id: usize,
-    sent_ms: f64,
-    start: Instant,
-) -> Outcome {
-    send_observed(client, to, body, id, sent_ms, start, || {}).await
-}
-
-/// Like [`send`], calling `on_first_token` once when the first generated text arrives (routers that track
-/// prefill work per server release it then).
-pub async fn send_observed(
     client: &reqwest::Client,
     to: Destination,
     body: Vec<u8>,

@@ -18,7 +18,7 @@ use warmpath_harness::{filter_wasm, EnvoyConfig, EnvoyProcess, FeedCluster, Feed
 use warmpath_sim::{SimConfig, SimServer};
 
 use crate::baselines::Baseline;
-use crate::client::{send, send_observed, Destination, Outcome};
+use crate::client::{send, Destination, Outcome};
 use crate::kvcost::{CostKind, CostRouter};
 use crate::peers::{Peer, PeerProcess};
 use crate::loads::{scrape, ServerMetrics};
@@ -364,14 +364,14 @@ pub async fn run_strategy(strategy: &Strategy, reqs: &[Request], s: &RunSettings
         match &target {
             Target::Proxy(bases) => {
                 let to = Destination::routed_by(&bases[s.spread.gateway(r, bases.len())], path);
-                tasks.spawn(async move { send(&client, to, body, id, sent_ms, Instant::now()).await });
+                tasks.spawn(async move { send(&client, to, body, id, sent_ms, Instant::now(), || {}).await });
             }
             Target::Direct(router, via) => {
                 let (router, via) = (router.clone(), via.clone());
                 tasks.spawn(async move {
                     let at = Instant::now();
                     let (addr, guard) = router.route(path, &body);
-                    let o = send(&client, Destination::picked(addr, via.as_deref(), path), body, id, sent_ms, at).await;
+                    let o = send(&client, Destination::picked(addr, via.as_deref(), path), body, id, sent_ms, at, || {}).await;
                     drop(guard);
                     o
                 });
@@ -383,7 +383,7 @@ pub async fn run_strategy(strategy: &Strategy, reqs: &[Request], s: &RunSettings
                     let at = Instant::now();
                     let (addr, ticket) = router.route(&req.server_prompt());
                     let to = Destination::picked(addr, via.as_deref(), path);
-                    let o = send_observed(&client, to, body, id, sent_ms, at, || ticket.first_token()).await;
+                    let o = send(&client, to, body, id, sent_ms, at, || ticket.first_token()).await;
                     drop(ticket);
                     o
                 });

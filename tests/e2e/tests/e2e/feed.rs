@@ -38,23 +38,34 @@ fn used(rig: &Rig) -> BTreeSet<usize> {
     s
 }
 
+/// An Envoy in front of `upstreams` whose filter (plugin configuration `plugin`) polls `feed` through the
+/// `warmpath_feed` cluster.
+async fn feed_rig(upstreams: Vec<Upstream>, feed: &FeedServer, plugin: serde_json::Value) -> Rig {
+    let a: Vec<SocketAddr> = upstreams.iter().map(Upstream::addr).collect();
+    let cfg = EnvoyConfig::new(a, plugin.to_string())
+        .with_wasm(filter_wasm().expect("filter module"))
+        .with_rig_headers()
+        .with_feed(FeedCluster { name: "warmpath_feed".into(), address: feed.addr() });
+    let envoy = EnvoyProcess::start(cfg, CONCURRENCY).await.expect("envoy");
+    let client = reqwest::Client::builder().timeout(Duration::from_secs(20)).build().expect("client");
+    Rig { upstreams, envoy, client }
+}
+
+/// PREFIX_AWARE fed from the feed server's default path.
+fn prefix_aware_fed() -> serde_json::Value {
+    json!({
+        "endpoints": [], "strategy": "PREFIX_AWARE",
+        "feed": {"cluster": "warmpath_feed", "path": "/v1/endpoints", "interval_ms": INTERVAL_MS},
+    })
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn feed_drives_endpoints_and_survives_outages() {
     let upstreams = Upstream::start_many(4).await.expect("upstreams");
     let a: Vec<SocketAddr> = upstreams.iter().map(Upstream::addr).collect();
     let mut feed = FeedServer::start(snapshot(1, &[(a[0], None), (a[1], None), (a[2], None)])).await.expect("feed");
     // Envoy's cluster knows all four hosts (as EDS would); the filter picks only among the feed's endpoints.
-    let plugin = json!({
-        "endpoints": [], "strategy": "PREFIX_AWARE",
-        "feed": {"cluster": "warmpath_feed", "path": "/v1/endpoints", "interval_ms": INTERVAL_MS},
-    });
-    let cfg = EnvoyConfig::new(a.clone(), plugin.to_string())
-        .with_wasm(filter_wasm().expect("filter module"))
-        .with_rig_headers()
-        .with_feed(FeedCluster { name: "warmpath_feed".into(), address: feed.addr() });
-    let envoy = EnvoyProcess::start(cfg, CONCURRENCY).await.expect("envoy");
-    let client = reqwest::Client::builder().timeout(Duration::from_secs(20)).build().expect("client");
-    let rig = Rig { upstreams, envoy, client };
+    let rig = feed_rig(upstreams, &feed, prefix_aware_fed()).await;
 
     // v1: three endpoints.
     wait_version(&rig, 1).await;
@@ -135,13 +146,7 @@ async fn bad_feed_documents_keep_the_last_good_snapshot() {
         "endpoints": [],
         "feed": {"cluster": "warmpath_feed", "interval_ms": INTERVAL_MS},
     });
-    let cfg = EnvoyConfig::new(a.clone(), plugin.to_string())
-        .with_wasm(filter_wasm().expect("filter module"))
-        .with_rig_headers()
-        .with_feed(FeedCluster { name: "warmpath_feed".into(), address: feed.addr() });
-    let envoy = EnvoyProcess::start(cfg, CONCURRENCY).await.expect("envoy");
-    let client = reqwest::Client::builder().timeout(Duration::from_secs(20)).build().expect("client");
-    let rig = Rig { upstreams, envoy, client };
+    let rig = feed_rig(upstreams, &feed, plugin).await;
     wait_version(&rig, 1).await;
     for doc in ["{not json", r#"{"version": 9, "endpoints": [{"address": "not-an-address"}]}"#] {
         feed.set_snapshot(doc.to_string());
@@ -220,17 +225,7 @@ async fn a_full_kv_cache_report_keeps_its_traffic() {
     let full = FeedLoad { waiting: 1, running: 2, kv_cache_usage: 1.0 };
     let roomy = FeedLoad { waiting: 1, running: 2, kv_cache_usage: 0.2 };
     let feed = FeedServer::start(snapshot(1, &[(a[0], Some(full)), (a[1], Some(roomy))])).await.expect("feed");
-    let plugin = json!({
-        "endpoints": [], "strategy": "PREFIX_AWARE",
-        "feed": {"cluster": "warmpath_feed", "path": "/v1/endpoints", "interval_ms": INTERVAL_MS},
-    });
-    let cfg = EnvoyConfig::new(a.clone(), plugin.to_string())
-        .with_wasm(filter_wasm().expect("filter module"))
-        .with_rig_headers()
-        .with_feed(FeedCluster { name: "warmpath_feed".into(), address: feed.addr() });
-    let envoy = EnvoyProcess::start(cfg, CONCURRENCY).await.expect("envoy");
-    let client = reqwest::Client::builder().timeout(Duration::from_secs(20)).build().expect("client");
-    let rig = Rig { upstreams, envoy, client };
+    let rig = feed_rig(upstreams, &feed, prefix_aware_fed()).await;
     wait_version(&rig, 1).await;
     used(&rig);
 

@@ -371,7 +371,8 @@ pub async fn run_strategy(strategy: &Strategy, reqs: &[Request], s: &RunSettings
                 tasks.spawn(async move {
                     let at = Instant::now();
                     let (addr, guard) = router.route(path, &body);
-                    let o = send(&client, Destination::picked(addr, via.as_deref(), path), body, id, sent_ms, at, || {}).await;
+                    let to = Destination::picked(addr, via.as_deref(), path);
+                    let o = send(&client, to, body, id, sent_ms, at, || {}).await;
                     drop(guard);
                     o
                 });

@@ -48,6 +48,13 @@ impl Rig {
         Rig { upstreams, envoy, client }
     }
 
+    /// An Envoy started from `cfg` (with [`CONCURRENCY`] workers) in front of `upstreams`, and a client.
+    pub async fn launch(upstreams: Vec<Upstream>, cfg: EnvoyConfig) -> Rig {
+        let envoy = EnvoyProcess::start(cfg, CONCURRENCY).await.expect("envoy");
+        let client = reqwest::Client::builder().timeout(Duration::from_secs(20)).build().expect("client");
+        Rig { upstreams, envoy, client }
+    }
+
     /// The Envoy config for these upstreams with plugin config `extra`, with the rig headers (Envoy tells the test
     /// which backend answered and what the filter decided).
     pub fn config(upstreams: &[Upstream], extra: Value) -> EnvoyConfig {

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 use warmpath_core::feed::{FeedEndpoint, FeedLoad, FeedSnapshot};
-use warmpath_harness::{filter_wasm, EnvoyConfig, EnvoyProcess, FeedCluster, FeedServer, Stats, Upstream};
+use warmpath_harness::{filter_wasm, EnvoyConfig, FeedCluster, FeedServer, Stats, Upstream};
 
 use crate::common::{prompt, Rig, CONCURRENCY};
 
@@ -39,16 +39,11 @@ fn used(rig: &Rig) -> BTreeSet<usize> {
 }
 
 /// An Envoy in front of `upstreams` whose filter (plugin configuration `plugin`) polls `feed` through the
-/// `warmpath_feed` cluster.
+/// `warmpath_feed` cluster; `plugin` names its own `endpoints` (empty: the feed's).
 async fn feed_rig(upstreams: Vec<Upstream>, feed: &FeedServer, plugin: serde_json::Value) -> Rig {
-    let a: Vec<SocketAddr> = upstreams.iter().map(Upstream::addr).collect();
-    let cfg = EnvoyConfig::new(a, plugin.to_string())
-        .with_wasm(filter_wasm().expect("filter module"))
-        .with_rig_headers()
-        .with_feed(FeedCluster { name: "warmpath_feed".into(), address: feed.addr() });
-    let envoy = EnvoyProcess::start(cfg, CONCURRENCY).await.expect("envoy");
-    let client = reqwest::Client::builder().timeout(Duration::from_secs(20)).build().expect("client");
-    Rig { upstreams, envoy, client }
+    let feed_cluster = FeedCluster { name: "warmpath_feed".into(), address: feed.addr() };
+    let cfg = Rig::config(&upstreams, plugin).with_feed(feed_cluster);
+    Rig::launch(upstreams, cfg).await
 }
 
 /// PREFIX_AWARE fed from the feed server's default path.
@@ -190,9 +185,7 @@ async fn two_plugins_keep_their_own_feeds_server_loads() {
         });
         cfg = cfg.with_plugin(*plugin, plugin_cfg.to_string()).with_pool(*cluster, *prefix, pool.to_vec());
     }
-    let envoy = EnvoyProcess::start(cfg, CONCURRENCY).await.expect("envoy");
-    let client = reqwest::Client::builder().timeout(Duration::from_secs(20)).build().expect("client");
-    let rig = Rig { upstreams, envoy, client };
+    let rig = Rig::launch(upstreams, cfg).await;
     // Both feeds applied in every worker VM (one count per plugin and VM).
     let vms = u64::from(CONCURRENCY);
     let s = rig.stats_until(|s| s.filter("feed.applied") >= 2 * vms).await;

@@ -6,9 +6,9 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use warmpath_harness::{filter_wasm, EnvoyConfig, EnvoyProcess, Upstream};
+use warmpath_harness::{filter_wasm, EnvoyConfig, Upstream};
 
-use crate::common::{prompt, Rig, CONCURRENCY};
+use crate::common::{prompt, Rig};
 
 /// Istio's default route retry policy (what istiod sets on a route without a VirtualService `retries`, including the
 /// routes of a Gateway API HTTPRoute): connect failures and 503s on another host, not resets.
@@ -65,9 +65,7 @@ async fn rig(wasm: bool) -> Rig {
         cfg = cfg.with_wasm(filter_wasm().expect("filter module"));
     }
     cfg.route_retry_policy = istio_default_retry_policy();
-    let envoy = EnvoyProcess::start(cfg, CONCURRENCY).await.expect("envoy");
-    let client = reqwest::Client::builder().timeout(Duration::from_secs(20)).build().expect("client");
-    Rig { upstreams, envoy, client }
+    Rig::launch(upstreams, cfg).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

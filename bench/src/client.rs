@@ -177,3 +177,34 @@ pub async fn send(
 fn ms(start: Instant) -> f64 {
     start.elapsed().as_secs_f64() * 1000.0
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use warmpath_sim::{LatencyProfile, SimConfig, SimServer};
+
+    use super::*;
+
+    /// Latencies count from the `start` the caller gives (for the harness's own routers, before their pick), not
+    /// from when the request is sent.
+    #[tokio::test]
+    async fn latencies_count_from_the_given_start() {
+        let latency = LatencyProfile { time_scale: 0.001, ..Default::default() };
+        let server = SimServer::start(SimConfig { latency, ..Default::default() }, "127.0.0.1:0".parse().unwrap())
+            .await
+            .expect("sim server");
+        let body = serde_json::json!({
+            "model": "sim-model", "stream": true, "max_tokens": 2,
+            "messages": [{"role": "user", "content": "hello"}],
+        });
+        let earlier = Duration::from_millis(600);
+        let start = Instant::now().checked_sub(earlier).expect("an instant 600 ms ago");
+        let to = Destination::routed_by(&format!("http://{}", server.addr()), "/v1/chat/completions");
+        let out = send(&reqwest::Client::new(), to, body.to_string().into_bytes(), 0, 0.0, start, || {}).await;
+        server.stop().await;
+        assert!(out.ok, "{out:?}");
+        assert!(out.ttft_ms >= 600.0, "TTFT {} ms counted from the send, not from the given start", out.ttft_ms);
+        assert!(out.e2e_ms >= out.ttft_ms, "{out:?}");
+    }
+}

@@ -2,7 +2,8 @@
 //! Native decision time of the core (criterion): key extraction, block hashing and the PREFIX_AWARE pick for
 //! 4 KB and 64 KB chat bodies, against a `serde_json::Value` DOM parse of the same body as the baseline; and the
 //! PREFIX_AWARE decision (hash + pick + index update, key already extracted) against the endpoint count
-//! (`endpoints/route/<N>`, N = 8, 64, 256, 1000), with loads that differ per endpoint.
+//! (`endpoints/route/<N>`, N = 8, 64, 256, 1000), with loads that differ per endpoint; `endpoints/route_cold/<N>`
+//! rotates over 4,096 conversations instead of 256, more than the policy remembers rendezvous tops for.
 //!
 //! `cargo bench -p warmpath-core --bench decision -- --warm-up-time 1 --measurement-time 3`
 
@@ -97,6 +98,8 @@ fn benches(c: &mut Criterion) {
 fn by_endpoints(c: &mut Criterion) {
     let keys: Vec<_> =
         (0..256).map(|i| extract_key(CHAT, &body(4 * 1024, 1000 + i * 97), None, 8192).unwrap()).collect();
+    let cold: Vec<_> =
+        (0..4096).map(|i| extract_key(CHAT, &body(4 * 1024, 1000 + i * 97), None, 8192).unwrap()).collect();
     let mut g = c.benchmark_group("endpoints");
     for n in [8usize, 64, 256, 1000] {
         let s = Settings {
@@ -115,6 +118,18 @@ fn by_endpoints(c: &mut Criterion) {
             bench.iter(|| {
                 i = (i + 1) % keys.len();
                 black_box(r.route_key(black_box(&keys[i]), i as u64, &loads))
+            })
+        });
+        // The same with more conversations than the policy remembers rendezvous tops for, so nearly every
+        // request scores every endpoint (and the index evicts, as under a stream of new conversations).
+        let mut r = Router::new(r.settings().clone());
+        for k in &cold {
+            r.route_key(k, 0, &loads);
+        }
+        g.bench_function(BenchmarkId::new("route_cold", n), |bench| {
+            bench.iter(|| {
+                i = (i + 1) % cold.len();
+                black_box(r.route_key(black_box(&cold[i]), i as u64, &loads))
             })
         });
     }

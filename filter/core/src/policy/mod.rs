@@ -11,6 +11,7 @@ pub mod factory;
 pub mod least_outstanding;
 pub mod prefix_aware;
 pub mod random;
+mod scan;
 
 pub use factory::create;
 pub use least_outstanding::LeastOutstandingPolicy;

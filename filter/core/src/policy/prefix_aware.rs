@@ -25,8 +25,9 @@
 //!    seen the shared prefix, and turn k+1 gets turn k's key as long as turn 1 reached that checkpoint.
 //! 3. Candidates: the holders of the deepest matched node, the key's top [`RENDEZVOUS_CANDIDATES`] rendezvous
 //!    endpoints, and the least-loaded endpoint (least waiting prefill work, then fewest requests outstanding).
-//!    Finding the last two takes one pass over the endpoints with a few multiplications and comparisons each
-//!    (no sort; see `scan`).
+//!    These two are the only per-endpoint work of a decision (no sort; [`super::scan`]): the rendezvous top is
+//!    remembered per key until the endpoint list changes, the least-loaded search is one integer comparison per
+//!    endpoint.
 //! 4. For each candidate `e` the predicted time to first token, in bytes of prompt text to prefill before this
 //!    request's first token:
 //!
@@ -84,6 +85,7 @@ use crate::endpoint::{Endpoint, EndpointLoad};
 use crate::hrw;
 use crate::index::{BlockInfo, PrefixIndex, MAX_HOLDERS};
 use crate::load::{least_loaded, load_at, LoadGuard};
+use super::scan::{least_admitted, TopCache};
 use crate::RequestKey;
 use crate::prefix::{checkpoint_hash, checkpoint_step, PrefixHashes};
 
@@ -96,10 +98,7 @@ const SEPARATOR: u8 = 0x1e;
 /// Most message-end checkpoints per block (bounds the hashing work on adversarial text full of separators).
 pub const MAX_SEPARATOR_CHECKPOINTS: usize = 4;
 
-/// Rendezvous candidates of a request's key compared by predicted time to first token (besides the match's
-/// holders and the least-loaded endpoint). Two: the key's top, and one consistent alternative every replica
-/// agrees on when the top is busy.
-pub const RENDEZVOUS_CANDIDATES: usize = 2;
+pub use super::scan::RENDEZVOUS_CANDIDATES;
 
 /// Longest-prefix-match + consistent-hash policy owning the bounded prefix index.
 pub struct PrefixAwarePolicy {
@@ -114,6 +113,8 @@ pub struct PrefixAwarePolicy {
     pos_by_id: Vec<usize>,
     /// The chain the last pick recorded ([`Policy::last_recorded`]).
     last_chain: Vec<u64>,
+    /// Rendezvous tops of recent keys over that list (cleared when it changes).
+    tops: TopCache,
 }
 
 /// One candidate endpoint of a decision.
@@ -157,6 +158,7 @@ impl PrefixAwarePolicy {
             addr_hashes: Vec::new(),
             pos_by_id: Vec::new(),
             last_chain: Vec::new(),
+            tops: TopCache::default(),
         }
     }
 
@@ -183,6 +185,7 @@ impl PrefixAwarePolicy {
             return;
         }
         self.ids = endpoints.iter().map(|e| e.id).collect();
+        self.tops.clear();
         self.addr_hashes = endpoints.iter().map(hrw::address_hash).collect();
         self.pos_by_id.iter_mut().for_each(|p| *p = usize::MAX);
         for (i, e) in endpoints.iter().enumerate() {
@@ -381,12 +384,14 @@ impl PrefixAwarePolicy {
         let key_hash = self.consistent_key(&key.text, ph, plan.common_blocks);
         let kf = hrw::key_factor(key_hash);
         let prompt = if key.truncated { key.text.len().max(body_len) } else { key.text.len() };
-        let (top, least) = scan(kf, &self.addr_hashes, loads, guard);
+        let top = self.tops.top(kf, &self.addr_hashes);
+        let score = |i: usize| hrw::score_hashed(kf, self.addr_hashes[i]);
+        let least = least_admitted(loads, self.addr_hashes.len(), guard, &top, score);
         let mut cands: Vec<usize> = Vec::with_capacity(MAX_HOLDERS + RENDEZVOUS_CANDIDATES + 1);
         if let Some(info) = plan.deepest.and_then(|h| self.index.get(h)) {
             cands.extend(info.holders.iter().filter_map(|&id| self.pos(id)));
         }
-        cands.extend(top.iter().filter(|t| t.1 != usize::MAX).map(|t| t.1));
+        cands.extend(top.iter().copied().filter(|&t| t != usize::MAX));
         cands.extend(least);
         cands.sort_unstable();
         cands.dedup();
@@ -431,7 +436,7 @@ impl PrefixAwarePolicy {
             Reason::Overflow
         } else if holds_match && (plan.useful || plan.matched_len >= key.text.len()) {
             Reason::PrefixMatch
-        } else if !plan.useful && best.pos == top[0].1 {
+        } else if !plan.useful && best.pos == top[0] {
             Reason::ConsistentPick
         } else {
             Reason::Overflow
@@ -447,44 +452,6 @@ impl PrefixAwarePolicy {
         d.prefill_bytes = u32::try_from(uncached).unwrap_or(u32::MAX);
         d
     }
-}
-
-/// Bits of the outstanding count kept in a [`scan`] rank (above it, the 32-bit pending prefill work).
-const RANK_OUTSTANDING_BITS: u32 = 24;
-
-/// One pass over the endpoints for a key with [`hrw::key_factor`] `kf`: the positions of its top
-/// [`RENDEZVOUS_CANDIDATES`] rendezvous endpoints, best first (`usize::MAX` past the list), and the least-loaded
-/// endpoint the guard admits (least waiting work, then fewest outstanding, then the higher score), if any.
-///
-/// This pass is the only per-endpoint work of a decision, so it is written to cost a few operations per endpoint:
-/// every score is computed once (from the precomputed address hash) and serves both the rendezvous order and the
-/// least-loaded tie-break, and the least-loaded order is one integer comparison on a packed rank (pending prefill
-/// work in the high bits, the outstanding count, saturated at a width no real queue reaches, in the low ones), the
-/// score deciding only ties. Measured against the two passes it replaced: 1,000 endpoints cost 2.5× the 8-endpoint
-/// decision instead of 4.2× (BENCHMARKS.md §3).
-fn scan(kf: u64, addr_hashes: &[u64], loads: &[EndpointLoad], guard: LoadGuard) -> ([(u64, usize); RENDEZVOUS_CANDIDATES], Option<usize>) {
-    let mut top = [(0u64, usize::MAX); RENDEZVOUS_CANDIDATES];
-    let mut least = (u64::MAX, 0u64, usize::MAX);
-    let idle = EndpointLoad::default();
-    for (i, &h) in addr_hashes.iter().enumerate() {
-        let l = loads.get(i).unwrap_or(&idle);
-        let score = hrw::score_hashed(kf, h);
-        if score > top[RENDEZVOUS_CANDIDATES - 1].0 || top[RENDEZVOUS_CANDIDATES - 1].1 == usize::MAX {
-            let mut j = RENDEZVOUS_CANDIDATES - 1;
-            top[j] = (score, i);
-            while j > 0 && (top[j - 1].1 == usize::MAX || score > top[j - 1].0) {
-                top.swap(j, j - 1);
-                j -= 1;
-            }
-        }
-        let waiting = u64::from(l.pending_prefill);
-        let outstanding = u64::from(l.effective()).min((1 << RANK_OUTSTANDING_BITS) - 1);
-        let rank = waiting << RANK_OUTSTANDING_BITS | outstanding;
-        if rank <= least.0 && (rank < least.0 || score > least.1 || least.2 == usize::MAX) && guard.admits_load(l) {
-            least = (rank, score, i);
-        }
-    }
-    (top, (least.2 != usize::MAX).then_some(least.2))
 }
 
 impl Policy for PrefixAwarePolicy {

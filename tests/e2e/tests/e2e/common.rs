@@ -178,3 +178,30 @@ pub async fn post_fresh(envoy: &EnvoyProcess, body: Vec<u8>) -> (u16, String) {
     let _ = r.bytes().await;
     (status, upstream)
 }
+
+/// A request sent from a task: its status and the upstream that answered.
+pub type Sent = tokio::task::JoinHandle<(u16, String)>;
+
+/// Puts prefill work in front of `upstream`, which the caller holds: starts the requests `send(i)` makes, one every
+/// 100 ms, until one of them waits there, then waits until every request started so far has either been answered
+/// by another upstream or waits there too (one still on its way would otherwise arrive later and count as a later
+/// request). Returns the requests and how many wait at `upstream` (at least one, asserted).
+pub async fn hold_filler(upstream: &Upstream, mut send: impl FnMut(usize) -> Sent) -> (Vec<Sent>, usize) {
+    let mut filler = Vec::new();
+    for i in 0..30 {
+        filler.push(send(i));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        if upstream.active() >= 1 {
+            break;
+        }
+    }
+    for _ in 0..200 {
+        if filler.iter().filter(|h| h.is_finished()).count() + upstream.active() == filler.len() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let waiting = upstream.active();
+    assert!(waiting >= 1, "none of {} filler requests reached the held upstream", filler.len());
+    (filler, waiting)
+}

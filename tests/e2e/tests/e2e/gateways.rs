@@ -10,7 +10,7 @@ use serde_json::json;
 use warmpath_core::feed::{FeedEndpoint, FeedSnapshot};
 use warmpath_harness::{filter_wasm, EnvoyConfig, EnvoyProcess, FeedCluster, FeedServer, Stats, Upstream};
 
-use crate::common::{post_fresh, prompt, turn, CONCURRENCY};
+use crate::common::{hold_filler, post_fresh, prompt, turn, CONCURRENCY};
 
 /// Feed poll interval of both gateways, ms: longer than the filter's 500 ms tick, which runs the index exchange
 /// (a load feed polled every few seconds must not slow it).
@@ -89,22 +89,18 @@ async fn second_turn_through_the_other_gateway(f: Arc<Fleet>, name: &str, learne
     }
 
     f.upstreams[home].hold();
-    let mut filler = Vec::new();
-    for i in 0..30 {
+    let (filler, waiting) = hold_filler(&f.upstreams[home], |i| {
         let f2 = f.clone();
         let body = turn(&prompt(&format!("{name} filler {i}"), 400), "hello");
-        filler.push(tokio::spawn(async move { post_fresh(&f2.gateways[1], body).await }));
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        if f.upstreams[home].active() >= 1 {
-            break;
-        }
-    }
-    assert_eq!(f.upstreams[home].active(), 1, "no filler request reached the conversation's endpoint");
+        tokio::spawn(async move { post_fresh(&f2.gateways[1], body).await })
+    })
+    .await;
+    assert!(waiting <= 3, "{waiting} fillers wait at the conversation's endpoint");
     let f2 = f.clone();
     let second = tokio::spawn(async move { post_fresh(&f2.gateways[1], turn(&history, "second question")).await });
     // The turn either waits at the held endpoint or is answered by another one.
     for _ in 0..100 {
-        if f.upstreams[home].active() == 2 || second.is_finished() {
+        if f.upstreams[home].active() == waiting + 1 || second.is_finished() {
             break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;

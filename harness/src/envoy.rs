@@ -11,6 +11,12 @@ use crate::config::{to_yaml, EnvoyConfig};
 use crate::paths::{envoy_binary, free_port};
 use crate::stats::Stats;
 
+/// Starts tried when Envoy could not bind a port the harness picked ([`EnvoyProcess::start`]).
+pub const PORT_ATTEMPTS: usize = 3;
+
+/// What Envoy logs when a port it should listen on is taken.
+const ADDRESS_IN_USE: &str = "Address already in use";
+
 /// A running Envoy started with a rendered [`EnvoyConfig`]. Dropping it kills the process (SIGKILL) and removes its
 /// working directory.
 pub struct EnvoyProcess {
@@ -27,26 +33,43 @@ impl EnvoyProcess {
     /// Starts Envoy with a static bootstrap (listener inline) and `--concurrency concurrency`, picking free ports for
     /// any port left at 0, and waits until the admin port reports ready and the listener accepts connections.
     pub async fn start(config: EnvoyConfig, concurrency: u32) -> Result<Self> {
-        let p = Self::spawn(config, concurrency, false)?;
-        p.wait_ready(Duration::from_secs(30)).await?;
-        Ok(p)
+        Self::start_picking(config, concurrency, false, &mut free_port).await
     }
 
     /// Like [`Self::start`], but the listener comes from an LDS file so [`Self::update_listener`] can reconfigure the
     /// plugin at run time.
     pub async fn start_dynamic(config: EnvoyConfig, concurrency: u32) -> Result<Self> {
-        let p = Self::spawn(config, concurrency, true)?;
-        p.wait_ready(Duration::from_secs(30)).await?;
-        Ok(p)
+        Self::start_picking(config, concurrency, true, &mut free_port).await
+    }
+
+    /// Starts and waits for readiness, taking the ports left at 0 from `pick`. A port found free can be taken by
+    /// another process (a test running in parallel) before Envoy binds it; Envoy then exits with "Address already
+    /// in use", and the start is tried again with new ports, up to [`PORT_ATTEMPTS`] times. Ports the caller chose
+    /// are never replaced.
+    async fn start_picking(config: EnvoyConfig, concurrency: u32, dynamic: bool, pick: &mut impl FnMut() -> Result<u16>) -> Result<Self> {
+        let picked = config.listener_port == 0 || config.admin_port == 0;
+        let mut attempt = 1;
+        loop {
+            let p = Self::spawn_picking(config.clone(), concurrency, dynamic, pick)?;
+            match p.wait_ready(Duration::from_secs(30)).await {
+                Ok(()) => return Ok(p),
+                Err(_) if picked && attempt < PORT_ATTEMPTS && p.log().contains(ADDRESS_IN_USE) => attempt += 1,
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     /// Starts Envoy without waiting for readiness (e.g. to watch it reject a config).
-    pub fn spawn(mut config: EnvoyConfig, concurrency: u32, dynamic: bool) -> Result<Self> {
+    pub fn spawn(config: EnvoyConfig, concurrency: u32, dynamic: bool) -> Result<Self> {
+        Self::spawn_picking(config, concurrency, dynamic, &mut free_port)
+    }
+
+    fn spawn_picking(mut config: EnvoyConfig, concurrency: u32, dynamic: bool, pick: &mut impl FnMut() -> Result<u16>) -> Result<Self> {
         if config.listener_port == 0 {
-            config.listener_port = free_port()?;
+            config.listener_port = pick()?;
         }
         if config.admin_port == 0 {
-            config.admin_port = free_port()?;
+            config.admin_port = pick()?;
         }
         let dir = tempfile::Builder::new().prefix("warmpath-envoy-").tempdir()?;
         let bootstrap_path = dir.path().join("envoy.yaml");
@@ -243,4 +266,31 @@ pub fn validate_file(path: &Path) -> Result<String> {
         bail!("envoy rejected {}:\n{text}", path.display());
     }
     Ok(text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A listener port taken between its pick and Envoy's bind (here: taken on purpose) costs one more start, with
+    /// fresh ports, not the test; a port the caller chose is not replaced. Needs `.venv/bin/envoy`.
+    #[tokio::test]
+    async fn a_picked_port_taken_before_envoy_binds_it_is_picked_again() {
+        let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let taken_port = taken.local_addr().expect("addr").port();
+        let mut picks = 0;
+        let mut pick = || {
+            picks += 1;
+            // The first pick is the taken port, the rest are free.
+            if picks == 1 { Ok(taken_port) } else { free_port() }
+        };
+        let envoy = EnvoyProcess::start_picking(EnvoyConfig::new(vec![], "{}"), 1, false, &mut pick).await.expect("started");
+        assert_ne!(envoy.config().listener_port, taken_port);
+        assert_eq!(picks, 4, "two ports for each of two starts");
+        drop(envoy);
+
+        let chosen = EnvoyConfig::new(vec![], "{}").ports(taken_port, free_port().expect("port"));
+        let err = EnvoyProcess::start(chosen, 1).await.err().expect("a chosen port in use is an error");
+        assert!(err.to_string().contains(ADDRESS_IN_USE), "{err}");
+    }
 }

@@ -91,7 +91,7 @@ pub fn least_admitted(loads: &[EndpointLoad], n: usize, guard: LoadGuard, top: &
     (0..n).filter(|&i| at_best(i)).min_by_key(|&i| std::cmp::Reverse(score(i)))
 }
 
-/// Slots of a [`TopCache`] (a power of two): 1,024 × 24 bytes per policy.
+/// Slots of a [`TopCache`] (a power of two): 1,024 × 24 bytes per policy (16 bytes a slot in wasm32).
 const TOP_CACHE_SLOTS: usize = 1024;
 
 /// [`rendezvous_top`] remembered for recent keys, direct-mapped by key factor. The owner clears it whenever its

@@ -28,7 +28,12 @@ impl LoadGuard {
 
     /// [`LoadGuard::admits`] for one endpoint's load.
     pub fn admits_load(&self, l: &EndpointLoad) -> bool {
-        l.effective() < self.threshold
+        self.admits_outstanding(l.effective())
+    }
+
+    /// [`LoadGuard::admits`] for an endpoint with `outstanding` requests ([`EndpointLoad::effective`]).
+    pub fn admits_outstanding(&self, outstanding: u32) -> bool {
+        outstanding < self.threshold
     }
 }
 

@@ -418,7 +418,7 @@ impl PrefixAwarePolicy {
             .map(|&(i, cached)| {
                 let waiting = u64::from(load_at(loads, i).pending_prefill);
                 let ttft = waiting + (prompt - cached) as u64 + most_cached.saturating_sub(cached) as u64;
-                Candidate { pos: i, ttft, score: hrw::score_hashed(kf, self.addr_hashes[i]), cached }
+                Candidate { pos: i, ttft, score: score(i), cached }
             })
             .min_by(|a, b| a.ttft.cmp(&b.ttft).then_with(|| b.score.cmp(&a.score)));
         let capped = best.is_none();

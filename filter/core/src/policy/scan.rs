@@ -46,7 +46,7 @@ const RANK_OUTSTANDING_BITS: u32 = 24;
 /// at a width no real queue reaches) in the low ones; `u64::MAX` for an endpoint the guard refuses.
 fn rank(l: &EndpointLoad, guard: LoadGuard) -> u64 {
     let outstanding = l.effective();
-    if outstanding >= guard.threshold {
+    if !guard.admits_outstanding(outstanding) {
         return u64::MAX;
     }
     u64::from(l.pending_prefill) << RANK_OUTSTANDING_BITS | u64::from(outstanding).min((1 << RANK_OUTSTANDING_BITS) - 1)
@@ -94,6 +94,9 @@ pub fn least_admitted(loads: &[EndpointLoad], n: usize, guard: LoadGuard, top: &
 /// Slots of a [`TopCache`] (a power of two): 1,024 × 24 bytes per policy (16 bytes a slot in wasm32).
 const TOP_CACHE_SLOTS: usize = 1024;
 
+/// A [`TopCache`] slot that holds no key (the top of a non-empty list always has a position).
+const EMPTY_SLOT: (u64, Top) = (0, [usize::MAX; RENDEZVOUS_CANDIDATES]);
+
 /// [`rendezvous_top`] remembered for recent keys, direct-mapped by key factor. The owner clears it whenever its
 /// endpoint list changes; until then a key's top cannot change.
 pub struct TopCache {
@@ -102,14 +105,14 @@ pub struct TopCache {
 
 impl Default for TopCache {
     fn default() -> TopCache {
-        TopCache { slots: vec![(0, [usize::MAX; RENDEZVOUS_CANDIDATES]); TOP_CACHE_SLOTS] }
+        TopCache { slots: vec![EMPTY_SLOT; TOP_CACHE_SLOTS] }
     }
 }
 
 impl TopCache {
     /// Forgets every key (the endpoint list changed).
     pub fn clear(&mut self) {
-        self.slots.fill((0, [usize::MAX; RENDEZVOUS_CANDIDATES]));
+        self.slots.fill(EMPTY_SLOT);
     }
 
     /// The top of the key with factor `kf` over `addr_hashes`, computed on the first request of the key since the
@@ -117,8 +120,7 @@ impl TopCache {
     pub fn top(&mut self, kf: u64, addr_hashes: &[u64]) -> Top {
         // The key factor is a full-avalanche hash, so its low bits pick a slot evenly.
         let slot = &mut self.slots[kf as usize & (TOP_CACHE_SLOTS - 1)];
-        // An empty slot holds no position (the top of a non-empty list always has one).
-        if slot.0 != kf || slot.1[0] == usize::MAX {
+        if slot.0 != kf || *slot == EMPTY_SLOT {
             *slot = (kf, rendezvous_top(kf, addr_hashes));
         }
         slot.1

@@ -17,7 +17,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use warmpath_harness::{free_port, workspace_root};
+use warmpath_harness::{free_port, port_was_taken, workspace_root, PORT_ATTEMPTS};
 
 /// A peer router run as a separate process.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -98,9 +98,32 @@ impl PeerProcess {
     ///
     /// Errors: the binary is missing, the process exits early (its log tail is in the message), or it is not ready
     /// in time.
+    /// Its two ports are picked free; one taken before the router binds it costs another start with new ports (up to
+    /// [`PORT_ATTEMPTS`] starts).
     pub async fn start(peer: Peer, workers: &[SocketAddr], model: &str, timeout: Duration) -> Result<Self> {
+        Self::start_picking(peer, workers, model, timeout, &mut free_port).await
+    }
+
+    /// [`Self::start`] with the ports taken from `pick`.
+    async fn start_picking(
+        peer: Peer,
+        workers: &[SocketAddr],
+        model: &str,
+        timeout: Duration,
+        pick: &mut impl FnMut() -> Result<u16>,
+    ) -> Result<Self> {
+        let mut attempt = 1;
+        loop {
+            let ports = (pick()?, pick()?);
+            match Self::start_on(peer, workers, model, timeout, ports).await {
+                Err(e) if attempt < PORT_ATTEMPTS && port_was_taken(&e) => attempt += 1,
+                r => return r,
+            }
+        }
+    }
+
+    async fn start_on(peer: Peer, workers: &[SocketAddr], model: &str, timeout: Duration, (port, metrics_port): (u16, u16)) -> Result<Self> {
         let bin = peer.binary_path()?;
-        let (port, metrics_port) = (free_port()?, free_port()?);
         let dir = tempfile::Builder::new().prefix("warmpath-peer-").tempdir()?;
         let log_path = dir.path().join(format!("{}.log", peer.binary()));
         let log = std::fs::File::create(&log_path)?;
@@ -184,5 +207,23 @@ mod tests {
             assert!(a.contains(&"http://127.0.0.1:9002".to_string()), "{a:?}");
         }
         assert_eq!(Peer::Smg.args(1, 2, &w)[0], "launch");
+    }
+
+    /// A port taken between its pick and the router's bind (here: taken on purpose) costs one more start with fresh
+    /// ports, not the run. Needs `.venv/bin/smg` (scripts/setup.sh).
+    #[tokio::test]
+    async fn a_picked_port_taken_before_the_router_binds_it_is_picked_again() {
+        let cfg = warmpath_sim::SimConfig::default();
+        let model = cfg.model.clone();
+        let sim = warmpath_sim::SimServer::start(cfg, "127.0.0.1:0".parse().unwrap()).await.expect("sim");
+        // The first listener port is taken; every other pick is free.
+        let mut ports = warmpath_harness::TakenFirst::new().expect("bind");
+        let p = PeerProcess::start_picking(Peer::Smg, &[sim.addr()], &model, Duration::from_secs(60), &mut || ports.pick())
+            .await
+            .expect("started");
+        assert_ne!(p.port, ports.port());
+        assert_eq!(ports.picks, 4, "two ports for each of two starts");
+        drop(p);
+        sim.stop().await;
     }
 }

@@ -146,9 +146,9 @@ impl Gateway {
         // Envoy sends the module fetch to this cluster (the URL's host only names it).
         clusters.push(static_cluster("wasm_cluster", &[module_host], None));
 
-        let (port, admin) = (free_port().unwrap(), free_port().unwrap());
+        // Ports are set when Envoy starts (`with_ports`).
         let mut listeners = vec![json!({"name": HTTP_LISTENER,
-            "address": {"socket_address": {"address": "127.0.0.1", "port_value": port}},
+            "address": {"socket_address": {"address": "127.0.0.1", "port_value": 0}},
             "default_filter_chain": {"filters": [hcm(&filters, routes)]}})];
         for epp in &epps {
             // The case's HTTPS Gateway listeners need certificates; this gateway serves plain HTTP
@@ -186,15 +186,14 @@ impl Gateway {
             *addr = json!({"address": "127.0.0.1", "port_value": server.port()});
         }
 
-        let bootstrap = json!({
-            "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": admin}}},
-            "static_resources": {"listeners": listeners, "clusters": clusters},
-        });
+        let bootstrap = json!({"static_resources": {"listeners": listeners, "clusters": clusters}});
         // A new connection per request, so requests spread over Envoy's workers (each with its own
         // filter VM and prefix index).
         let http = reqwest::Client::builder().timeout(REQUEST_TIMEOUT).pool_max_idle_per_host(0).build().unwrap();
         // At most 30 s: the module is fetched from the controller's server and compiled first.
-        let envoy = EnvoyProcess::start_bootstrap(&bootstrap, port, admin, CONCURRENCY, Duration::from_secs(30)).await.expect("envoy");
+        let envoy = EnvoyProcess::start_bootstrap(|port, admin| with_ports(&bootstrap, port, admin), CONCURRENCY, Duration::from_secs(30))
+            .await
+            .expect("envoy");
         Gateway { envoy, http, pools, upstreams }
     }
 
@@ -230,6 +229,15 @@ impl Gateway {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
+}
+
+/// `bootstrap` with its one listener on `port` and an admin listener on `admin`.
+fn with_ports(bootstrap: &Value, port: u16, admin: u16) -> Value {
+    let mut b = bootstrap.clone();
+    assert_eq!(b["static_resources"]["listeners"].as_array().map(Vec::len), Some(1), "one listener");
+    b["static_resources"]["listeners"][0]["address"]["socket_address"]["port_value"] = port.into();
+    b["admin"] = json!({"address": {"socket_address": {"address": "127.0.0.1", "port_value": admin}}});
+    b
 }
 
 fn is_listener_op(p: &Value) -> bool {
@@ -397,10 +405,9 @@ async fn istio_rendering_with_an_unfetchable_module_does_not_let_the_client_choo
     let module_cluster = module_cluster.expect("a remote module");
     let dead = SocketAddr::from(([127, 0, 0, 1], free_port().unwrap()));
 
-    let (port, admin) = (free_port().unwrap(), free_port().unwrap());
     let routes = vec![json!({"match": {"prefix": "/"}, "route": {"cluster": backend_name, "timeout": "10s"}})];
     let listener = json!({"name": "istio-gateway",
-        "address": {"socket_address": {"address": "127.0.0.1", "port_value": port}},
+        "address": {"socket_address": {"address": "127.0.0.1", "port_value": 0}},
         "filter_chains": [{"filters": [{
             "name": "envoy.filters.network.http_connection_manager",
             "typed_config": {
@@ -410,12 +417,13 @@ async fn istio_rendering_with_an_unfetchable_module_does_not_let_the_client_choo
                 "http_filters": http_filters,
             }}]}]});
     let bootstrap = json!({
-        "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": admin}}},
         "static_resources": {"listeners": [listener], "clusters": [backend_cluster, static_cluster(&module_cluster, &[dead], None)]},
     });
     let http = reqwest::Client::builder().timeout(REQUEST_TIMEOUT).pool_max_idle_per_host(0).build().unwrap();
     // At most 30 s: Envoy gives up on the unreachable module first.
-    let envoy = EnvoyProcess::start_bootstrap(&bootstrap, port, admin, CONCURRENCY, Duration::from_secs(30)).await.expect("envoy");
+    let envoy = EnvoyProcess::start_bootstrap(|port, admin| with_ports(&bootstrap, port, admin), CONCURRENCY, Duration::from_secs(30))
+        .await
+        .expect("envoy");
     let upstreams = started.into_iter().map(|u| (u.addr(), u)).collect();
     let gw = Gateway { envoy, http, pools: BTreeMap::from([("backend".to_string(), pool.clone())]), upstreams };
     let target = pool[1].to_string();

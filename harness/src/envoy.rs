@@ -8,14 +8,8 @@ use anyhow::{bail, Context, Result};
 use serde_json::Value;
 
 use crate::config::{to_yaml, EnvoyConfig};
-use crate::paths::{envoy_binary, free_port};
+use crate::paths::{envoy_binary, free_port, port_was_taken, PORT_ATTEMPTS};
 use crate::stats::Stats;
-
-/// Starts tried when Envoy could not bind a port the harness picked ([`EnvoyProcess::start`]).
-pub const PORT_ATTEMPTS: usize = 3;
-
-/// What Envoy logs when a port it should listen on is taken.
-const ADDRESS_IN_USE: &str = "Address already in use";
 
 /// A running Envoy started with a rendered [`EnvoyConfig`]. Dropping it kills the process (SIGKILL) and removes its
 /// working directory.
@@ -43,9 +37,8 @@ impl EnvoyProcess {
     }
 
     /// Starts and waits for readiness, taking the ports left at 0 from `pick`. A port found free can be taken by
-    /// another process (a test running in parallel) before Envoy binds it; Envoy then exits with "Address already
-    /// in use", and the start is tried again with new ports, up to [`PORT_ATTEMPTS`] times. Ports the caller chose
-    /// are never replaced.
+    /// another process before Envoy binds it; Envoy then exits with "Address already in use", and the start is
+    /// tried again with new ports, up to [`PORT_ATTEMPTS`] times. Ports the caller chose are never replaced.
     async fn start_picking(config: EnvoyConfig, concurrency: u32, dynamic: bool, pick: &mut impl FnMut() -> Result<u16>) -> Result<Self> {
         let picked = config.listener_port == 0 || config.admin_port == 0;
         let mut attempt = 1;
@@ -53,7 +46,7 @@ impl EnvoyProcess {
             let p = Self::spawn_picking(config.clone(), concurrency, dynamic, pick)?;
             match p.wait_ready(Duration::from_secs(30)).await {
                 Ok(()) => return Ok(p),
-                Err(_) if picked && attempt < PORT_ATTEMPTS && p.log().contains(ADDRESS_IN_USE) => attempt += 1,
+                Err(e) if picked && attempt < PORT_ATTEMPTS && port_was_taken(&e) => attempt += 1,
                 Err(e) => return Err(e),
             }
         }
@@ -90,20 +83,29 @@ impl EnvoyProcess {
         Ok(EnvoyProcess { child, dir, config, lds_path, lds_version: 0, log_path, http })
     }
 
-    /// Starts Envoy with a bootstrap built elsewhere (for example from a controller's rendered objects) whose
-    /// listener is on `listener_port` and admin on `admin_port`, and waits up to `timeout` until it is ready (a
-    /// remotely fetched module is fetched and compiled first). [`Self::config`] then carries only the two ports.
-    pub async fn start_bootstrap(bootstrap: &Value, listener_port: u16, admin_port: u16, concurrency: u32, timeout: Duration) -> Result<Self> {
-        let config = EnvoyConfig::new(vec![], "{}").ports(listener_port, admin_port);
-        let dir = tempfile::Builder::new().prefix("warmpath-envoy-").tempdir()?;
-        let bootstrap_path = dir.path().join("envoy.json");
-        let log_path = dir.path().join("envoy.log");
-        std::fs::write(&bootstrap_path, bootstrap.to_string())?;
-        let child = launch(&bootstrap_path, &log_path, concurrency)?;
-        let http = reqwest::Client::builder().timeout(Duration::from_secs(10)).build()?;
-        let p = EnvoyProcess { child, dir, config, lds_path: None, lds_version: 0, log_path, http };
-        p.wait_ready(timeout).await?;
-        Ok(p)
+    /// Starts Envoy with a bootstrap built elsewhere (for example from a controller's rendered objects):
+    /// `render(listener_port, admin_port)` returns it for two ports the harness picked, and the start waits up to
+    /// `timeout` until Envoy is ready (a remotely fetched module is fetched and compiled first). Like
+    /// [`Self::start`], a port taken before Envoy binds it costs another start with new ports. [`Self::config`] then
+    /// carries only the two ports.
+    pub async fn start_bootstrap(render: impl Fn(u16, u16) -> Value, concurrency: u32, timeout: Duration) -> Result<Self> {
+        let mut attempt = 1;
+        loop {
+            let (listener_port, admin_port) = (free_port()?, free_port()?);
+            let config = EnvoyConfig::new(vec![], "{}").ports(listener_port, admin_port);
+            let dir = tempfile::Builder::new().prefix("warmpath-envoy-").tempdir()?;
+            let bootstrap_path = dir.path().join("envoy.json");
+            let log_path = dir.path().join("envoy.log");
+            std::fs::write(&bootstrap_path, render(listener_port, admin_port).to_string())?;
+            let child = launch(&bootstrap_path, &log_path, concurrency)?;
+            let http = reqwest::Client::builder().timeout(Duration::from_secs(10)).build()?;
+            let p = EnvoyProcess { child, dir, config, lds_path: None, lds_version: 0, log_path, http };
+            match p.wait_ready(timeout).await {
+                Ok(()) => return Ok(p),
+                Err(e) if attempt < PORT_ATTEMPTS && port_was_taken(&e) => attempt += 1,
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     /// Runs `envoy --mode validate` on the static bootstrap of `config`; returns Envoy's output on success and an
@@ -276,21 +278,14 @@ mod tests {
     /// fresh ports, not the test; a port the caller chose is not replaced. Needs `.venv/bin/envoy`.
     #[tokio::test]
     async fn a_picked_port_taken_before_envoy_binds_it_is_picked_again() {
-        let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-        let taken_port = taken.local_addr().expect("addr").port();
-        let mut picks = 0;
-        let mut pick = || {
-            picks += 1;
-            // The first pick is the taken port, the rest are free.
-            if picks == 1 { Ok(taken_port) } else { free_port() }
-        };
-        let envoy = EnvoyProcess::start_picking(EnvoyConfig::new(vec![], "{}"), 1, false, &mut pick).await.expect("started");
-        assert_ne!(envoy.config().listener_port, taken_port);
-        assert_eq!(picks, 4, "two ports for each of two starts");
+        let mut ports = crate::paths::TakenFirst::new().expect("bind");
+        let envoy = EnvoyProcess::start_picking(EnvoyConfig::new(vec![], "{}"), 1, false, &mut || ports.pick()).await.expect("started");
+        assert_ne!(envoy.config().listener_port, ports.port());
+        assert_eq!(ports.picks, 4, "two ports for each of two starts");
         drop(envoy);
 
-        let chosen = EnvoyConfig::new(vec![], "{}").ports(taken_port, free_port().expect("port"));
+        let chosen = EnvoyConfig::new(vec![], "{}").ports(ports.port(), free_port().expect("port"));
         let err = EnvoyProcess::start(chosen, 1).await.err().expect("a chosen port in use is an error");
-        assert!(err.to_string().contains(ADDRESS_IN_USE), "{err}");
+        assert!(port_was_taken(&err), "{err}");
     }
 }

@@ -50,8 +50,46 @@ pub fn filter_wasm() -> Result<PathBuf> {
 
 /// A TCP port on 127.0.0.1 that was free a moment ago (bound to port 0, then released).
 ///
-/// Another process could take it before Envoy binds it; the window is tiny on a test machine.
+/// Another process (a test running in parallel) can take it before the process it was picked for binds it. Starts
+/// that pick ports this way try again with new ones when [`port_was_taken`] says so, up to [`PORT_ATTEMPTS`] times.
 pub fn free_port() -> Result<u16> {
     let l = TcpListener::bind("127.0.0.1:0").context("binding 127.0.0.1:0")?;
     Ok(l.local_addr()?.port())
+}
+
+/// Starts tried when a process could not bind a port [`free_port`] picked for it.
+pub const PORT_ATTEMPTS: usize = 3;
+
+/// What Envoy, smg and vllm-router log when a port they should listen on is taken (the text of `EADDRINUSE`).
+pub const ADDRESS_IN_USE: &str = "Address already in use";
+
+/// Whether a failed start failed because a port was taken: its error carries the process's log, which says so.
+pub fn port_was_taken(error: &anyhow::Error) -> bool {
+    format!("{error:#}").contains(ADDRESS_IN_USE)
+}
+
+/// A port picker for tests of the retry: its first pick is a port this value holds bound (so a start on it fails
+/// with [`ADDRESS_IN_USE`]), every later one comes from [`free_port`].
+pub struct TakenFirst {
+    taken: TcpListener,
+    /// Ports picked so far.
+    pub picks: usize,
+}
+
+impl TakenFirst {
+    /// Binds the port the first pick returns.
+    pub fn new() -> Result<Self> {
+        Ok(TakenFirst { taken: TcpListener::bind("127.0.0.1:0").context("binding 127.0.0.1:0")?, picks: 0 })
+    }
+
+    /// The port held bound.
+    pub fn port(&self) -> u16 {
+        self.taken.local_addr().map(|a| a.port()).unwrap_or(0)
+    }
+
+    /// The next port: the held one first, then free ones.
+    pub fn pick(&mut self) -> Result<u16> {
+        self.picks += 1;
+        if self.picks == 1 { Ok(self.port()) } else { free_port() }
+    }
 }

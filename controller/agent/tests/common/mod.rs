@@ -30,19 +30,32 @@ impl Moto {
     pub fn start() -> Moto {
         let bin = repo_root().join(".venv/bin/moto_server");
         assert!(bin.exists(), "{} missing: run scripts/test.d/60-agent.sh (installs moto[server] into .venv)", bin.display());
-        let port = free_port();
-        let child = Command::new(bin)
-            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let moto = Moto { child, endpoint: format!("http://127.0.0.1:{port}") };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < deadline, "moto did not listen within 30 s");
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        // A port found free can be taken before moto binds it; moto then exits at start-up, and is started again on
+        // another port (three starts at most).
+        let mut starts = 0;
+        let moto = 'start: loop {
+            starts += 1;
+            let port = free_port();
+            let child = Command::new(&bin)
+                .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap();
+            let mut moto = Moto { child, endpoint: format!("http://127.0.0.1:{port}") };
+            let deadline = Instant::now() + Duration::from_secs(30);
+            loop {
+                if let Some(status) = moto.child.try_wait().unwrap() {
+                    assert!(starts < 3, "moto exited at start-up three times (last: {status})");
+                    continue 'start;
+                }
+                if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                    break 'start moto;
+                }
+                assert!(Instant::now() < deadline, "moto did not listen within 30 s");
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        };
         // Credentials the S3 client signs with; moto accepts any.
         std::env::set_var("AWS_ACCESS_KEY_ID", "testing");
         std::env::set_var("AWS_SECRET_ACCESS_KEY", "testing");

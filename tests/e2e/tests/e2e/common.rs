@@ -185,7 +185,8 @@ pub type Sent = tokio::task::JoinHandle<(u16, String)>;
 /// Puts prefill work in front of `upstream`, which the caller holds: starts the requests `send(i)` makes, one every
 /// 100 ms, until one of them waits there, then waits until every request started so far has either been answered
 /// by another upstream or waits there too (one still on its way would otherwise arrive later and count as a later
-/// request). Returns the requests and how many wait at `upstream` (at least one, asserted).
+/// request). Returns the requests and how many wait at `upstream` (at least one, asserted). Fails when the requests
+/// have not settled so after 10 s: counting then would count a request still on its way.
 pub async fn hold_filler(upstream: &Upstream, mut send: impl FnMut(usize) -> Sent) -> (Vec<Sent>, usize) {
     let mut filler = Vec::new();
     for i in 0..30 {
@@ -195,12 +196,15 @@ pub async fn hold_filler(upstream: &Upstream, mut send: impl FnMut(usize) -> Sen
             break;
         }
     }
+    let unsettled = |filler: &[Sent]| filler.len().saturating_sub(filler.iter().filter(|h| h.is_finished()).count() + upstream.active());
     for _ in 0..200 {
-        if filler.iter().filter(|h| h.is_finished()).count() + upstream.active() == filler.len() {
+        if unsettled(&filler) == 0 {
             break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    let left = unsettled(&filler);
+    assert_eq!(left, 0, "{left} of {} filler requests neither answered nor waiting at the held upstream after 10 s", filler.len());
     let waiting = upstream.active();
     assert!(waiting >= 1, "none of {} filler requests reached the held upstream", filler.len());
     (filler, waiting)

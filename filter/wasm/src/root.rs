@@ -25,7 +25,7 @@ use crate::{metrics, shared};
 /// Longest tick period: how often batched counters are flushed, in-flight gauges refreshed and, with a feed, index
 /// records exchanged with the other gateways. A feed polled more often (`feed.interval_ms` below this) ticks at its
 /// own interval; one polled less often is polled every few ticks.
-const DEFAULT_TICK: Duration = Duration::from_millis(500);
+pub const DEFAULT_TICK: Duration = Duration::from_millis(500);
 
 thread_local! {
     // One VM = one thread. The router of each plugin (by Envoy plugin name), created by its first valid configuration.
@@ -217,6 +217,15 @@ impl RootContext for FilterRoot {
     }
 
     fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {
+        // This VM routes requests (a worker's), so it receives the other VMs' index records for good, and takes
+        // the feed poller's lease over from a VM that routes nothing before it produces its first record.
+        if let Some(shared) = &self.shared {
+            if shared.exchange.routing(now_ms) {
+                if let Some(feed) = &self.feed {
+                    feed.take_over(now_ms(), &shared.exchange);
+                }
+            }
+        }
         // Unconfigured (cannot happen after a successful on_configure): pass requests through, still stripping.
         Some(Box::new(FilterHttp::new(context_id, self.shared.clone())))
     }

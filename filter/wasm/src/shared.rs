@@ -147,28 +147,35 @@ pub fn add_to(counter: Counter, address: &str, delta: i32, read: Option<Table>) 
 
 /// Takes or renews the lease stored under `key` for `owner` until `now_ms + ttl_ms` (ms since the epoch).
 ///
-/// Value layout: owner id (u64 LE) then expiry (u64 LE). Succeeds when the lease is free, expired or already ours and
-/// our compare-and-swap write wins; false otherwise (someone else holds it, or another VM won the race).
-pub fn take_lease(key: &str, owner: u64, now_ms: u64, ttl_ms: u64) -> bool {
+/// Value layout: owner id (u64 LE), expiry (u64 LE), then one byte: 1 when the owner's VM routes requests. Succeeds
+/// when the lease is free, expired or already ours, or when it is held by a VM that routes nothing (the main
+/// thread's) and `routes` — and our compare-and-swap write wins; false otherwise (someone else holds it, or another
+/// VM won the race). The lease thus ends up with a worker once one routes: the holder must receive every index
+/// record of the Envoy, which a worker does anyway.
+pub fn take_lease(key: &str, owner: u64, routes: bool, now_ms: u64, ttl_ms: u64) -> bool {
     let Ok((bytes, cas)) = hostcalls::get_shared_data(key) else { return false };
-    let (holder, expiry) = match bytes.as_deref() {
-        Some(b) if b.len() == 16 => {
+    let (holder, expiry, holder_routes) = match bytes.as_deref() {
+        Some(b) if b.len() == LEASE_BYTES => {
             let mut h = [0u8; 8];
             let mut e = [0u8; 8];
             h.copy_from_slice(&b[..8]);
-            e.copy_from_slice(&b[8..]);
-            (u64::from_le_bytes(h), u64::from_le_bytes(e))
+            e.copy_from_slice(&b[8..16]);
+            (u64::from_le_bytes(h), u64::from_le_bytes(e), b[16] == 1)
         }
-        _ => (0, 0),
+        _ => (0, 0, false),
     };
-    if holder != owner && expiry > now_ms {
+    if holder != owner && expiry > now_ms && (holder_routes || !routes) {
         return false;
     }
-    let mut v = [0u8; 16];
+    let mut v = [0u8; LEASE_BYTES];
     v[..8].copy_from_slice(&owner.to_le_bytes());
-    v[8..].copy_from_slice(&now_ms.saturating_add(ttl_ms).to_le_bytes());
+    v[8..16].copy_from_slice(&now_ms.saturating_add(ttl_ms).to_le_bytes());
+    v[16] = u8::from(routes);
     hostcalls::set_shared_data(key, Some(&v), cas).is_ok()
 }
+
+/// Bytes of a lease value ([`take_lease`]).
+const LEASE_BYTES: usize = 17;
 
 #[cfg(test)]
 mod tests {

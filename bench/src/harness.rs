@@ -192,6 +192,9 @@ pub struct RunSettings {
     pub feed: bool,
     /// How the harness's own routers reach the servers.
     pub client_hop: ClientHop,
+    /// Start sending once every Envoy is past the filter's start-up grace ([`EnvoyProcess::wait_past_grace`], about
+    /// 11 s), as for a gateway that has been up a while; false sends at once (the tests, to stay short).
+    pub past_grace: bool,
     /// Model name sent in requests.
     pub model: String,
     /// Print a progress line every this often (None = quiet).
@@ -330,6 +333,12 @@ pub async fn run_strategy(strategy: &Strategy, reqs: &[Request], s: &RunSettings
         }
     };
 
+    // Only the filter has a grace; the plain Envoy of the harness's own routers has nothing to wait for.
+    if s.past_grace && matches!(strategy, Strategy::Filter(_)) {
+        for e in &envoys {
+            e.wait_past_grace().await;
+        }
+    }
     let client = reqwest::Client::builder().pool_max_idle_per_host(256).build()?;
     let scale = s.sim.latency.time_scale;
     let start = Instant::now();

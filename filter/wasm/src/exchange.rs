@@ -1,6 +1,6 @@
-//! One prefix index per Envoy, not per worker: every VM (each Envoy worker, and the main thread) sends the index
-//! record of each request it routes to every other VM of the same plugin, and applies the records it receives before
-//! its next pick ([`warmpath_core::exchange`]), so all workers route with the same knowledge.
+//! One prefix index per Envoy, not per worker: every VM that routes sends the index record of each request to every
+//! other VM of the same plugin in the directory (below), and applies the records it receives before its next pick
+//! ([`warmpath_core::exchange`]), so all workers route with the same knowledge.
 //!
 //! Transport: proxy-wasm shared queues. Each VM registers its own queue (a name unique to the VM) and lists the
 //! queue's token in a directory kept in shared data under `warmpath.index_peers.<plugin>`: entries
@@ -9,11 +9,13 @@
 //! each listed peer's queue (the host wakes the peer's root context, which drains its queue); before each pick it
 //! drains its own queue, so a record enqueued before a request arrives is applied before that request is routed.
 //!
-//! Only VMs that route receive. Envoy's main thread runs a VM too, which never routes a request: a VM that has
-//! routed nothing [`ROUTING_GRACE`] after joining leaves the directory, and enters it again when it routes its first
-//! request (or takes the feed poller's lease, below). Applying every record on the main thread cost as much
-//! Envoy CPU as the rest of the filter at one worker (BENCHMARKS.md §4). A worker that idles through the grace
-//! misses the records sent until its first request, and routes those conversations as new.
+//! Envoy runs filter VMs that never route a request: two on the main thread here (the plugin's base VM and the
+//! main thread's own copy, beside one per worker). A VM that has routed nothing [`ROUTING_GRACE`] after joining
+//! leaves the directory, and enters it again when it routes its first request or takes the feed poller's lease
+//! (below). Applying every record on the main thread cost 67–74 µs of Envoy CPU per request at one worker
+//! (BENCHMARKS.md §4). Nothing distinguishes a main-thread VM from a worker that has had no connection yet, so such
+//! a worker leaves too: it misses the records sent until its first request (the other workers' and, with a feed,
+//! the other gateways') and routes those conversations as new.
 //!
 //! Cost per request with W routing VMs: W − 1 enqueues of one record (≈ 8 bytes per block of the key) after the
 //! pick, and one dequeue per record waiting (plus one that finds the queue empty) before it. Everything fails soft:
@@ -49,7 +51,7 @@ const MAX_CAS_ATTEMPTS: usize = 16;
 
 /// How long a VM that has routed no request stays in the directory after joining. The same as [`PEER_TTL`]: a VM
 /// that neither routes nor renews for that long is treated as gone either way. Every worker that takes traffic at
-/// start-up routes well within it; the main thread's VM never does.
+/// start-up routes well within it; the main thread's VMs never do.
 pub const ROUTING_GRACE: Duration = PEER_TTL;
 
 /// Counters (see `metrics`).

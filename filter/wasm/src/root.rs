@@ -1,6 +1,6 @@
 //! The root context: plugin configuration, the router shared by the VM's HTTP contexts, and the tick.
 //!
-//! One root context exists per VM (Envoy runs one VM on the main thread and one per worker) and per plugin
+//! One root context exists per VM (Envoy runs one VM per worker and two on its main thread) and per plugin
 //! configuration. The router — and with it the prefix index and the settings requests are handled with — is shared
 //! by every root context of the same plugin (Envoy's `plugin_name`) in the VM: a new configuration (an LDS update)
 //! reconfigures it in place, keeping the index when the core says the settings are compatible, and takes effect
@@ -176,6 +176,10 @@ impl RootContext for FilterRoot {
             e
         });
         self.feed = settings.feed.clone().map(|f| FeedPoller::new(f, self.context_id, tick));
+        if self.feed.is_none() {
+            // A configuration without a feed: this VM no longer polls one, so it keeps no records for it.
+            exchange.collect(false);
+        }
         let _ = hostcalls::set_tick_period(tick);
         info!(
             "configured plugin={plugin} strategy={} endpoints={} prefix_length={} block_size={} concurrency_threshold={} max_body_bytes={} feed={} upstream_clusters={}",

@@ -1,4 +1,4 @@
-//! State shared by every VM (main thread and each Envoy worker) through proxy-wasm shared data: two counters per
+//! State shared by every VM (each Envoy worker's and the main thread's) through proxy-wasm shared data: two counters per
 //! endpoint ([`Counter`]: requests in flight, and pending prefill work in bytes of prompt text) and the feed poller's
 //! lease. This is the only compare-and-swap code in the filter.
 //!
@@ -147,35 +147,37 @@ pub fn add_to(counter: Counter, address: &str, delta: i32, read: Option<Table>) 
 
 /// Takes or renews the lease stored under `key` for `owner` until `now_ms + ttl_ms` (ms since the epoch).
 ///
-/// Value layout: owner id (u64 LE), expiry (u64 LE), then one byte: 1 when the owner's VM routes requests. Succeeds
-/// when the lease is free, expired or already ours, or when it is held by a VM that routes nothing (the main
-/// thread's) and `routes` — and our compare-and-swap write wins; false otherwise (someone else holds it, or another
-/// VM won the race). The lease thus ends up with a worker once one routes: the holder must receive every index
-/// record of the Envoy, which a worker does anyway.
+/// Value layout: owner id (u64 LE) then expiry (u64 LE); bit [`ROUTES_BIT`] of the stored id says whether the
+/// owner's VM routes requests (owner ids are compared without it). Succeeds when the lease is free, expired or
+/// already ours, or when it is held by a VM that routes nothing (the main thread's) and `routes` — and our
+/// compare-and-swap write wins; false otherwise (someone else holds it, or another VM won the race). The lease thus
+/// ends up with a worker once one routes: its holder must receive every index record, which a worker does anyway.
+/// A module without the bit (an older build during a reload) reads the value as before and respects it.
 pub fn take_lease(key: &str, owner: u64, routes: bool, now_ms: u64, ttl_ms: u64) -> bool {
     let Ok((bytes, cas)) = hostcalls::get_shared_data(key) else { return false };
-    let (holder, expiry, holder_routes) = match bytes.as_deref() {
-        Some(b) if b.len() == LEASE_BYTES => {
+    let (holder, expiry) = match bytes.as_deref() {
+        Some(b) if b.len() == 16 => {
             let mut h = [0u8; 8];
             let mut e = [0u8; 8];
             h.copy_from_slice(&b[..8]);
-            e.copy_from_slice(&b[8..16]);
-            (u64::from_le_bytes(h), u64::from_le_bytes(e), b[16] == 1)
+            e.copy_from_slice(&b[8..]);
+            (u64::from_le_bytes(h), u64::from_le_bytes(e))
         }
-        _ => (0, 0, false),
+        _ => (0, 0),
     };
-    if holder != owner && expiry > now_ms && (holder_routes || !routes) {
+    let ours = holder & !ROUTES_BIT == owner & !ROUTES_BIT;
+    if !ours && expiry > now_ms && (holder & ROUTES_BIT != 0 || !routes) {
         return false;
     }
-    let mut v = [0u8; LEASE_BYTES];
-    v[..8].copy_from_slice(&owner.to_le_bytes());
-    v[8..16].copy_from_slice(&now_ms.saturating_add(ttl_ms).to_le_bytes());
-    v[16] = u8::from(routes);
+    let id = (owner & !ROUTES_BIT) | if routes { ROUTES_BIT } else { 0 };
+    let mut v = [0u8; 16];
+    v[..8].copy_from_slice(&id.to_le_bytes());
+    v[8..].copy_from_slice(&now_ms.saturating_add(ttl_ms).to_le_bytes());
     hostcalls::set_shared_data(key, Some(&v), cas).is_ok()
 }
 
-/// Bytes of a lease value ([`take_lease`]).
-const LEASE_BYTES: usize = 17;
+/// The bit of a lease's owner id that says its VM routes requests ([`take_lease`]).
+const ROUTES_BIT: u64 = 1 << 1;
 
 #[cfg(test)]
 mod tests {

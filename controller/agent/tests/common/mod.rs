@@ -3,7 +3,6 @@
 #![allow(dead_code, missing_docs)]
 
 use std::{
-    net::TcpListener,
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
@@ -12,10 +11,6 @@ use std::{
 /// Repository root (two levels above this crate).
 pub fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap()
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
 /// A `moto_server` child process; killed on drop.
@@ -30,32 +25,36 @@ impl Moto {
     pub fn start() -> Moto {
         let bin = repo_root().join(".venv/bin/moto_server");
         assert!(bin.exists(), "{} missing: run scripts/test.d/60-agent.sh (installs moto[server] into .venv)", bin.display());
-        // A port found free can be taken before moto binds it; moto then exits at start-up, and is started again on
-        // another port (three starts at most).
-        let mut starts = 0;
-        let moto = 'start: loop {
-            starts += 1;
-            let port = free_port();
-            let child = Command::new(&bin)
-                .args(["-H", "127.0.0.1", "-p", &port.to_string()])
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .unwrap();
-            let mut moto = Moto { child, endpoint: format!("http://127.0.0.1:{port}") };
-            let deadline = Instant::now() + Duration::from_secs(30);
-            loop {
-                if let Some(status) = moto.child.try_wait().unwrap() {
-                    assert!(starts < 3, "moto exited at start-up three times (last: {status})");
-                    continue 'start;
+        // moto binds a port of its own choosing (`-p 0`) and prints it; a port picked here and passed in could be
+        // taken by another process before moto bound it.
+        let mut child = Command::new(&bin)
+            .args(["-H", "127.0.0.1", "-p", "0"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        // Reads moto's log to the end (werkzeug logs every request there; a full pipe would stall it).
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Some(port) = line.split("Running on http://127.0.0.1:").nth(1) {
+                    let _ = tx.send(port.trim().parse::<u16>().ok());
                 }
-                if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-                    break 'start moto;
-                }
-                assert!(Instant::now() < deadline, "moto did not listen within 30 s");
-                std::thread::sleep(Duration::from_millis(100));
             }
+        });
+        let port = rx.recv_timeout(Duration::from_secs(30)).ok().flatten();
+        let Some(port) = port else {
+            let _ = child.kill();
+            panic!("moto did not report its port within 30 s");
         };
+        let moto = Moto { child, endpoint: format!("http://127.0.0.1:{port}") };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "moto did not listen within 30 s");
+            std::thread::sleep(Duration::from_millis(100));
+        }
         // Credentials the S3 client signs with; moto accepts any.
         std::env::set_var("AWS_ACCESS_KEY_ID", "testing");
         std::env::set_var("AWS_SECRET_ACCESS_KEY", "testing");

@@ -76,6 +76,12 @@ async fn second_turn_through_the_other_gateway(f: Arc<Fleet>, name: &str, learne
         assert_eq!(s.filter("feed.version"), 1, "gateway {g} did not apply the feed's snapshot");
     }
     tokio::time::sleep(Duration::from_millis(1000)).await;
+    // B's workers route before the conversation starts, as in a gateway in service: a VM that has routed nothing
+    // 10 s after it started leaves the exchange, and a slow run must not make B's workers miss A's record.
+    for i in 0..6 {
+        let (status, _) = post_fresh(&f.gateways[1], turn(&prompt(&format!("{name} warm-up {i}"), 300), "hello")).await;
+        assert_eq!(status, 200);
+    }
     let history = prompt(name, 3000);
     let (status, first) = post_fresh(&f.gateways[0], turn(&history, "first question")).await;
     assert_eq!(status, 200);

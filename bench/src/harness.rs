@@ -192,8 +192,9 @@ pub struct RunSettings {
     pub feed: bool,
     /// How the harness's own routers reach the servers.
     pub client_hop: ClientHop,
-    /// Start sending once every Envoy is past the filter's start-up grace ([`EnvoyProcess::wait_past_grace`], about
-    /// 11 s), as for a gateway that has been up a while; false sends at once (the tests, to stay short).
+    /// For PREFIX_AWARE, start sending once every Envoy is past the filter's start-up grace
+    /// ([`EnvoyProcess::wait_past_grace`], about 12 s after it is ready), as for a gateway that has been up a while;
+    /// false sends at once (the tests, to stay short). The other filter strategies send no index records.
     pub past_grace: bool,
     /// Model name sent in requests.
     pub model: String,
@@ -333,8 +334,9 @@ pub async fn run_strategy(strategy: &Strategy, reqs: &[Request], s: &RunSettings
         }
     };
 
-    // Only the filter has a grace; the plain Envoy of the harness's own routers has nothing to wait for.
-    if s.past_grace && matches!(strategy, Strategy::Filter(_)) {
+    // Only PREFIX_AWARE exchanges index records; the other strategies and the plain Envoy of the harness's own
+    // routers have nothing to wait for.
+    if s.past_grace && matches!(strategy, Strategy::Filter(name) if name == "PREFIX_AWARE") {
         for e in &envoys {
             e.wait_past_grace().await;
         }

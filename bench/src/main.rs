@@ -107,9 +107,9 @@ struct Args {
     /// same proxy hop the filter and the peers' routers pay) or `direct` (no proxy hop).
     #[arg(long, value_enum, default_value = "envoy")]
     client_hop: ClientHop,
-    /// Send from the moment the Envoys are ready. By default the replay starts once each Envoy is past the filter's
-    /// start-up grace (about 11 s: until then the main thread's filter VM also applies every index record, which a
-    /// gateway that has been up a while no longer pays).
+    /// Send from the moment the Envoys are ready. By default PREFIX_AWARE's replay starts once each Envoy is past
+    /// the filter's start-up grace (about 12 s after it is ready: until then the main thread's filter VM also
+    /// applies every index record, which a gateway that has been up a while no longer pays).
     #[arg(long)]
     from_start: bool,
     /// Repetitions: run k uses seed --seed + k (generated workloads) or the k-th stretch of --requests requests of

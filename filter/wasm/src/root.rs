@@ -32,6 +32,9 @@ thread_local! {
     static ROUTERS: RefCell<HashMap<String, Rc<RefCell<Router>>>> = RefCell::new(HashMap::new());
     // This VM's membership in the index exchange of each plugin (`exchange`), like the router one per plugin.
     static EXCHANGES: RefCell<HashMap<String, Rc<Exchange>>> = RefCell::new(HashMap::new());
+    // The latest configuration of each plugin in this VM: a root context configured earlier (its listener still
+    // draining after an LDS update) stops polling the feed, so only the current one holds the poller lease.
+    static GENERATIONS: RefCell<HashMap<String, u64>> = RefCell::new(HashMap::new());
     static RNG: RefCell<u64> = const { RefCell::new(0) };
     // Endpoints whose in-flight gauge this VM has reported (see `refresh_gauges`).
     static REPORTED: RefCell<std::collections::BTreeSet<String>> = const { RefCell::new(std::collections::BTreeSet::new()) };
@@ -85,12 +88,14 @@ pub struct FilterRoot {
     context_id: u32,
     shared: Option<Rc<Shared>>,
     feed: Option<FeedPoller>,
+    /// The plugin name and the configuration generation this root context was configured with (`GENERATIONS`).
+    generation: (String, u64),
 }
 
 impl FilterRoot {
     /// A root context not yet configured.
     pub fn new(context_id: u32) -> Self {
-        FilterRoot { context_id, shared: None, feed: None }
+        FilterRoot { context_id, shared: None, feed: None, generation: (String::new(), 0) }
     }
 
     fn refresh_gauges(&self) {
@@ -175,6 +180,13 @@ impl RootContext for FilterRoot {
             x.insert(plugin.clone(), e.clone());
             e
         });
+        let generation = GENERATIONS.with(|g| {
+            let mut g = g.borrow_mut();
+            let n = g.entry(plugin.clone()).or_insert(0);
+            *n += 1;
+            *n
+        });
+        self.generation = (plugin.clone(), generation);
         self.feed = settings.feed.clone().map(|f| FeedPoller::new(f, self.context_id, tick));
         if self.feed.is_none() {
             // A configuration without a feed: this VM no longer polls one, so it keeps no records for it.
@@ -199,6 +211,11 @@ impl RootContext for FilterRoot {
     }
 
     fn on_tick(&mut self) {
+        let current = GENERATIONS.with(|g| g.borrow().get(&self.generation.0) == Some(&self.generation.1));
+        if !current {
+            // A newer configuration of this plugin took over in this VM; it polls the feed (or not) from now on.
+            self.feed = None;
+        }
         if let (Some(feed), Some(shared)) = (self.feed.as_mut(), self.shared.as_ref()) {
             feed.on_tick(now_ms(), &shared.router, &shared.exchange, &shared.metrics);
         }

@@ -155,7 +155,15 @@ pub fn add_to(counter: Counter, address: &str, delta: i32, read: Option<Table>) 
 /// A module without the bit (an older build during a reload) reads the value as before and respects it.
 pub fn take_lease(key: &str, owner: u64, routes: bool, now_ms: u64, ttl_ms: u64) -> bool {
     let Ok((bytes, cas)) = hostcalls::get_shared_data(key) else { return false };
-    let (holder, expiry) = match bytes.as_deref() {
+    match lease_after(bytes.as_deref(), owner, routes, now_ms, ttl_ms) {
+        Some(v) => hostcalls::set_shared_data(key, Some(&v), cas).is_ok(),
+        None => false,
+    }
+}
+
+/// The lease value [`take_lease`] writes over `current` (None: the lease is someone else's).
+fn lease_after(current: Option<&[u8]>, owner: u64, routes: bool, now_ms: u64, ttl_ms: u64) -> Option<[u8; 16]> {
+    let (holder, expiry) = match current {
         Some(b) if b.len() == 16 => {
             let mut h = [0u8; 8];
             let mut e = [0u8; 8];
@@ -167,13 +175,13 @@ pub fn take_lease(key: &str, owner: u64, routes: bool, now_ms: u64, ttl_ms: u64)
     };
     let ours = holder & !ROUTES_BIT == owner & !ROUTES_BIT;
     if !ours && expiry > now_ms && (holder & ROUTES_BIT != 0 || !routes) {
-        return false;
+        return None;
     }
     let id = (owner & !ROUTES_BIT) | if routes { ROUTES_BIT } else { 0 };
     let mut v = [0u8; 16];
     v[..8].copy_from_slice(&id.to_le_bytes());
     v[8..].copy_from_slice(&now_ms.saturating_add(ttl_ms).to_le_bytes());
-    hostcalls::set_shared_data(key, Some(&v), cas).is_ok()
+    Some(v)
 }
 
 /// The bit of a lease's owner id that says its VM routes requests ([`take_lease`]).
@@ -186,6 +194,24 @@ mod tests {
 
     fn table(bytes: Vec<u8>) -> Table {
         Table { counter: Counter::InFlight, bytes, cas: None }
+    }
+
+    #[test]
+    fn a_routing_vm_takes_the_lease_from_one_that_does_not_route_and_from_no_one_else() {
+        let (main, worker, other) = (0x11u64, 0x21u64, 0x41u64);
+        let held = |owner: u64, routes: bool| lease_after(None, owner, routes, 1_000, 3_000).expect("a free lease");
+        // A free lease goes to anyone; a held one is renewed by its owner, whether or not its routes bit changed.
+        assert!(lease_after(Some(&held(main, false)), main, false, 2_000, 3_000).is_some());
+        assert!(lease_after(Some(&held(worker, false)), worker, true, 2_000, 3_000).is_some());
+        // A VM that does not route never takes a held lease; a routing one takes it only from a non-routing holder.
+        assert!(lease_after(Some(&held(worker, true)), main, false, 2_000, 3_000).is_none());
+        assert!(lease_after(Some(&held(main, false)), other, false, 2_000, 3_000).is_none());
+        let taken = lease_after(Some(&held(main, false)), worker, true, 2_000, 3_000).expect("taken over");
+        assert!(lease_after(Some(&taken), other, true, 2_000, 3_000).is_none(), "two routing VMs never trade it");
+        // Expired: free for anyone.
+        assert!(lease_after(Some(&held(worker, true)), main, false, 10_000, 3_000).is_some());
+        // A value of another length reads as free.
+        assert!(lease_after(Some(&[1, 2, 3]), main, false, 2_000, 3_000).is_some());
     }
 
     #[test]

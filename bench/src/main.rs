@@ -108,7 +108,7 @@ struct Args {
     #[arg(long, value_enum, default_value = "envoy")]
     client_hop: ClientHop,
     /// Send from the moment the Envoys are ready. By default PREFIX_AWARE's replay starts once each Envoy is past
-    /// the filter's start-up grace (about 12 s after it is ready: until then the main thread's filter VM also
+    /// the filter's start-up grace (about 12 s after it is ready: until then the main thread's filter VMs also
     /// applies every index record, which a gateway that has been up a while no longer pays).
     #[arg(long)]
     from_start: bool,

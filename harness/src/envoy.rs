@@ -135,7 +135,7 @@ impl EnvoyProcess {
         format!("http://127.0.0.1:{}", self.config.admin_port)
     }
 
-    /// Waits until the filter is past its start-up grace in this Envoy: the main thread's VM, which never routes,
+    /// Waits until the filter is past its start-up grace in this Envoy: the main thread's VMs, which never route,
     /// has left the index exchange ([`warmpath_filter::ROUTING_GRACE`] after it was configured, at its next tick).
     /// The VMs are configured before Envoy reports ready, so this waits the grace from then, plus four ticks for a
     /// late timer on a loaded machine. What a long-running gateway measures starts after this.

@@ -141,7 +141,7 @@ async fn main() -> Result<()> {
         };
         configs.push((name, EnvoyProcess::start(EnvoyConfig::new(addrs.clone(), plugin).with_wasm(wasm), args.concurrency).await?));
     }
-    // Steady state: the main thread's filter VM takes index records only during its start-up grace.
+    // Steady state: the main thread's filter VMs take index records only during their start-up grace.
     for (_, envoy) in &configs {
         envoy.wait_past_grace().await;
     }

@@ -35,19 +35,31 @@ impl Moto {
             .unwrap();
         let stderr = child.stderr.take().unwrap();
         let (tx, rx) = std::sync::mpsc::channel();
-        // Reads moto's log to the end (werkzeug logs every request there; a full pipe would stall it).
+        // Reads moto's log to the end (werkzeug logs every request there; a full pipe would stall it). Sends the
+        // port from its "Running on http://127.0.0.1:PORT" line, or everything it said if it ended without one.
         std::thread::spawn(move || {
             use std::io::BufRead;
+            let mut said = Vec::new();
+            let mut sent = false;
             for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
-                if let Some(port) = line.split("Running on http://127.0.0.1:").nth(1) {
-                    let _ = tx.send(port.trim().parse::<u16>().ok());
+                if let (false, Some(rest)) = (sent, line.split("Running on http://127.0.0.1:").nth(1)) {
+                    let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+                    sent = tx.send(digits.parse::<u16>().map_err(|_| line.clone())).is_ok();
+                } else if !sent {
+                    said.push(line);
                 }
             }
+            if !sent {
+                let _ = tx.send(Err(said.join("\n")));
+            }
         });
-        let port = rx.recv_timeout(Duration::from_secs(30)).ok().flatten();
-        let Some(port) = port else {
-            let _ = child.kill();
-            panic!("moto did not report its port within 30 s");
+        let port = match rx.recv_timeout(Duration::from_secs(30)) {
+            Ok(Ok(port)) => port,
+            failed => {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("moto did not report its port: {failed:?}");
+            }
         };
         let moto = Moto { child, endpoint: format!("http://127.0.0.1:{port}") };
         let deadline = Instant::now() + Duration::from_secs(30);

@@ -114,12 +114,12 @@ async fn futures_join(handles: Vec<tokio::task::JoinHandle<(u16, String)>>) -> V
 /// sent to exactly one other VM (the other worker), not two.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_the_grace_records_go_to_the_routing_workers_only() {
-    // Two workers (CONCURRENCY): the other worker is each request's only peer once the main thread's VM left.
+    // Two workers (CONCURRENCY): the other worker is each request's only peer once the main thread's VMs left.
     let rig = Rig::start(3, json!({"strategy": "PREFIX_AWARE"})).await;
     records_go_to_the_other_worker_only_after_the_grace(&rig).await;
 }
 
-/// The same with a feed: the main thread's VM, configured first, takes the feed poller's lease (whose holder must
+/// The same with a feed: a main-thread VM, configured first, takes the feed poller's lease (whose holder must
 /// receive every record), and hands it to a worker once one routes; the feed is still polled after that.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_the_grace_the_feed_poller_is_a_worker() {
@@ -146,7 +146,7 @@ async fn records_go_to_the_other_worker_only_after_the_grace(rig: &Rig) {
     tokio::time::sleep(DEFAULT_TICK * 2).await;
     let s = rig.envoy.stats().await.expect("stats");
     assert!(workers_used(rig, &s) >= 2, "every connection on one worker: the test proves nothing");
-    // The main thread's VM is still in the exchange here: each request went to the other worker and to it.
+    // The main thread's two VMs are still in the exchange here: each request went to them and the other worker.
     assert!(s.filter("index_exchange.sent") > REQUESTS, "sent {} for {REQUESTS} requests within the grace", s.filter("index_exchange.sent"));
 
     rig.envoy.wait_past_grace().await;

@@ -192,10 +192,6 @@ pub struct RunSettings {
     pub feed: bool,
     /// How the harness's own routers reach the servers.
     pub client_hop: ClientHop,
-    /// For PREFIX_AWARE, start sending once every Envoy is past the filter's start-up grace
-    /// ([`EnvoyProcess::wait_past_grace`], about 12 s after it is ready), as for a gateway that has been up a while;
-    /// false sends at once (the tests, to stay short). The other filter strategies send no index records.
-    pub past_grace: bool,
     /// Model name sent in requests.
     pub model: String,
     /// Print a progress line every this often (None = quiet).
@@ -334,13 +330,6 @@ pub async fn run_strategy(strategy: &Strategy, reqs: &[Request], s: &RunSettings
         }
     };
 
-    // Only PREFIX_AWARE exchanges index records; the other strategies and the plain Envoy of the harness's own
-    // routers have nothing to wait for.
-    if s.past_grace && matches!(strategy, Strategy::Filter(name) if name == "PREFIX_AWARE") {
-        for e in &envoys {
-            e.wait_past_grace().await;
-        }
-    }
     let client = reqwest::Client::builder().pool_max_idle_per_host(256).build()?;
     let scale = s.sim.latency.time_scale;
     let start = Instant::now();

@@ -107,11 +107,6 @@ struct Args {
     /// same proxy hop the filter and the peers' routers pay) or `direct` (no proxy hop).
     #[arg(long, value_enum, default_value = "envoy")]
     client_hop: ClientHop,
-    /// Send from the moment the Envoys are ready. By default PREFIX_AWARE's replay starts once each Envoy is past
-    /// the filter's start-up grace (about 12 s after it is ready: until then the main thread's filter VMs also
-    /// applies every index record, which a gateway that has been up a while no longer pays).
-    #[arg(long)]
-    from_start: bool,
     /// Repetitions: run k uses seed --seed + k (generated workloads) or the k-th stretch of --requests requests of
     /// the trace (evenly spaced, overlapping stretches when the trace is shorter than --runs × --requests); the
     /// table shows each column's mean and min–max, and run k's files go to <out>/run<k>.
@@ -228,7 +223,6 @@ async fn run(a: Args) -> anyhow::Result<()> {
         client_hop: a.client_hop,
         gateway_exchange: !a.no_gateway_exchange,
         feed: a.feed,
-        past_grace: !a.from_start,
         model: "sim-model".into(),
         progress_every: Some(Duration::from_secs(5)),
     };

@@ -126,11 +126,9 @@ fn filter_config_the_filter_rejects_is_refused_with_its_message() {
 fn sigterm_stops_envoy_and_removes_its_directory() {
     let out = tempfile::tempdir().unwrap();
     // Long enough (2000 arrivals at 1 req/s, real time) that the first strategy is still running when signalled;
-    // the wall budget bounds it if the signal is lost. Sending starts at once (no wait for the filter's grace).
-    let args = [
-        "--strategies", "PREFIX_AWARE", "--requests", "2000", "--rate", "1", "--time-scale", "1", "--max-wall-s", "60",
-        "--from-start",
-    ];
+    // the wall budget bounds it if the signal is lost.
+    let args =
+        ["--strategies", "PREFIX_AWARE", "--requests", "2000", "--rate", "1", "--time-scale", "1", "--max-wall-s", "60"];
     let mut guard = Cleanup { bench: bench(&args, out.path()), envoy: None };
     let start = Instant::now();
     let cmdline = loop {

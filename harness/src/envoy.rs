@@ -21,8 +21,6 @@ pub struct EnvoyProcess {
     lds_version: u32,
     log_path: PathBuf,
     http: reqwest::Client,
-    /// When Envoy was found ready (its filter VMs configured), or spawned for a start that does not wait.
-    ready_at: Instant,
 }
 
 impl EnvoyProcess {
@@ -45,12 +43,9 @@ impl EnvoyProcess {
         let picked = config.listener_port == 0 || config.admin_port == 0;
         let mut attempt = 1;
         loop {
-            let mut p = Self::spawn_picking(config.clone(), concurrency, dynamic, pick)?;
+            let p = Self::spawn_picking(config.clone(), concurrency, dynamic, pick)?;
             match p.wait_ready(Duration::from_secs(30)).await {
-                Ok(()) => {
-                    p.ready_at = Instant::now();
-                    return Ok(p);
-                }
+                Ok(()) => return Ok(p),
                 Err(e) if picked && attempt < PORT_ATTEMPTS && port_was_taken(&e) => attempt += 1,
                 Err(e) => return Err(e),
             }
@@ -85,7 +80,7 @@ impl EnvoyProcess {
         };
         let child = launch(&bootstrap_path, &log_path, concurrency)?;
         let http = reqwest::Client::builder().timeout(Duration::from_secs(10)).build()?;
-        Ok(EnvoyProcess { child, dir, config, lds_path, lds_version: 0, log_path, http, ready_at: Instant::now() })
+        Ok(EnvoyProcess { child, dir, config, lds_path, lds_version: 0, log_path, http })
     }
 
     /// Starts Envoy with a bootstrap built elsewhere (for example from a controller's rendered objects):
@@ -104,12 +99,9 @@ impl EnvoyProcess {
             std::fs::write(&bootstrap_path, render(listener_port, admin_port).to_string())?;
             let child = launch(&bootstrap_path, &log_path, concurrency)?;
             let http = reqwest::Client::builder().timeout(Duration::from_secs(10)).build()?;
-            let mut p = EnvoyProcess { child, dir, config, lds_path: None, lds_version: 0, log_path, http, ready_at: Instant::now() };
+            let p = EnvoyProcess { child, dir, config, lds_path: None, lds_version: 0, log_path, http };
             match p.wait_ready(timeout).await {
-                Ok(()) => {
-                    p.ready_at = Instant::now();
-                    return Ok(p);
-                }
+                Ok(()) => return Ok(p),
                 Err(e) if attempt < PORT_ATTEMPTS && port_was_taken(&e) => attempt += 1,
                 Err(e) => return Err(e),
             }
@@ -133,15 +125,6 @@ impl EnvoyProcess {
     /// `http://127.0.0.1:<admin port>`.
     pub fn admin_url(&self) -> String {
         format!("http://127.0.0.1:{}", self.config.admin_port)
-    }
-
-    /// Waits until the filter is past its start-up grace in this Envoy: the main thread's VMs, which never route,
-    /// has left the index exchange ([`warmpath_filter::ROUTING_GRACE`] after it was configured, at its next tick).
-    /// The VMs are configured before Envoy reports ready, so this waits the grace from then, plus four ticks for a
-    /// late timer on a loaded machine. What a long-running gateway measures starts after this.
-    pub async fn wait_past_grace(&self) {
-        let settled = warmpath_filter::ROUTING_GRACE + warmpath_filter::DEFAULT_TICK * 4;
-        tokio::time::sleep(settled.saturating_sub(self.ready_at.elapsed())).await;
     }
 
     /// The process id (for CPU accounting from `/proc/<pid>/stat`).

@@ -29,7 +29,6 @@ pub fn settings() -> RunSettings {
         client_hop: Default::default(),
         gateway_exchange: true,
         feed: false,
-        past_grace: false,
         model: "sim-model".into(),
         progress_every: None,
     }

@@ -1,6 +1,6 @@
-//! One prefix index per Envoy, not per worker: every VM that routes sends the index record of each request to every
-//! other VM of the same plugin in the directory (below), and applies the records it receives before its next pick
-//! ([`warmpath_core::exchange`]), so all workers route with the same knowledge.
+//! One prefix index per Envoy, not per worker: every VM (each Envoy worker, and the main thread's two) sends the index
+//! record of each request it routes to every other VM of the same plugin, and applies the records it receives before
+//! its next pick ([`warmpath_core::exchange`]), so all workers route with the same knowledge.
 //!
 //! Transport: proxy-wasm shared queues. Each VM registers its own queue (a name unique to the VM) and lists the
 //! queue's token in a directory kept in shared data under `warmpath.index_peers.<plugin>`: entries
@@ -9,17 +9,9 @@
 //! each listed peer's queue (the host wakes the peer's root context, which drains its queue); before each pick it
 //! drains its own queue, so a record enqueued before a request arrives is applied before that request is routed.
 //!
-//! Envoy runs filter VMs that never route a request: two on the main thread here (the plugin's base VM and the
-//! main thread's own copy, beside one per worker). A VM that has routed nothing [`ROUTING_GRACE`] after joining
-//! leaves the directory, and enters it again when it routes its first request or takes the feed poller's lease
-//! (below). Applying every record on the main thread cost 67–74 µs of Envoy CPU per request at one worker
-//! (BENCHMARKS.md §4). Nothing distinguishes a main-thread VM from a worker that has had no connection yet, so such
-//! a worker leaves too: it misses the records sent until its first request (the other workers' and, with a feed,
-//! the other gateways') and routes those conversations as new.
-//!
-//! Cost per request with W routing VMs: W − 1 enqueues of one record (≈ 8 bytes per block of the key) after the
-//! pick, and one dequeue per record waiting (plus one that finds the queue empty) before it. Everything fails soft:
-//! a host error loses that record (the peer then routes as it would without exchange), never a request.
+//! Cost per request with W VMs: W − 1 enqueues of one record (≈ 8 bytes per block of the key) after the pick, and
+//! one dequeue per record waiting (plus one that finds the queue empty) before it. Everything fails soft: a host
+//! error loses that record (the peer then routes as it would without exchange), never a request.
 //!
 //! Between gateways: the VM that holds the feed poller's lease also keeps a copy of every record it routes or
 //! receives from the other VMs ([`Exchange::collect`]), which the poller reports to the feed server; the records
@@ -49,11 +41,6 @@ pub fn entry_ttl(tick: Duration) -> Duration {
 /// Compare-and-swap attempts on the directory per renewal (a few VMs contend; the next tick retries).
 const MAX_CAS_ATTEMPTS: usize = 16;
 
-/// How long a VM that has routed no request stays in the directory after joining. The same as [`PEER_TTL`]: a VM
-/// that neither routes nor renews for that long is treated as gone either way. Every worker that takes traffic at
-/// start-up routes well within it; the main thread's VMs never do.
-pub const ROUTING_GRACE: Duration = PEER_TTL;
-
 /// Counters (see `metrics`).
 mod metric {
     /// Index records sent to other VMs (one per peer and request).
@@ -73,12 +60,6 @@ pub struct Exchange {
     peers: RefCell<(Vec<u32>, Option<u32>)>,
     /// Life of this VM's directory entry, ms ([`entry_ttl`] of the tick in force).
     ttl_ms: Cell<u64>,
-    /// When this VM joined, ms since the epoch (the start of its [`ROUTING_GRACE`]).
-    joined_ms: u64,
-    /// Whether this VM has routed a request ([`Exchange::routing`]).
-    routed: Cell<bool>,
-    /// Whether this VM's entry is in the directory (it receives records).
-    listed: Cell<bool>,
     /// This Envoy's records kept for the feed while this VM polls it (`None`: not polling).
     collected: RefCell<Option<Vec<u8>>>,
 }
@@ -96,9 +77,6 @@ impl Exchange {
             own,
             peers: RefCell::new((Vec::new(), None)),
             ttl_ms: Cell::new(entry_ttl(tick).as_millis() as u64),
-            joined_ms: now_ms,
-            routed: Cell::new(false),
-            listed: Cell::new(false),
             collected: RefCell::new(None),
         };
         x.renew(now_ms);
@@ -117,20 +95,13 @@ impl Exchange {
         self.own != 0 && queue_id == self.own
     }
 
-    /// Renews this VM's directory entry while it needs the records — it has routed a request, keeps records for the
-    /// feed, or is within its [`ROUTING_GRACE`] — and otherwise removes it; drops expired entries either way (the
-    /// peers are read from the directory at each publish). Called every tick.
+    /// Renews this VM's directory entry and drops expired ones (the peers are read from the directory at each
+    /// publish).
     pub fn renew(&self, now_ms: u64) {
         if self.own == 0 {
             return;
         }
-        let needed = self.routed.get()
-            || self.collected.borrow().is_some()
-            || now_ms < self.joined_ms.saturating_add(ROUTING_GRACE.as_millis() as u64);
-        if !needed && !self.listed.get() {
-            return;
-        }
-        let own = needed.then(|| now_ms.saturating_add(self.ttl_ms.get()));
+        let expiry = now_ms.saturating_add(self.ttl_ms.get());
         for _ in 0..MAX_CAS_ATTEMPTS {
             let (bytes, cas) = match hostcalls::get_shared_data(&self.directory) {
                 Ok((b, cas)) => (b.unwrap_or_default(), cas),
@@ -138,36 +109,16 @@ impl Exchange {
             };
             let live: Vec<(u32, u64)> = entries(&bytes).filter(|&(t, e)| t != self.own && e >= now_ms).collect();
             let mut out = Vec::with_capacity((live.len() + 1) * ENTRY);
-            for (t, e) in live.into_iter().chain(own.map(|e| (self.own, e))) {
+            for (t, e) in live.into_iter().chain([(self.own, expiry)]) {
                 out.extend_from_slice(&t.to_le_bytes());
                 out.extend_from_slice(&e.to_le_bytes());
             }
             match hostcalls::set_shared_data(&self.directory, Some(&out), cas) {
-                Ok(()) => {
-                    self.listed.set(needed);
-                    return;
-                }
+                Ok(()) => return,
                 Err(Status::CasMismatch) => continue,
                 Err(_) => return,
             }
         }
-    }
-
-    /// Whether this VM has routed a request.
-    pub fn routes(&self) -> bool {
-        self.routed.get()
-    }
-
-    /// Marks this VM as one that routes requests; true on the first call, which also enters it in the directory
-    /// again if it had left (`now_ms` is read only then).
-    pub fn routing(&self, now_ms: impl FnOnce() -> u64) -> bool {
-        if self.routed.replace(true) {
-            return false;
-        }
-        if !self.listed.get() {
-            self.renew(now_ms());
-        }
-        true
     }
 
     /// Re-reads the peers from the directory when it changed since the last read (one host call; the entries are

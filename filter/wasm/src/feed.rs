@@ -1,5 +1,5 @@
 //! The endpoint/load feed poller: one poller per Envoy, elected among the VMs through a lease in shared
-//! data (a worker's VM once one routes: the poller receives every index record, below), fetches the controller's versioned snapshot (`GET feed.path` on Envoy cluster `feed.cluster`) every
+//! data, fetches the controller's versioned snapshot (`GET feed.path` on Envoy cluster `feed.cluster`) every
 //! `feed.interval_ms` and publishes it in shared data; every VM applies a newer published snapshot to its router on
 //! its own tick.
 //!
@@ -102,22 +102,12 @@ impl FeedPoller {
         }
     }
 
-    /// Takes the lease over from a VM that routes nothing (the main thread's, configured first), called at this
-    /// VM's first request, before its first index record: the old holder drops the records it kept with the
-    /// lease, and no VM has produced one before this (except one routing its first request at the same moment).
-    pub fn take_over(&self, now_ms: u64, exchange: &Exchange) {
-        let ttl = self.settings.interval_ms.saturating_mul(LEASE_INTERVALS);
-        if shared::take_lease(&self.lease_key, self.owner, true, now_ms, ttl) {
-            exchange.collect(true);
-        }
-    }
-
     /// Applies a newer published snapshot, then polls if this VM holds (or takes) the lease, and reports this
     /// Envoy's index records to the feed.
     pub fn on_tick(&mut self, now_ms: u64, router: &Rc<RefCell<Router>>, exchange: &Exchange, metrics: &Metrics) {
         self.apply_published(router, metrics);
         let ttl = self.settings.interval_ms.saturating_mul(LEASE_INTERVALS);
-        let polling = shared::take_lease(&self.lease_key, self.owner, exchange.routes(), now_ms, ttl);
+        let polling = shared::take_lease(&self.lease_key, self.owner, now_ms, ttl);
         exchange.collect(polling);
         if !polling {
             return;

@@ -26,8 +26,6 @@ mod root;
 mod shared;
 pub mod stream;
 
-pub use exchange::ROUTING_GRACE;
-pub use root::DEFAULT_TICK;
 pub use warmpath_core::headers::{DEBUG_HEADER, DECISION_PROPERTY, DESTINATION_HEADER, ORIGINAL_DST_HEADER};
 
 // The entry point lives in a private module: `_initialize` is exported by symbol name, not by Rust visibility.

@@ -25,16 +25,13 @@ use crate::{metrics, shared};
 /// Longest tick period: how often batched counters are flushed, in-flight gauges refreshed and, with a feed, index
 /// records exchanged with the other gateways. A feed polled more often (`feed.interval_ms` below this) ticks at its
 /// own interval; one polled less often is polled every few ticks.
-pub const DEFAULT_TICK: Duration = Duration::from_millis(500);
+const DEFAULT_TICK: Duration = Duration::from_millis(500);
 
 thread_local! {
     // One VM = one thread. The router of each plugin (by Envoy plugin name), created by its first valid configuration.
     static ROUTERS: RefCell<HashMap<String, Rc<RefCell<Router>>>> = RefCell::new(HashMap::new());
     // This VM's membership in the index exchange of each plugin (`exchange`), like the router one per plugin.
     static EXCHANGES: RefCell<HashMap<String, Rc<Exchange>>> = RefCell::new(HashMap::new());
-    // The latest configuration of each plugin in this VM: a root context configured earlier (its listener still
-    // draining after an LDS update) stops polling the feed, so only the current one holds the poller lease.
-    static GENERATIONS: RefCell<HashMap<String, u64>> = RefCell::new(HashMap::new());
     static RNG: RefCell<u64> = const { RefCell::new(0) };
     // Endpoints whose in-flight gauge this VM has reported (see `refresh_gauges`).
     static REPORTED: RefCell<std::collections::BTreeSet<String>> = const { RefCell::new(std::collections::BTreeSet::new()) };
@@ -88,14 +85,12 @@ pub struct FilterRoot {
     context_id: u32,
     shared: Option<Rc<Shared>>,
     feed: Option<FeedPoller>,
-    /// The plugin name and the configuration generation this root context was configured with (`GENERATIONS`).
-    generation: (String, u64),
 }
 
 impl FilterRoot {
     /// A root context not yet configured.
     pub fn new(context_id: u32) -> Self {
-        FilterRoot { context_id, shared: None, feed: None, generation: (String::new(), 0) }
+        FilterRoot { context_id, shared: None, feed: None }
     }
 
     fn refresh_gauges(&self) {
@@ -180,18 +175,7 @@ impl RootContext for FilterRoot {
             x.insert(plugin.clone(), e.clone());
             e
         });
-        let generation = GENERATIONS.with(|g| {
-            let mut g = g.borrow_mut();
-            let n = g.entry(plugin.clone()).or_insert(0);
-            *n += 1;
-            *n
-        });
-        self.generation = (plugin.clone(), generation);
         self.feed = settings.feed.clone().map(|f| FeedPoller::new(f, self.context_id, tick));
-        if self.feed.is_none() {
-            // A configuration without a feed: this VM no longer polls one, so it keeps no records for it.
-            exchange.collect(false);
-        }
         let _ = hostcalls::set_tick_period(tick);
         info!(
             "configured plugin={plugin} strategy={} endpoints={} prefix_length={} block_size={} concurrency_threshold={} max_body_bytes={} feed={} upstream_clusters={}",
@@ -211,11 +195,6 @@ impl RootContext for FilterRoot {
     }
 
     fn on_tick(&mut self) {
-        let current = GENERATIONS.with(|g| g.borrow().get(&self.generation.0) == Some(&self.generation.1));
-        if !current {
-            // A newer configuration of this plugin took over in this VM; it polls the feed (or not) from now on.
-            self.feed = None;
-        }
         if let (Some(feed), Some(shared)) = (self.feed.as_mut(), self.shared.as_ref()) {
             feed.on_tick(now_ms(), &shared.router, &shared.exchange, &shared.metrics);
         }
@@ -238,15 +217,6 @@ impl RootContext for FilterRoot {
     }
 
     fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {
-        // This VM routes requests (a worker's), so it receives the other VMs' index records for good, and takes
-        // the feed poller's lease over from a VM that routes nothing before it produces its first record.
-        if let Some(shared) = &self.shared {
-            if shared.exchange.routing(now_ms) {
-                if let Some(feed) = &self.feed {
-                    feed.take_over(now_ms(), &shared.exchange);
-                }
-            }
-        }
         // Unconfigured (cannot happen after a successful on_configure): pass requests through, still stripping.
         Some(Box::new(FilterHttp::new(context_id, self.shared.clone())))
     }

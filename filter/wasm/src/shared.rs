@@ -147,23 +147,11 @@ pub fn add_to(counter: Counter, address: &str, delta: i32, read: Option<Table>) 
 
 /// Takes or renews the lease stored under `key` for `owner` until `now_ms + ttl_ms` (ms since the epoch).
 ///
-/// Value layout: owner id (u64 LE) then expiry (u64 LE); bit [`ROUTES_BIT`] of the stored id says whether the
-/// owner's VM routes requests (owner ids are compared without it). Succeeds when the lease is free, expired or
-/// already ours, or when it is held by a VM that routes nothing (the main thread's) and `routes` — and our
-/// compare-and-swap write wins; false otherwise (someone else holds it, or another VM won the race). The lease thus
-/// ends up with a worker once one routes: its holder must receive every index record, which a worker does anyway.
-/// A module without the bit (an older build during a reload) reads the value as before and respects it.
-pub fn take_lease(key: &str, owner: u64, routes: bool, now_ms: u64, ttl_ms: u64) -> bool {
+/// Value layout: owner id (u64 LE) then expiry (u64 LE). Succeeds when the lease is free, expired or already ours and
+/// our compare-and-swap write wins; false otherwise (someone else holds it, or another VM won the race).
+pub fn take_lease(key: &str, owner: u64, now_ms: u64, ttl_ms: u64) -> bool {
     let Ok((bytes, cas)) = hostcalls::get_shared_data(key) else { return false };
-    match lease_after(bytes.as_deref(), owner, routes, now_ms, ttl_ms) {
-        Some(v) => hostcalls::set_shared_data(key, Some(&v), cas).is_ok(),
-        None => false,
-    }
-}
-
-/// The lease value [`take_lease`] writes over `current` (None: the lease is someone else's).
-fn lease_after(current: Option<&[u8]>, owner: u64, routes: bool, now_ms: u64, ttl_ms: u64) -> Option<[u8; 16]> {
-    let (holder, expiry) = match current {
+    let (holder, expiry) = match bytes.as_deref() {
         Some(b) if b.len() == 16 => {
             let mut h = [0u8; 8];
             let mut e = [0u8; 8];
@@ -173,19 +161,14 @@ fn lease_after(current: Option<&[u8]>, owner: u64, routes: bool, now_ms: u64, tt
         }
         _ => (0, 0),
     };
-    let ours = holder & !ROUTES_BIT == owner & !ROUTES_BIT;
-    if !ours && expiry > now_ms && (holder & ROUTES_BIT != 0 || !routes) {
-        return None;
+    if holder != owner && expiry > now_ms {
+        return false;
     }
-    let id = (owner & !ROUTES_BIT) | if routes { ROUTES_BIT } else { 0 };
     let mut v = [0u8; 16];
-    v[..8].copy_from_slice(&id.to_le_bytes());
+    v[..8].copy_from_slice(&owner.to_le_bytes());
     v[8..].copy_from_slice(&now_ms.saturating_add(ttl_ms).to_le_bytes());
-    Some(v)
+    hostcalls::set_shared_data(key, Some(&v), cas).is_ok()
 }
-
-/// The bit of a lease's owner id that says its VM routes requests ([`take_lease`]).
-const ROUTES_BIT: u64 = 1 << 1;
 
 #[cfg(test)]
 mod tests {
@@ -194,24 +177,6 @@ mod tests {
 
     fn table(bytes: Vec<u8>) -> Table {
         Table { counter: Counter::InFlight, bytes, cas: None }
-    }
-
-    #[test]
-    fn a_routing_vm_takes_the_lease_from_one_that_does_not_route_and_from_no_one_else() {
-        let (main, worker, other) = (0x11u64, 0x21u64, 0x41u64);
-        let held = |owner: u64, routes: bool| lease_after(None, owner, routes, 1_000, 3_000).expect("a free lease");
-        // A free lease goes to anyone; a held one is renewed by its owner, whether or not its routes bit changed.
-        assert!(lease_after(Some(&held(main, false)), main, false, 2_000, 3_000).is_some());
-        assert!(lease_after(Some(&held(worker, false)), worker, true, 2_000, 3_000).is_some());
-        // A VM that does not route never takes a held lease; a routing one takes it only from a non-routing holder.
-        assert!(lease_after(Some(&held(worker, true)), main, false, 2_000, 3_000).is_none());
-        assert!(lease_after(Some(&held(main, false)), other, false, 2_000, 3_000).is_none());
-        let taken = lease_after(Some(&held(main, false)), worker, true, 2_000, 3_000).expect("taken over");
-        assert!(lease_after(Some(&taken), other, true, 2_000, 3_000).is_none(), "two routing VMs never trade it");
-        // Expired: free for anyone.
-        assert!(lease_after(Some(&held(worker, true)), main, false, 10_000, 3_000).is_some());
-        // A value of another length reads as free.
-        assert!(lease_after(Some(&[1, 2, 3]), main, false, 2_000, 3_000).is_some());
     }
 
     #[test]

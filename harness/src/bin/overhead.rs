@@ -141,10 +141,6 @@ async fn main() -> Result<()> {
         };
         configs.push((name, EnvoyProcess::start(EnvoyConfig::new(addrs.clone(), plugin).with_wasm(wasm), args.concurrency).await?));
     }
-    // Steady state: the main thread's filter VMs take index records only during their start-up grace.
-    for (_, envoy) in &configs {
-        envoy.wait_past_grace().await;
-    }
     let mut rps = vec![Vec::new(); configs.len()];
     let mut cpu = vec![Vec::new(); configs.len()];
     for round in 0..args.rounds {

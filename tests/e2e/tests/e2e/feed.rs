@@ -14,7 +14,7 @@ use crate::common::{prompt, Rig, CONCURRENCY};
 
 const INTERVAL_MS: u64 = 200;
 
-pub(crate) fn snapshot(version: u64, eps: &[(SocketAddr, Option<FeedLoad>)]) -> String {
+fn snapshot(version: u64, eps: &[(SocketAddr, Option<FeedLoad>)]) -> String {
     let snap = FeedSnapshot {
         version,
         endpoints: eps.iter().map(|(a, load)| FeedEndpoint { address: a.to_string(), load: *load }).collect(),
@@ -23,7 +23,7 @@ pub(crate) fn snapshot(version: u64, eps: &[(SocketAddr, Option<FeedLoad>)]) -> 
 }
 
 /// Waits until the filter reports `version` applied (gauge `warmpath.feed.version`) and returns the stats.
-pub(crate) async fn wait_version(rig: &Rig, version: u64) -> Stats {
+async fn wait_version(rig: &Rig, version: u64) -> Stats {
     let s = rig.stats_until(|s| s.filter("feed.version") == version).await;
     assert_eq!(s.filter("feed.version"), version, "feed version not applied; log:\n{}", rig.envoy.log());
     // Every worker VM applies on its own tick; give the others one more interval.
@@ -40,14 +40,14 @@ fn used(rig: &Rig) -> BTreeSet<usize> {
 
 /// An Envoy in front of `upstreams` whose filter (plugin configuration `plugin`) polls `feed` through the
 /// `warmpath_feed` cluster; `plugin` names its own `endpoints` (empty: the feed's).
-pub(crate) async fn feed_rig(upstreams: Vec<Upstream>, feed: &FeedServer, plugin: serde_json::Value) -> Rig {
+async fn feed_rig(upstreams: Vec<Upstream>, feed: &FeedServer, plugin: serde_json::Value) -> Rig {
     let feed_cluster = FeedCluster { name: "warmpath_feed".into(), address: feed.addr() };
     let cfg = Rig::config(&upstreams, plugin).with_feed(feed_cluster);
     Rig::launch(upstreams, cfg).await
 }
 
 /// PREFIX_AWARE fed from the feed server's default path.
-pub(crate) fn prefix_aware_fed() -> serde_json::Value {
+fn prefix_aware_fed() -> serde_json::Value {
     json!({
         "endpoints": [], "strategy": "PREFIX_AWARE",
         "feed": {"cluster": "warmpath_feed", "path": "/v1/endpoints", "interval_ms": INTERVAL_MS},

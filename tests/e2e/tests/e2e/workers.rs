@@ -8,9 +8,6 @@ use std::time::Duration;
 use serde_json::json;
 
 use crate::common::{hold_filler, post_fresh, prompt, turn, Rig};
-use crate::feed::{feed_rig, prefix_aware_fed, snapshot, wait_version};
-use warmpath_harness::{FeedServer, Upstream};
-use warmpath_filter::DEFAULT_TICK;
 
 /// Envoy worker threads in this test.
 const WORKERS: u32 = 4;
@@ -108,58 +105,3 @@ async fn futures_join(handles: Vec<tokio::task::JoinHandle<(u16, String)>>) -> V
     }
     out
 }
-
-/// Only the VMs that route receive index records: Envoy's main thread runs a VM that never routes, and it leaves
-/// the exchange after [`warmpath_filter::ROUTING_GRACE`]; the workers that routed stay in it. With two workers, each request is then
-/// sent to exactly one other VM (the other worker), not two.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn after_the_grace_records_go_to_the_routing_workers_only() {
-    // Two workers (CONCURRENCY): the other worker is each request's only peer once the main thread's VMs left.
-    let rig = Rig::start(3, json!({"strategy": "PREFIX_AWARE"})).await;
-    records_go_to_the_other_worker_only_after_the_grace(&rig).await;
-}
-
-/// The same with a feed: a main-thread VM, configured first, takes the feed poller's lease (whose holder must
-/// receive every record), and hands it to a worker once one routes; the feed is still polled after that.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn after_the_grace_the_feed_poller_is_a_worker() {
-    let upstreams = Upstream::start_many(3).await.expect("upstreams");
-    let endpoints: Vec<_> = upstreams.iter().map(|u| (u.addr(), None)).collect();
-    let feed = FeedServer::start(snapshot(1, &endpoints)).await.expect("feed server");
-    let rig = feed_rig(upstreams, &feed, prefix_aware_fed()).await;
-    wait_version(&rig, 1).await;
-    records_go_to_the_other_worker_only_after_the_grace(&rig).await;
-    let polls = feed.hits();
-    tokio::time::sleep(DEFAULT_TICK * 4).await;
-    assert!(feed.hits() > polls, "the feed is no longer polled once the lease moved");
-}
-
-async fn records_go_to_the_other_worker_only_after_the_grace(rig: &Rig) {
-    const REQUESTS: u64 = 20;
-    // Both workers route within the grace (fresh connections spread over them).
-    for i in 0..REQUESTS {
-        let (status, _) = post_fresh(&rig.envoy, turn(&prompt(&format!("warm-up {i}"), 300), "hello")).await;
-        assert_eq!(status, 200);
-    }
-    rig.stats_until(|s| s.filter("index_exchange.sent") >= REQUESTS).await;
-    // Counters flush every tick, per VM: two more, and every VM's count is in.
-    tokio::time::sleep(DEFAULT_TICK * 2).await;
-    let s = rig.envoy.stats().await.expect("stats");
-    assert!(workers_used(rig, &s) >= 2, "every connection on one worker: the test proves nothing");
-    // The main thread's two VMs are still in the exchange here: each request went to them and the other worker.
-    assert!(s.filter("index_exchange.sent") > REQUESTS, "sent {} for {REQUESTS} requests within the grace", s.filter("index_exchange.sent"));
-
-    rig.envoy.wait_past_grace().await;
-    let before = rig.envoy.stats().await.expect("stats").filter("index_exchange.sent");
-    for i in 0..REQUESTS {
-        let (status, _) = post_fresh(&rig.envoy, turn(&prompt(&format!("after the grace {i}"), 300), "hello")).await;
-        assert_eq!(status, 200);
-    }
-    rig.stats_until(|s| s.filter("index_exchange.sent") >= before + REQUESTS).await;
-    // Counters flush every tick: two more, and everything sent for these requests is counted.
-    tokio::time::sleep(DEFAULT_TICK * 2).await;
-    let s = rig.envoy.stats().await.expect("stats");
-    assert_eq!(s.filter("index_exchange.sent") - before, REQUESTS, "one record per request, to the other worker only");
-    assert_eq!(s.filter("index_exchange.dropped"), 0);
-}
-

@@ -1,4 +1,4 @@
-//! One prefix index per Envoy, not per worker: every VM (each Envoy worker, and the main thread's two) sends the index
+//! One prefix index per Envoy, not per worker: every VM (each Envoy worker's, and two more) sends the index
 //! record of each request it routes to every other VM of the same plugin, and applies the records it receives before
 //! its next pick ([`warmpath_core::exchange`]), so all workers route with the same knowledge.
 //!

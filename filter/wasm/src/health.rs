@@ -1,4 +1,4 @@
-//! The endpoints' failure state shared by every VM (each Envoy worker's and the main thread's) through proxy-wasm shared
+//! The endpoints' failure state shared by every VM (each Envoy worker's and the two that route nothing) through proxy-wasm shared
 //! data, for passive failure learning ([`warmpath_core::health`] holds the back-off rules). Like `shared`, every
 //! write is a compare-and-swap against the read it was computed from.
 

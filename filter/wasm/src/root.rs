@@ -1,6 +1,6 @@
 //! The root context: plugin configuration, the router shared by the VM's HTTP contexts, and the tick.
 //!
-//! One root context exists per VM (Envoy runs one VM per worker and two on its main thread) and per plugin
+//! One root context exists per VM (one per Envoy worker and two more that route nothing, docs/filter.md) and per plugin
 //! configuration. The router — and with it the prefix index and the settings requests are handled with — is shared
 //! by every root context of the same plugin (Envoy's `plugin_name`) in the VM: a new configuration (an LDS update)
 //! reconfigures it in place, keeping the index when the core says the settings are compatible, and takes effect

@@ -1,4 +1,4 @@
-//! State shared by every VM (each Envoy worker's and the main thread's) through proxy-wasm shared data: two counters per
+//! State shared by every VM (each Envoy worker's and the two that route nothing) through proxy-wasm shared data: two counters per
 //! endpoint ([`Counter`]: requests in flight, and pending prefill work in bytes of prompt text) and the feed poller's
 //! lease. This is the only compare-and-swap code in the filter.
 //!

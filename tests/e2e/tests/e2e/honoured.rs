@@ -62,6 +62,7 @@ async fn a_missing_feed_cluster_is_logged_once() {
     assert!(s.filter("feed.failures.dispatch") >= 10, "{}", envoy.log());
     let log = envoy.log();
     let lines = log.lines().filter(|l| l.contains("cannot call cluster") && l.contains("no_such_cluster")).count();
-    // Once per poller: one per VM (two on the main thread and one per worker) at most.
-    assert!((1..=CONCURRENCY as usize + 2).contains(&lines), "{lines} log lines for {} failed dispatches:\n{log}", s.filter("feed.failures.dispatch"));
+    // Once per poller VM. The lease rarely moves, so at most one more than the workers, though Envoy runs two more
+    // VMs than workers (docs/filter.md, "Shared state").
+    assert!((1..=CONCURRENCY as usize + 1).contains(&lines), "{lines} log lines for {} failed dispatches:\n{log}", s.filter("feed.failures.dispatch"));
 }

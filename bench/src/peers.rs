@@ -17,7 +17,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use warmpath_harness::{free_port, port_was_taken, workspace_root, PORT_ATTEMPTS};
+use warmpath_harness::{free_port, start_on_picked_ports, workspace_root};
 
 /// A peer router run as a separate process.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -99,7 +99,7 @@ impl PeerProcess {
     /// Errors: the binary is missing, the process exits early (its log tail is in the message), or it is not ready
     /// in time.
     /// Its two ports are picked free; one taken before the router binds it costs another start with new ports (up to
-    /// [`PORT_ATTEMPTS`] starts).
+    /// [`warmpath_harness::PORT_ATTEMPTS`] starts).
     pub async fn start(peer: Peer, workers: &[SocketAddr], model: &str, timeout: Duration) -> Result<Self> {
         Self::start_picking(peer, workers, model, timeout, &mut free_port).await
     }
@@ -112,14 +112,7 @@ impl PeerProcess {
         timeout: Duration,
         pick: &mut impl FnMut() -> Result<u16>,
     ) -> Result<Self> {
-        let mut attempt = 1;
-        loop {
-            let ports = (pick()?, pick()?);
-            match Self::start_on(peer, workers, model, timeout, ports).await {
-                Err(e) if attempt < PORT_ATTEMPTS && port_was_taken(&e) => attempt += 1,
-                r => return r,
-            }
-        }
+        start_on_picked_ports(|| Ok(Self::start_on(peer, workers, model, timeout, (pick()?, pick()?)))).await
     }
 
     async fn start_on(peer: Peer, workers: &[SocketAddr], model: &str, timeout: Duration, (port, metrics_port): (u16, u16)) -> Result<Self> {

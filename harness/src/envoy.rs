@@ -8,7 +8,7 @@ use anyhow::{bail, Context, Result};
 use serde_json::Value;
 
 use crate::config::{to_yaml, EnvoyConfig};
-use crate::paths::{envoy_binary, free_port, port_was_taken, PORT_ATTEMPTS};
+use crate::paths::{envoy_binary, free_port, start_on_picked_ports};
 use crate::stats::Stats;
 
 /// A running Envoy started with a rendered [`EnvoyConfig`]. Dropping it kills the process (SIGKILL) and removes its
@@ -38,18 +38,13 @@ impl EnvoyProcess {
 
     /// Starts and waits for readiness, taking the ports left at 0 from `pick`. A port found free can be taken by
     /// another process before Envoy binds it; Envoy then exits with "Address already in use", and the start is
-    /// tried again with new ports, up to [`PORT_ATTEMPTS`] times. Ports the caller chose are never replaced.
+    /// tried again with new ports ([`start_on_picked_ports`]). Ports the caller chose are never replaced.
     async fn start_picking(config: EnvoyConfig, concurrency: u32, dynamic: bool, pick: &mut impl FnMut() -> Result<u16>) -> Result<Self> {
-        let picked = config.listener_port == 0 || config.admin_port == 0;
-        let mut attempt = 1;
-        loop {
-            let p = Self::spawn_picking(config.clone(), concurrency, dynamic, pick)?;
-            match p.wait_ready(Duration::from_secs(30)).await {
-                Ok(()) => return Ok(p),
-                Err(e) if picked && attempt < PORT_ATTEMPTS && port_was_taken(&e) => attempt += 1,
-                Err(e) => return Err(e),
-            }
+        let ready = |p: EnvoyProcess| async move { p.wait_ready(Duration::from_secs(30)).await.map(|()| p) };
+        if config.listener_port != 0 && config.admin_port != 0 {
+            return ready(Self::spawn_picking(config, concurrency, dynamic, pick)?).await;
         }
+        start_on_picked_ports(|| Ok(ready(Self::spawn_picking(config.clone(), concurrency, dynamic, pick)?))).await
     }
 
     /// Starts Envoy without waiting for readiness (e.g. to watch it reject a config).
@@ -64,20 +59,31 @@ impl EnvoyProcess {
         if config.admin_port == 0 {
             config.admin_port = pick()?;
         }
-        let dir = tempfile::Builder::new().prefix("warmpath-envoy-").tempdir()?;
-        let bootstrap_path = dir.path().join("envoy.yaml");
-        let log_path = dir.path().join("envoy.log");
-        let lds_path = if dynamic {
-            let lds_dir = dir.path().join("lds");
+        Self::spawn_in(config, concurrency, |dir, config| {
+            let bootstrap_path = dir.join("envoy.yaml");
+            if !dynamic {
+                std::fs::write(&bootstrap_path, to_yaml(&config.static_bootstrap()))?;
+                return Ok((bootstrap_path, None));
+            }
+            let lds_dir = dir.join("lds");
             std::fs::create_dir_all(&lds_dir)?;
             let lds = lds_dir.join("listeners.yaml");
             std::fs::write(&lds, to_yaml(&config.lds_document()))?;
             std::fs::write(&bootstrap_path, to_yaml(&config.lds_bootstrap(&lds)))?;
-            Some(lds)
-        } else {
-            std::fs::write(&bootstrap_path, to_yaml(&config.static_bootstrap()))?;
-            None
-        };
+            Ok((bootstrap_path, Some(lds)))
+        })
+    }
+
+    /// Launches Envoy for `config` in a new temporary directory, where `write` puts the bootstrap (and the LDS file
+    /// of a dynamic listener) and returns their paths.
+    fn spawn_in(
+        config: EnvoyConfig,
+        concurrency: u32,
+        write: impl FnOnce(&Path, &EnvoyConfig) -> Result<(PathBuf, Option<PathBuf>)>,
+    ) -> Result<Self> {
+        let dir = tempfile::Builder::new().prefix("warmpath-envoy-").tempdir()?;
+        let (bootstrap_path, lds_path) = write(dir.path(), &config)?;
+        let log_path = dir.path().join("envoy.log");
         let child = launch(&bootstrap_path, &log_path, concurrency)?;
         let http = reqwest::Client::builder().timeout(Duration::from_secs(10)).build()?;
         Ok(EnvoyProcess { child, dir, config, lds_path, lds_version: 0, log_path, http })
@@ -89,23 +95,17 @@ impl EnvoyProcess {
     /// [`Self::start`], a port taken before Envoy binds it costs another start with new ports. [`Self::config`] then
     /// carries only the two ports.
     pub async fn start_bootstrap(render: impl Fn(u16, u16) -> Value, concurrency: u32, timeout: Duration) -> Result<Self> {
-        let mut attempt = 1;
-        loop {
+        start_on_picked_ports(|| {
             let (listener_port, admin_port) = (free_port()?, free_port()?);
             let config = EnvoyConfig::new(vec![], "{}").ports(listener_port, admin_port);
-            let dir = tempfile::Builder::new().prefix("warmpath-envoy-").tempdir()?;
-            let bootstrap_path = dir.path().join("envoy.json");
-            let log_path = dir.path().join("envoy.log");
-            std::fs::write(&bootstrap_path, render(listener_port, admin_port).to_string())?;
-            let child = launch(&bootstrap_path, &log_path, concurrency)?;
-            let http = reqwest::Client::builder().timeout(Duration::from_secs(10)).build()?;
-            let p = EnvoyProcess { child, dir, config, lds_path: None, lds_version: 0, log_path, http };
-            match p.wait_ready(timeout).await {
-                Ok(()) => return Ok(p),
-                Err(e) if attempt < PORT_ATTEMPTS && port_was_taken(&e) => attempt += 1,
-                Err(e) => return Err(e),
-            }
-        }
+            let p = Self::spawn_in(config, concurrency, |dir, _| {
+                let bootstrap_path = dir.join("envoy.json");
+                std::fs::write(&bootstrap_path, render(listener_port, admin_port).to_string())?;
+                Ok((bootstrap_path, None))
+            })?;
+            Ok(async move { p.wait_ready(timeout).await.map(|()| p) })
+        })
+        .await
     }
 
     /// Runs `envoy --mode validate` on the static bootstrap of `config`; returns Envoy's output on success and an
@@ -273,6 +273,7 @@ pub fn validate_file(path: &Path) -> Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::paths::port_was_taken;
 
     /// A listener port taken between its pick and Envoy's bind (here: taken on purpose) costs one more start, with
     /// fresh ports, not the test; a port the caller chose is not replaced. Needs `.venv/bin/envoy`.

@@ -23,7 +23,10 @@ pub use config::{
 };
 pub use envoy::{validate_file, EnvoyProcess};
 pub use feed::FeedServer;
-pub use paths::{envoy_binary, filter_wasm, free_port, port_was_taken, workspace_root, TakenFirst, ADDRESS_IN_USE, PORT_ATTEMPTS};
+pub use paths::{
+    envoy_binary, filter_wasm, free_port, port_was_taken, start_on_picked_ports, workspace_root, TakenFirst, ADDRESS_IN_USE,
+    PORT_ATTEMPTS,
+};
 pub use stats::Stats;
 pub use upstream::{Recorded, Upstream};
 

@@ -68,6 +68,23 @@ pub fn port_was_taken(error: &anyhow::Error) -> bool {
     format!("{error:#}").contains(ADDRESS_IN_USE)
 }
 
+/// Starts a process on ports picked free, again with new ones while a start fails because a port was taken
+/// ([`port_was_taken`]), at most [`PORT_ATTEMPTS`] times. `start` picks the ports and launches the process, and
+/// returns the wait for its readiness (which owns the process); the last error is returned as it is.
+pub async fn start_on_picked_ports<T, F, W>(mut start: F) -> Result<T>
+where
+    F: FnMut() -> Result<W>,
+    W: std::future::Future<Output = Result<T>>,
+{
+    let mut attempt = 1;
+    loop {
+        match start()?.await {
+            Err(e) if attempt < PORT_ATTEMPTS && port_was_taken(&e) => attempt += 1,
+            r => return r,
+        }
+    }
+}
+
 /// A port picker for tests of the retry: its first pick is a port this value holds bound (so a start on it fails
 /// with [`ADDRESS_IN_USE`]), every later one comes from [`free_port`].
 pub struct TakenFirst {

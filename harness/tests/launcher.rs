@@ -7,7 +7,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use warmpath_harness::{filter_wasm, free_port, ADDRESS_IN_USE, PORT_ATTEMPTS};
+use warmpath_harness::{filter_wasm, free_port, start_on_picked_ports};
 
 const LAUNCHER: &str = env!("CARGO_BIN_EXE_warmpath-envoy");
 
@@ -88,36 +88,36 @@ async fn sigterm_to_the_launcher_stops_envoy() {
     // A bound but never-accepting socket stands in for the model server: only the admin port is exercised.
     let upstream = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let http = reqwest::Client::builder().timeout(Duration::from_secs(2)).build().unwrap();
-    let mut attempt = 1;
     // A picked port taken before Envoy binds it costs another start with new ports, as in the harness.
-    let (mut guard, _out) = 'start: loop {
-        let out = tempfile::tempdir().unwrap();
-        let admin_port = free_port().unwrap();
-        let mut guard = Cleanup {
-            launcher: launch(out.path(), "{}", admin_port, upstream.local_addr().unwrap().port()),
-            envoy: None,
-        };
+    let (mut guard, _out) = start_on_picked_ports(|| {
+        let out = tempfile::tempdir()?;
+        let admin_port = free_port()?;
+        let mut guard =
+            Cleanup { launcher: launch(out.path(), "{}", admin_port, upstream.local_addr()?.port()), envoy: None };
         let bootstrap = out.path().join("envoy.yaml").to_string_lossy().into_owned();
-        let start = Instant::now();
-        loop {
-            if guard.envoy.is_none() {
-                guard.envoy = pids_with_arg(&bootstrap).into_iter().find(|p| *p != guard.launcher.id());
+        let http = http.clone();
+        Ok(async move {
+            let start = Instant::now();
+            loop {
+                if guard.envoy.is_none() {
+                    guard.envoy = pids_with_arg(&bootstrap).into_iter().find(|p| *p != guard.launcher.id());
+                }
+                let ready = http.get(format!("http://127.0.0.1:{admin_port}/ready")).send().await;
+                if guard.envoy.is_some() && ready.is_ok_and(|r| r.status().is_success()) {
+                    return Ok((guard, out));
+                }
+                if guard.launcher.try_wait()?.is_some() {
+                    let mut stderr = String::new();
+                    std::io::Read::read_to_string(guard.launcher.stderr.as_mut().expect("piped"), &mut stderr)?;
+                    anyhow::bail!("launcher exited before Envoy was ready:\n{stderr}");
+                }
+                anyhow::ensure!(start.elapsed() < Duration::from_secs(30), "Envoy not ready after 30 s");
+                tokio::time::sleep(Duration::from_millis(100)).await;
             }
-            let ready = http.get(format!("http://127.0.0.1:{admin_port}/ready")).send().await;
-            if guard.envoy.is_some() && ready.is_ok_and(|r| r.status().is_success()) {
-                break 'start (guard, out);
-            }
-            if guard.launcher.try_wait().unwrap().is_some() {
-                let mut stderr = String::new();
-                std::io::Read::read_to_string(guard.launcher.stderr.as_mut().unwrap(), &mut stderr).unwrap();
-                assert!(attempt < PORT_ATTEMPTS && stderr.contains(ADDRESS_IN_USE), "launcher exited before Envoy was ready:\n{stderr}");
-                attempt += 1;
-                continue 'start;
-            }
-            assert!(start.elapsed() < Duration::from_secs(30), "Envoy not ready after 30 s");
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    };
+        })
+    })
+    .await
+    .expect("Envoy started by the launcher");
     let envoy = guard.envoy.unwrap();
 
     let sent = Command::new("kill").args(["-TERM", &guard.launcher.id().to_string()]).status().unwrap();

@@ -115,10 +115,14 @@ const FEED_CLUSTER: &str = "warmpath_feed";
 /// The feed path the gateways poll on the harness's feed server.
 const FEED_PATH: &str = "/v1/feed/bench";
 
-/// The feed poll interval for time scale `time_scale`: one simulated second, at least the filter's 100 ms.
+/// The feed poll interval for time scale `time_scale`: the filter's tick in simulated time
+/// (`warmpath_core::config::TICK_MS`), so the gateways exchange index records and pending work as often, in
+/// simulated time, as a deployment does in real time (at time scale 0.05: every 10 ms). A gateway polls the
+/// snapshot as often, where a deployment polls it every second or more; the servers' loads in it only join the
+/// overload guard.
 pub fn feed_interval_ms(time_scale: f64) -> u64 {
     let (lo, hi) = warmpath_core::config::FEED_INTERVAL_RANGE;
-    ((1000.0 * time_scale).round() as u64).clamp(lo, hi)
+    ((warmpath_core::config::TICK_MS as f64 * time_scale).round() as u64).clamp(lo, hi)
 }
 
 /// The plugin configuration (JSON text) for filter strategy `name` in front of `upstreams`: `strategy` and
@@ -187,6 +191,9 @@ pub struct RunSettings {
     /// With several gateways, exchange index records between them through a feed server as the controller's feed
     /// does (`warmpath_core::exchange`); false answers the exchange with 404, as a feed server without it would.
     pub gateway_exchange: bool,
+    /// With the exchange, also pass each gateway the other gateways' pending prefill work (the reports' pending
+    /// sections); false drops them at the feed server, so each gateway sees only its own queue.
+    pub pending_exchange: bool,
     /// Feed the filter strategies from the harness's feed server even with one gateway (it always runs with
     /// several): the endpoints and each server's load, scraped every poll interval, as the controller's feed does.
     pub feed: bool,
@@ -293,6 +300,7 @@ pub async fn run_strategy(strategy: &Strategy, reqs: &[Request], s: &RunSettings
                 };
                 let f = Arc::new(FeedServer::start(serde_json::to_string(&snapshot)?).await?);
                 f.set_index_exchange(s.gateway_exchange);
+                f.set_pending_exchange(s.pending_exchange);
                 let interval_ms = feed_interval_ms(s.sim.latency.time_scale);
                 if let Some(o) = extra.as_object_mut() {
                     o.insert("feed".into(), json!({"cluster": FEED_CLUSTER, "path": FEED_PATH, "interval_ms": interval_ms}));
@@ -422,7 +430,7 @@ pub async fn run_strategy(strategy: &Strategy, reqs: &[Request], s: &RunSettings
     let (overflows, filter_stats) = match &target {
         Target::Proxy(_) if strategy.via_envoy() => {
             // Summed over the gateways: each Envoy counts its own decisions. The filter hands its counters to
-            // Envoy once per tick (500 ms by default), so wait (bounded) until every sent request's decision shows.
+            // Envoy once per tick (200 ms by default), so wait (bounded) until every sent request's decision shows.
             let settle = Instant::now() + Duration::from_secs(3);
             let sum = loop {
                 let mut sum: std::collections::BTreeMap<String, u64> = Default::default();

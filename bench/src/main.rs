@@ -96,10 +96,15 @@ struct Args {
     /// index). By default the gateways exchange them through the feed server, as through the controller's feed.
     #[arg(long)]
     no_gateway_exchange: bool,
+    /// With --gateways above 1, exchange index records but not the gateways' pending prefill work: the harness's
+    /// feed server drops the pending sections of the reports, so each gateway sees only the queue it sent itself.
+    /// By default the feed server passes each gateway the others' pending work, as the controller's feed does.
+    #[arg(long)]
+    no_pending_exchange: bool,
     /// Feed the filter strategies from a feed server as the controller's feed would, also with one gateway: the
     /// endpoints and each server's load (waiting, running, KV usage from its /metrics), scraped and polled every
-    /// simulated second (at least 100 ms wall). Without it and with one gateway, the filter knows only the load
-    /// it sent itself.
+    /// filter tick of simulated time (200 ms; 10 ms wall at time scale 0.05). Without it and with one gateway, the
+    /// filter knows only the load it sent itself.
     #[arg(long)]
     feed: bool,
     /// How the client-side routers (the re-implemented baselines, DYNAMO_KV, ORACLE, ORACLE_TTFT) reach the
@@ -222,6 +227,7 @@ async fn run(a: Args) -> anyhow::Result<()> {
         spread: a.spread,
         client_hop: a.client_hop,
         gateway_exchange: !a.no_gateway_exchange,
+        pending_exchange: !a.no_pending_exchange,
         feed: a.feed,
         model: "sim-model".into(),
         progress_every: Some(Duration::from_secs(5)),

@@ -1,19 +1,20 @@
 //! A local endpoint/load feed server for the filter's poller: serves whatever snapshot document the test sets (one
 //! per path if asked, for several feeds), keeps the gateway leg of the index exchange (`POST <path>/index`, a
-//! [`RecordLog`] per feed path, as the controller does) unless told to answer it with 404 like a server without
-//! it, and can be stopped (port closed) and restarted on the same port.
+//! [`RecordLog`] per feed path, as the controller does, with the pending work the gateways report) unless told to
+//! answer it with 404 like a server without it, and can be stopped (port closed) and restarted on the same port.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use anyhow::Result;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
-use warmpath_core::exchange::{RecordLog, INDEX_PATH_SUFFIX};
+use warmpath_core::exchange::{split_report, RecordLog, INDEX_PATH_SUFFIX};
 use warmpath_core::headers::{CURSOR_HEADER, REPORTER_HEADER};
 use tokio::task::JoinHandle;
 
@@ -26,6 +27,10 @@ struct Shared {
     logs: Mutex<HashMap<String, RecordLog>>,
     /// Answer the index exchange (else 404).
     exchange: AtomicBool,
+    /// Keep and answer the gateways' pending sections (else drop them, as a feed server that only relays records).
+    pending: AtomicBool,
+    /// The clock of the pending sections' freshness.
+    started: Instant,
     /// Index exchange reports answered with 200.
     reports: AtomicU64,
 }
@@ -48,6 +53,8 @@ impl FeedServer {
             hits: AtomicU64::new(0),
             logs: Mutex::new(HashMap::new()),
             exchange: AtomicBool::new(true),
+            pending: AtomicBool::new(true),
+            started: Instant::now(),
             reports: AtomicU64::new(0),
         });
         let mut s = FeedServer { addr, shared, task: None };
@@ -91,6 +98,12 @@ impl FeedServer {
         self.shared.exchange.store(on, Ordering::SeqCst);
     }
 
+    /// Keeps (`true`, the default) or drops the pending sections of the reports (each gateway then sees only its
+    /// own pending work; the records are still exchanged).
+    pub fn set_pending_exchange(&self, on: bool) {
+        self.shared.pending.store(on, Ordering::SeqCst);
+    }
+
     /// How many index exchange reports were answered with 200 so far.
     pub fn index_reports(&self) -> u64 {
         self.shared.reports.load(Ordering::SeqCst)
@@ -132,7 +145,9 @@ async fn answer(State(s): State<Arc<Shared>>, method: Method, uri: Uri, headers:
         let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
         let mut logs = s.logs.lock().unwrap_or_else(|e| e.into_inner());
         let log = logs.entry(feed.to_string()).or_default();
-        return match log.serve(header(REPORTER_HEADER), header(CURSOR_HEADER), &body) {
+        let body = if s.pending.load(Ordering::SeqCst) { &body[..] } else { split_report(&body).0 };
+        let now_ms = s.started.elapsed().as_millis() as u64;
+        return match log.serve(header(REPORTER_HEADER), header(CURSOR_HEADER), body, now_ms) {
             Ok((records, cursor)) => {
                 s.reports.fetch_add(1, Ordering::SeqCst);
                 ([(CURSOR_HEADER, cursor.to_string())], records).into_response()

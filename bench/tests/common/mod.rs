@@ -28,6 +28,7 @@ pub fn settings() -> RunSettings {
         spread: Default::default(),
         client_hop: Default::default(),
         gateway_exchange: true,
+        pending_exchange: true,
         feed: false,
         model: "sim-model".into(),
         progress_every: None,

@@ -35,9 +35,10 @@ pub struct EndpointLoad {
     pub in_flight: u32,
     /// Server-side load, when the feed provides it.
     pub server: Option<ServerLoad>,
-    /// Prefill work this gateway has sent to the endpoint that has not produced its first response byte yet, in
-    /// bytes of prompt text (the sum of [`crate::Decision::prefill_bytes`] of those requests; shared across Envoy
-    /// workers). It is the queue a new request waits behind before its own prefill starts.
+    /// Prefill work sent to the endpoint that has not produced its first response byte yet, in bytes of prompt
+    /// text: the sum of [`crate::Decision::prefill_bytes`] of the requests this gateway sent (shared across Envoy
+    /// workers), plus what the other gateways reported through the feed ([`crate::exchange`], up to one tick old).
+    /// It is the queue a new request waits behind before its own prefill starts.
     pub pending_prefill: u32,
 }
 

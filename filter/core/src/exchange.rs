@@ -19,9 +19,18 @@
 //! last poll to the feed server (`POST <feed path>` + [`INDEX_PATH_SUFFIX`]) and gets back the records the other
 //! Envoys reported since its cursor; the feed server keeps them in a [`RecordLog`]. The exchange is best-effort:
 //! a record that arrives late or never only costs the hit a local index would have missed anyway.
+//!
+//! ## Pending work between gateways
+//! A gateway predicts each endpoint's queue from the prefill work it sent there itself
+//! ([`crate::EndpointLoad::pending_prefill`]); with several gateways that is its share of the queue only. The same
+//! report therefore ends with a *pending section* — [`PENDING_SECTION`], then this Envoy's pending prefill work per
+//! endpoint as [`counts`] — and the answer to a report that had one ends with the sum of the other gateways' latest
+//! sections (each counted for [`PENDING_TTL_MS`] after it arrived), which the gateway adds to its own. A report
+//! without the section gets an answer without it, so a filter that does not send one reads records only.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, HashMap, VecDeque};
 
+use crate::config::MAX_ENDPOINTS;
 use crate::headers::{CURSOR_HEADER, REPORTER_HEADER};
 
 /// Format version of a record (the first byte).
@@ -102,6 +111,73 @@ fn split(b: &[u8], n: usize) -> Option<(&[u8], &[u8])> {
     (b.len() >= n).then(|| b.split_at(n))
 }
 
+/// First byte of the pending section that ends a report or an answer (records start with [`VERSION`]).
+pub const PENDING_SECTION: u8 = 2;
+
+/// How long the feed server counts a gateway's pending section after it arrived, ms. A gateway reports every tick
+/// ([`crate::config::TICK_MS`] or less) once its previous report was answered (within 1 s), so this is several
+/// missed reports: a gateway that stopped (crashed, scaled in) stops counting soon after, one that is only late
+/// keeps its work counted.
+pub const PENDING_TTL_MS: u64 = 2_000;
+
+/// Appends one per-endpoint count, `[address length: u8][address bytes][count: u32 LE]`; false (nothing appended)
+/// for an address longer than 255 bytes (not an `IP:port`). The layout of the pending section and of the filter's
+/// shared per-endpoint counters.
+pub fn push_count(out: &mut Vec<u8>, address: &[u8], count: u32) -> bool {
+    let Ok(len) = u8::try_from(address.len()) else { return false };
+    out.push(len);
+    out.extend_from_slice(address);
+    out.extend_from_slice(&count.to_le_bytes());
+    true
+}
+
+/// The counts of `bytes` ([`push_count`]'s layout) in order, as `(address, count)`; stops at the first truncated
+/// entry.
+pub fn counts(bytes: &[u8]) -> impl Iterator<Item = (&[u8], u32)> + '_ {
+    let mut rest = bytes;
+    std::iter::from_fn(move || {
+        let (&len, tail) = rest.split_first()?;
+        let (addr, tail) = split(tail, usize::from(len))?;
+        let (count, tail) = split(tail, 4)?;
+        rest = tail;
+        Some((addr, u32::from_le_bytes(count.try_into().expect("4 bytes"))))
+    })
+}
+
+/// Splits a report or an answer into its records and its pending section (the bytes after [`PENDING_SECTION`]),
+/// `None` when it has none. Malformed records are left in the first part, for [`decode`] to report.
+pub fn split_report(bytes: &[u8]) -> (&[u8], Option<&[u8]>) {
+    let mut at = 0;
+    while at < bytes.len() {
+        if bytes[at] == PENDING_SECTION {
+            return (&bytes[..at], Some(&bytes[at + 1..]));
+        }
+        match decode_one(&bytes[at..]) {
+            Ok((_, rest)) => at = bytes.len() - rest.len(),
+            Err(_) => break,
+        }
+    }
+    (bytes, None)
+}
+
+/// Checks a pending section: whole entries, UTF-8 addresses, at most [`MAX_ENDPOINTS`] of them.
+fn parse_pending(bytes: &[u8]) -> Result<Vec<(String, u32)>, String> {
+    let mut out = Vec::new();
+    let mut used = 0;
+    for (addr, n) in counts(bytes) {
+        used += 1 + addr.len() + 4;
+        let addr = std::str::from_utf8(addr).map_err(|_| "pending section: an address is not UTF-8".to_string())?;
+        out.push((addr.to_string(), n));
+    }
+    if used != bytes.len() {
+        return Err("pending section: truncated entry".into());
+    }
+    if out.len() > MAX_ENDPOINTS {
+        return Err(format!("pending section: {} endpoints, at most {MAX_ENDPOINTS}", out.len()));
+    }
+    Ok(out)
+}
+
 /// Appended to a feed's path for the gateway leg of the exchange: `POST <feed path>/index`.
 pub const INDEX_PATH_SUFFIX: &str = "/index";
 
@@ -123,6 +199,8 @@ pub struct RecordLog {
     /// Sequence number of the next record (the first is 1, so cursor 0 means "from the start").
     next: u64,
     capacity: usize,
+    /// The latest pending section of each reporter and when it arrived (ms, the caller's clock).
+    pending: HashMap<u64, (u64, Vec<(String, u32)>)>,
 }
 
 impl Default for RecordLog {
@@ -134,7 +212,7 @@ impl Default for RecordLog {
 impl RecordLog {
     /// An empty log keeping the newest `capacity` records (at least 1).
     pub fn new(capacity: usize) -> RecordLog {
-        RecordLog { records: VecDeque::new(), next: 1, capacity: capacity.max(1) }
+        RecordLog { records: VecDeque::new(), next: 1, capacity: capacity.max(1), pending: HashMap::new() }
     }
 
     /// The cursor after the newest record (what a gateway that has seen everything holds).
@@ -163,13 +241,16 @@ impl RecordLog {
         Ok(n)
     }
 
-    /// One report of a gateway, as the feed server receives it: the values of the [`REPORTER_HEADER`] and
-    /// [`CURSOR_HEADER`] request headers and the body (records). Appends the records and answers with the other
-    /// gateways' records since the cursor, and the cursor for the answer's [`CURSOR_HEADER`].
+    /// One report of a gateway, as the feed server receives it at `now_ms` (any millisecond clock that does not go
+    /// back): the values of the [`REPORTER_HEADER`] and [`CURSOR_HEADER`] request headers and the body (records,
+    /// then optionally the pending section). Appends the records and answers with the other gateways' records
+    /// since the cursor (at most [`MAX_REPORT_BYTES`]) and, when the report had a pending section, the sum of the
+    /// other gateways' current ones; and the cursor for the answer's [`CURSOR_HEADER`].
     ///
     /// Errors (the feed server answers 400 with the text): a missing or malformed header, a body over
-    /// [`MAX_REPORT_BYTES`], malformed records (the well-formed records before them are kept).
-    pub fn serve(&mut self, reporter: Option<&str>, cursor: Option<&str>, body: &[u8]) -> Result<(Vec<u8>, u64), String> {
+    /// [`MAX_REPORT_BYTES`], malformed records (the well-formed records before them are kept), a malformed pending
+    /// section (the records are kept).
+    pub fn serve(&mut self, reporter: Option<&str>, cursor: Option<&str>, body: &[u8], now_ms: u64) -> Result<(Vec<u8>, u64), String> {
         let reporter = reporter
             .filter(|r| r.len() == 16)
             .and_then(|r| u64::from_str_radix(r, 16).ok())
@@ -181,8 +262,30 @@ impl RecordLog {
         if body.len() > MAX_REPORT_BYTES {
             return Err(format!("{} bytes of records, at most {MAX_REPORT_BYTES} per report", body.len()));
         }
-        self.append(reporter, body).map_err(|e| format!("index records rejected: {e}"))?;
-        Ok(self.since(cursor, reporter))
+        let (records, pending) = split_report(body);
+        self.append(reporter, records).map_err(|e| format!("index records rejected: {e}"))?;
+        self.pending.retain(|_, (at, _)| now_ms.saturating_sub(*at) <= PENDING_TTL_MS);
+        let (mut answer, next) = self.since(cursor, reporter);
+        if let Some(section) = pending {
+            self.pending.insert(reporter, (now_ms, parse_pending(section)?));
+            answer.push(PENDING_SECTION);
+            for (address, n) in self.pending_of_others(reporter) {
+                push_count(&mut answer, address.as_bytes(), n);
+            }
+        }
+        Ok((answer, next))
+    }
+
+    /// The sum of the pending sections of reporters other than `reporter`, per endpoint (zero sums left out).
+    fn pending_of_others(&self, reporter: u64) -> BTreeMap<&str, u32> {
+        let mut sum = BTreeMap::new();
+        for (_, entries) in self.pending.iter().filter(|(r, _)| **r != reporter).map(|(_, v)| v) {
+            for (address, n) in entries.iter().filter(|(_, n)| *n > 0) {
+                let s: &mut u32 = sum.entry(address.as_str()).or_default();
+                *s = s.saturating_add(*n);
+            }
+        }
+        sum
     }
 
     /// The records after `cursor` that reporters other than `reporter` sent, concatenated (at most
@@ -295,15 +398,93 @@ mod tests {
         let mut log = RecordLog::default();
         let mut rec = Vec::new();
         encode(&mut rec, 128, "10.0.0.1:80", &[5]);
-        assert!(log.serve(None, None, &rec).unwrap_err().contains(REPORTER_HEADER));
-        assert!(log.serve(Some("xyz"), None, &rec).unwrap_err().contains("16 hex digits"));
-        assert!(log.serve(Some("00000000000000aa"), Some("-1"), &rec).unwrap_err().contains(CURSOR_HEADER));
-        assert!(log.serve(Some("00000000000000aa"), None, &vec![1; MAX_REPORT_BYTES + 1]).unwrap_err().contains("at most"));
-        assert!(log.serve(Some("00000000000000aa"), None, &[7, 7]).unwrap_err().contains("rejected"));
+        assert!(log.serve(None, None, &rec, 0).unwrap_err().contains(REPORTER_HEADER));
+        assert!(log.serve(Some("xyz"), None, &rec, 0).unwrap_err().contains("16 hex digits"));
+        assert!(log.serve(Some("00000000000000aa"), Some("-1"), &rec, 0).unwrap_err().contains(CURSOR_HEADER));
+        assert!(log.serve(Some("00000000000000aa"), None, &vec![1; MAX_REPORT_BYTES + 1], 0).unwrap_err().contains("at most"));
+        assert!(log.serve(Some("00000000000000aa"), None, &[7, 7], 0).unwrap_err().contains("rejected"));
         assert_eq!(log.cursor(), 0, "nothing kept from refused reports");
         // A well-formed report: kept, and the reporter's own record is not sent back to it.
-        assert_eq!(log.serve(Some("00000000000000aa"), Some("0"), &rec), Ok((Vec::new(), 1)));
-        assert_eq!(log.serve(Some("00000000000000bb"), None, &[]), Ok((rec.clone(), 1)));
+        assert_eq!(log.serve(Some("00000000000000aa"), Some("0"), &rec, 0), Ok((Vec::new(), 1)));
+        assert_eq!(log.serve(Some("00000000000000bb"), None, &[], 0), Ok((rec.clone(), 1)));
+    }
+
+    fn section(entries: &[(&str, u32)]) -> Vec<u8> {
+        let mut out = vec![PENDING_SECTION];
+        for (a, n) in entries {
+            assert!(push_count(&mut out, a.as_bytes(), *n));
+        }
+        out
+    }
+
+    fn pending(answer: &[u8]) -> Option<Vec<(String, u32)>> {
+        split_report(answer).1.map(|p| counts(p).map(|(a, n)| (String::from_utf8(a.to_vec()).expect("utf-8"), n)).collect())
+    }
+
+    #[test]
+    fn a_report_splits_into_records_and_its_pending_section() {
+        let mut body = Vec::new();
+        encode(&mut body, 128, "10.0.0.1:80", &[u64::from(PENDING_SECTION); 3]);
+        let records = body.len();
+        body.extend(section(&[("10.0.0.1:80", 7)]));
+        // A hash byte equal to the section's first byte inside a record does not end the records.
+        assert_eq!(split_report(&body), (&body[..records], Some(&body[records + 1..])));
+        assert_eq!(split_report(&body[..records]), (&body[..records], None));
+        assert_eq!(split_report(&[]), (&[][..], None));
+        let garbage = [9u8, 2, 2];
+        assert_eq!(split_report(&garbage), (&garbage[..], None), "malformed records stay records, for decode to refuse");
+    }
+
+    #[test]
+    fn each_gateway_gets_the_sum_of_the_others_pending_work_while_it_is_fresh() {
+        let mut log = RecordLog::default();
+        let (a, b, c) = (Some("00000000000000aa"), Some("00000000000000bb"), Some("00000000000000cc"));
+        let mut rec = Vec::new();
+        encode(&mut rec, 128, "10.0.0.1:80", &[5]);
+        let mut with_rec = rec.clone();
+        with_rec.extend(section(&[("10.0.0.1:80", 100), ("10.0.0.2:80", 0)]));
+        let (answer, _) = log.serve(a, None, &with_rec, 1_000).expect("served");
+        assert_eq!(pending(&answer), Some(vec![]), "nobody else reported yet");
+        let (answer, _) = log.serve(b, None, &section(&[("10.0.0.1:80", 20), ("10.0.0.3:80", 5)]), 1_100).expect("served");
+        assert_eq!(split_report(&answer).0, &rec[..], "B gets A's record before the section");
+        assert_eq!(pending(&answer), Some(vec![("10.0.0.1:80".into(), 100)]), "zero counts are left out");
+        let (answer, _) = log.serve(c, None, &section(&[]), 1_200).expect("served");
+        assert_eq!(pending(&answer), Some(vec![("10.0.0.1:80".into(), 120), ("10.0.0.3:80".into(), 5)]));
+        // A's own work is not sent back to it.
+        let (answer, _) = log.serve(a, Some("1"), &section(&[("10.0.0.1:80", 100)]), 1_300).expect("served");
+        assert_eq!(pending(&answer), Some(vec![("10.0.0.1:80".into(), 20), ("10.0.0.3:80".into(), 5)]));
+        // A report without a section gets records only; B's section still counts for others.
+        let (answer, _) = log.serve(c, None, &[], 1_400).expect("served");
+        assert_eq!(pending(&answer), None);
+        // B stops reporting: its work stops counting PENDING_TTL_MS after its last report.
+        let (answer, _) = log.serve(c, Some("1"), &section(&[]), 1_100 + PENDING_TTL_MS).expect("served");
+        assert_eq!(pending(&answer), Some(vec![("10.0.0.1:80".into(), 120), ("10.0.0.3:80".into(), 5)]));
+        let (answer, _) = log.serve(c, Some("1"), &section(&[]), 1_101 + PENDING_TTL_MS).expect("served");
+        assert_eq!(pending(&answer), Some(vec![("10.0.0.1:80".into(), 100)]));
+    }
+
+    #[test]
+    fn a_malformed_pending_section_is_refused_after_the_records_are_kept() {
+        let mut log = RecordLog::default();
+        let mut body = Vec::new();
+        encode(&mut body, 128, "10.0.0.1:80", &[5]);
+        let mut truncated = body.clone();
+        truncated.extend(section(&[("10.0.0.1:80", 1)]));
+        truncated.pop();
+        let e = log.serve(Some("00000000000000aa"), None, &truncated, 0).unwrap_err();
+        assert!(e.contains("truncated"), "{e}");
+        assert_eq!(log.cursor(), 1, "the record before the section is kept");
+        let mut bad = vec![PENDING_SECTION];
+        push_count(&mut bad, &[0xff, 0xfe], 1);
+        assert!(log.serve(Some("00000000000000aa"), None, &bad, 0).unwrap_err().contains("UTF-8"));
+        let mut many = vec![PENDING_SECTION];
+        for i in 0..=MAX_ENDPOINTS {
+            push_count(&mut many, format!("10.0.{}.{}:80", i / 256, i % 256).as_bytes(), 1);
+        }
+        assert!(log.serve(Some("00000000000000aa"), None, &many, 0).unwrap_err().contains("at most"));
+        // Nothing of the refused sections counts for the others.
+        let (answer, _) = log.serve(Some("00000000000000bb"), Some("1"), &section(&[]), 0).expect("served");
+        assert_eq!(pending(&answer), Some(vec![]));
     }
 
     #[test]

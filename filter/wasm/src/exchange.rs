@@ -28,7 +28,7 @@ use warmpath_core::Router;
 
 use crate::metrics::Metrics;
 
-/// Shortest life of a directory entry without renewal. Entries are renewed every tick (at most 500 ms), and live
+/// Shortest life of a directory entry without renewal. Entries are renewed every tick (at most 200 ms), and live
 /// for the larger of this and four ticks ([`entry_ttl`]), so the entry of a live VM never expires between two
 /// renewals.
 pub const PEER_TTL: Duration = Duration::from_secs(10);

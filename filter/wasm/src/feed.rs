@@ -7,12 +7,18 @@
 //! counted (`warmpath.feed.failures.<cause>`). Endpoint-set changes and the servers' reported loads go to the plugin's own router together
 //! (`Router::set_feed_endpoints`), which keeps the prefix index and the in-flight counters of endpoints that stay.
 //!
-//! On every tick (500 ms, or `feed.interval_ms` when shorter, so a slow load feed does not slow the exchange) the
+//! On every tick (200 ms, or `feed.interval_ms` when shorter, so a slow load feed does not slow the exchange) the
 //! poller runs the gateway leg of the index exchange (`warmpath_core::exchange`): it reports
 //! the index records this Envoy's VMs produced since the last report (`POST <path>/index`, kept by the VM while it
 //! holds the lease, `Exchange::collect`) and applies the records the other gateways reported, forwarding them to
 //! this Envoy's other VMs. A feed server without that route (404), or any failure, costs only the records of that
 //! round (counted in `warmpath.feed.failures.index`); routing goes on with this Envoy's own index.
+//!
+//! The same report ends with this Envoy's pending prefill work per endpoint, and the answer with the sum of the
+//! other gateways' (`warmpath_core::exchange`, "Pending work between gateways"). The poller stores that sum in
+//! shared data with the time it arrived ([`remote_pending_key`]); every VM adds it to its own pending work when it
+//! routes, for [`REMOTE_PENDING_TICKS`] ticks after it arrived (then the feed has stopped answering, and the work it
+//! said has been served).
 
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -21,14 +27,14 @@ use std::time::Duration;
 use log::{info, warn};
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::{BufferType, MapType};
-use warmpath_core::exchange::INDEX_PATH_SUFFIX;
+use warmpath_core::exchange::{split_report, INDEX_PATH_SUFFIX, PENDING_SECTION};
 use warmpath_core::feed::FeedSnapshot;
 use warmpath_core::headers::{CURSOR_HEADER, REPORTER_HEADER};
 use warmpath_core::{FeedSettings, Router, ServerLoad};
 
 use crate::exchange::Exchange;
 use crate::metrics::Metrics;
-use crate::shared;
+use crate::shared::{self, Counter};
 
 /// Counters of the gateway leg of the index exchange (see `metrics`).
 mod metric {
@@ -51,6 +57,17 @@ const SNAPSHOT_KEY: &str = "warmpath.feed.snapshot.";
 const LEASE_KEY: &str = "warmpath.feed.lease.";
 /// A lease lasts this many poll intervals, so a vanished owner (VM torn down) is replaced after a few ticks.
 const LEASE_INTERVALS: u64 = 3;
+/// Shared-data key prefix of the other gateways' pending prefill work (see [`remote_pending_key`]).
+const REMOTE_PENDING_KEY: &str = "warmpath.feed.pending.";
+/// Ticks after its arrival that the other gateways' pending work counts (the poller renews it every tick).
+pub const REMOTE_PENDING_TICKS: u64 = 3;
+
+/// The shared-data key under which the poller of `feed` stores the other gateways' pending prefill work
+/// (`shared::store_remote`, read by `shared::Table::read_remote`), completed like `SNAPSHOT_KEY`.
+pub fn remote_pending_key(feed: &FeedSettings) -> String {
+    format!("{REMOTE_PENDING_KEY}{}{}", feed.cluster, feed.path)
+}
+
 /// Shared-data key prefix of this Envoy's reporter id and cursor in the gateway leg of the index exchange
 /// (`[reporter: u64 LE][cursor: u64 LE]`), completed like `SNAPSHOT_KEY`: they outlive a change of the poller VM.
 const INDEX_STATE_KEY: &str = "warmpath.feed.index.";
@@ -68,6 +85,7 @@ pub struct FeedPoller {
     dispatch_warned: bool,
     index_path: String,
     index_state_key: String,
+    remote_pending_key: String,
     /// Token of the index exchange call in flight.
     index_pending: Option<u32>,
     /// Ticks per snapshot poll (`feed.interval_ms` over the tick period, rounded up).
@@ -89,6 +107,7 @@ impl FeedPoller {
             lease_key: format!("{LEASE_KEY}{feed}"),
             index_state_key: format!("{INDEX_STATE_KEY}{feed}"),
             index_path: format!("{}{INDEX_PATH_SUFFIX}", settings.path),
+            remote_pending_key: remote_pending_key(&settings),
             index_pending: None,
             ticks_per_poll: settings.interval_ms.div_ceil(tick_ms).max(1),
             ticks: 0,
@@ -142,8 +161,9 @@ impl FeedPoller {
         }
     }
 
-    /// Sends the records this Envoy produced since the last report, with the cursor of what it received so far,
-    /// and keeps the call's token; the records of that round are lost if the call cannot be sent.
+    /// Sends the records this Envoy produced since the last report and its pending prefill work, with the cursor of
+    /// what it received so far, and keeps the call's token; the records of that round are lost if the call cannot
+    /// be sent.
     fn report_index(&mut self, router: &Rc<RefCell<Router>>, exchange: &Exchange, metrics: &Metrics) {
         // What the other VMs routed up to now goes into this report.
         let Ok(mut r) = router.try_borrow_mut() else { return };
@@ -154,7 +174,10 @@ impl FeedPoller {
         }
         exchange.drain(&mut r, metrics);
         drop(r);
-        let records = exchange.take_collected();
+        let mut body = exchange.take_collected();
+        let n = warmpath_core::exchange::decode(&body).count() as u64;
+        body.push(PENDING_SECTION);
+        body.extend_from_slice(shared::Table::read_of(Counter::PendingPrefill).bytes());
         let (reporter, cursor) = self.index_state();
         let reporter = format!("{reporter:016x}");
         let cursor = cursor.to_string();
@@ -167,10 +190,9 @@ impl FeedPoller {
             (CURSOR_HEADER, cursor.as_str()),
         ];
         let timeout = Duration::from_millis(self.settings.interval_ms.clamp(100, 1000));
-        match hostcalls::dispatch_http_call(&self.settings.cluster, headers, Some(&records), vec![], timeout) {
+        match hostcalls::dispatch_http_call(&self.settings.cluster, headers, Some(&body), vec![], timeout) {
             Ok(token) => {
                 self.index_pending = Some(token);
-                let n = warmpath_core::exchange::decode(&records).count() as u64;
                 if n > 0 {
                     metrics.count(metric::REPORTED, n);
                 }
@@ -200,7 +222,8 @@ impl FeedPoller {
         let _ = hostcalls::set_shared_data(&self.index_state_key, Some(&v), None);
     }
 
-    /// Handles the answer of the index exchange: apply and forward the other gateways' records, keep the cursor.
+    /// Handles the answer of the index exchange: apply and forward the other gateways' records, store their pending
+    /// work, keep the cursor.
     fn on_index_response(&mut self, body_size: usize, router: &Rc<RefCell<Router>>, exchange: &Exchange, metrics: &Metrics) {
         self.index_pending = None;
         if status().as_deref() != Some(b"200") {
@@ -212,14 +235,18 @@ impl FeedPoller {
             .and_then(|v| std::str::from_utf8(&v).ok()?.trim().parse::<u64>().ok());
         let Some(cursor) = cursor else { return metrics.count("warmpath.feed.failures.index", 1) };
         let body = hostcalls::get_buffer(BufferType::HttpCallResponseBody, 0, body_size).ok().flatten().unwrap_or_default();
-        if !body.is_empty() {
+        let (records, pending) = split_report(&body);
+        if let Some(pending) = pending {
+            shared::store_remote(&self.remote_pending_key, pending, crate::root::now_ms());
+        }
+        if !records.is_empty() {
             let Ok(mut r) = router.try_borrow_mut() else { return };
-            match r.learn(&body) {
+            match r.learn(records) {
                 Ok(n) => metrics.count(metric::RECEIVED, n as u64),
                 Err(_) => return metrics.count("warmpath.feed.failures.index", 1),
             }
             drop(r);
-            exchange.forward(&body, metrics);
+            exchange.forward(records, metrics);
         }
         let (reporter, _) = self.index_state();
         self.set_index_state(reporter, cursor);

@@ -171,18 +171,23 @@ impl FilterHttp {
         let Ok(mut router) = shared.router.try_borrow_mut() else { return };
         // What the other workers routed since this VM's last pick, so this pick knows it (`exchange`).
         shared.exchange.drain(&mut router, &shared.metrics);
-        // This gateway's in-flight count and pending prefill work (all workers); the router adds what its feed
-        // says the server itself reports.
+        // This gateway's in-flight count and pending prefill work (all workers), plus the pending work the other
+        // gateways reported through the feed; the router adds what its feed says the server itself reports.
         let table = shared::Table::read();
         let prefix_aware = router.settings().strategy == Strategy::PrefixAware;
         let pending = prefix_aware.then(|| shared::Table::read_of(Counter::PendingPrefill));
+        let remote = shared
+            .remote_pending
+            .as_ref()
+            .filter(|_| prefix_aware)
+            .map(|(key, age)| shared::Table::read_remote(key, now_ms(), *age));
         let loads: Vec<EndpointLoad> = router
             .endpoints()
             .iter()
-            .map(|e| EndpointLoad {
-                in_flight: table.get(&e.address),
-                pending_prefill: pending.as_ref().map_or(0, |p| p.get(&e.address)),
-                server: None,
+            .map(|e| {
+                let own = pending.as_ref().map_or(0, |p| p.get(&e.address));
+                let others = remote.as_ref().map_or(0, |r| r.get(&e.address));
+                EndpointLoad { in_flight: table.get(&e.address), pending_prefill: own.saturating_add(others), server: None }
             })
             .collect();
         let input = PickInput { key, random: random_u64(u64::from(self.context_id)), body_len: self.body_len, ..PickInput::default() };

@@ -15,6 +15,8 @@
 //! | `warmpath.matched_prefix.<bucket>` | counter | prefix-aware picks by matched prefix length (characters; bytes for raw bodies): `none`, `le_1k`, `le_4k`, `le_16k`, `gt_16k` |
 //! | `warmpath.matched_prefix_chars_total` | counter | sum of matched prefix lengths, so the mean is total / matched picks |
 //! | `warmpath.in_flight.<IP>_<port>` | gauge | the shared in-flight counter of each endpoint, refreshed every tick |
+//! | `warmpath.pending_prefill.<IP>_<port>` | gauge | this Envoy's pending prefill work on each endpoint (bytes), refreshed every tick |
+//! | `warmpath.remote_pending_prefill.<IP>_<port>` | gauge | with a feed: the other gateways' pending prefill work on each endpoint (bytes), as the feed last reported it |
 //! | `warmpath.endpoints` | gauge | endpoints the router currently picks from |
 //! | `warmpath.cas_failures` | counter | in-flight updates the host kept refusing |
 //! | `warmpath.feed.polls` | counter | feed requests sent (by the one VM holding the poller lease) |
@@ -28,7 +30,7 @@
 //! | `warmpath.index_exchange.received` | counter | index records of other gateways received from the feed and applied |
 //!
 //! Per-request counters (decisions, matched prefix, skipped requests) are added up in the VM and handed to Envoy on the root
-//! context's tick (every 500 ms, or `feed.interval_ms` when shorter): one host call per metric per tick instead of per
+//! context's tick (every 200 ms, or `feed.interval_ms` when shorter): one host call per metric per tick instead of per
 //! request, at the price of stats lagging by up to one tick.
 
 use std::cell::RefCell;
@@ -159,6 +161,12 @@ pub fn in_flight_gauge_name(address: &str) -> String {
 /// like [`in_flight_gauge_name`]).
 pub fn pending_prefill_gauge_name(address: &str) -> String {
     endpoint_gauge_name("warmpath.pending_prefill.", address)
+}
+
+/// The gauge name of the other gateways' pending prefill work on an endpoint in bytes, as the feed last reported
+/// it (`warmpath.remote_pending_prefill.<endpoint>`, named like [`in_flight_gauge_name`]).
+pub fn remote_pending_prefill_gauge_name(address: &str) -> String {
+    endpoint_gauge_name("warmpath.remote_pending_prefill.", address)
 }
 
 fn endpoint_gauge_name(prefix: &str, address: &str) -> String {

@@ -18,14 +18,13 @@ use proxy_wasm::types::{BufferType, Bytes, ContextType};
 use warmpath_core::{BodyKind, RequestKey, Router, Settings};
 
 use crate::exchange::Exchange;
-use crate::feed::FeedPoller;
+use crate::feed::{self, FeedPoller};
 use crate::http::FilterHttp;
 use crate::{metrics, shared};
 
-/// Longest tick period: how often batched counters are flushed, in-flight gauges refreshed and, with a feed, index
-/// records exchanged with the other gateways. A feed polled more often (`feed.interval_ms` below this) ticks at its
-/// own interval; one polled less often is polled every few ticks.
-const DEFAULT_TICK: Duration = Duration::from_millis(500);
+/// Longest tick period (`warmpath_core::config::TICK_MS`). A feed polled more often (`feed.interval_ms` below this)
+/// ticks at its own interval; one polled less often is polled every few ticks.
+const DEFAULT_TICK: Duration = Duration::from_millis(warmpath_core::config::TICK_MS);
 
 thread_local! {
     // One VM = one thread. The router of each plugin (by Envoy plugin name), created by its first valid configuration.
@@ -75,6 +74,9 @@ pub struct Shared {
     pub exchange: Rc<Exchange>,
     /// This root context's metrics (ids are per plugin instance, see `metrics`).
     pub metrics: Rc<metrics::Metrics>,
+    /// With a feed: the shared-data key of the other gateways' pending prefill work and how long (ms) it counts
+    /// after it arrived (`feed::remote_pending_key`).
+    pub remote_pending: Option<(String, u64)>,
     /// The key given to strategies that do not look at the request (RANDOM, LEAST_OUTSTANDING_REQUESTS), which
     /// decide at header time: the router treats a request without a key as fail-open.
     pub keyless: RequestKey,
@@ -100,11 +102,16 @@ impl FilterRoot {
         shared.metrics.gauge("warmpath.endpoints", endpoints.len() as u64);
         let table = shared::Table::read();
         let pending = shared::Table::read_of(shared::Counter::PendingPrefill);
+        let remote = shared.remote_pending.as_ref().map(|(key, age)| shared::Table::read_remote(key, now_ms(), *age));
         for e in endpoints {
             shared.metrics.gauge(&metrics::in_flight_gauge_name(&e.address), u64::from(table.get(&e.address)));
             shared
                 .metrics
                 .gauge(&metrics::pending_prefill_gauge_name(&e.address), u64::from(pending.get(&e.address)));
+            if let Some(remote) = &remote {
+                let name = metrics::remote_pending_prefill_gauge_name(&e.address);
+                shared.metrics.gauge(&name, u64::from(remote.get(&e.address)));
+            }
         }
         // Endpoints that left (an LDS update or the feed removed them) keep their shared count reported until it is
         // 0, then drop out: a gauge must not freeze at its last value. The count is the shared one, so every plugin
@@ -190,7 +197,11 @@ impl RootContext for FilterRoot {
         );
         let keyless = RequestKey::new(BodyKind::Raw, None, None, Vec::new());
         let metrics = Rc::new(metrics::Metrics::new());
-        self.shared = Some(Rc::new(Shared { router, exchange, metrics, keyless }));
+        let remote_pending = settings
+            .feed
+            .as_ref()
+            .map(|f| (feed::remote_pending_key(f), tick.as_millis() as u64 * feed::REMOTE_PENDING_TICKS));
+        self.shared = Some(Rc::new(Shared { router, exchange, metrics, remote_pending, keyless }));
         true
     }
 

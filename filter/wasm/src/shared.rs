@@ -1,9 +1,11 @@
 //! State shared by every VM (each Envoy worker's and the two that route nothing) through proxy-wasm shared data: two counters per
-//! endpoint ([`Counter`]: requests in flight, and pending prefill work in bytes of prompt text) and the feed poller's
-//! lease. This is the only compare-and-swap code in the filter.
+//! endpoint ([`Counter`]: requests in flight, and pending prefill work in bytes of prompt text), the other gateways'
+//! pending prefill work as the feed reported it ([`store_remote`], written only by the feed poller) and the feed
+//! poller's lease. This is the only compare-and-swap code in the filter.
 //!
 //! Each counter lives under one key (`warmpath.in_flight`, `warmpath.pending_prefill`) as a small table of entries
-//! `[address length: u8][address bytes][count: u32 LE]`, so a request costs one read (loads of every endpoint, plus
+//! (`warmpath_core::exchange::push_count`'s layout, which the gateway leg of the index exchange also carries, see
+//! `feed`), so a request costs one read (loads of every endpoint, plus
 //! the CAS token) and one write to take its slot, and one read + one write to release it — independent of the
 //! number of endpoints. Entries whose count drops to 0 are pruned on the next write, which bounds the table by the
 //! endpoints that have requests in flight.
@@ -13,6 +15,7 @@
 
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::Status;
+use warmpath_core::exchange::{counts, push_count};
 
 /// A per-endpoint counter shared by every worker.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,9 +39,10 @@ impl Counter {
 /// threads, so a handful of retries always suffices in practice.
 const MAX_CAS_ATTEMPTS: usize = 64;
 
-/// One read of the counter table.
+/// One read of a counter table.
 pub struct Table {
-    counter: Counter,
+    /// The counter read (`None`: a table of the other gateways' pending work, read only, see [`Table::read_remote`]).
+    counter: Option<Counter>,
     bytes: Vec<u8>,
     cas: Option<u32>,
 }
@@ -52,25 +56,33 @@ impl Table {
     /// Reads the table of `counter` (empty on a missing key or a host error).
     pub fn read_of(counter: Counter) -> Table {
         match hostcalls::get_shared_data(counter.key()) {
-            Ok((bytes, cas)) => Table { counter, bytes: bytes.unwrap_or_default(), cas },
-            Err(_) => Table { counter, bytes: Vec::new(), cas: None },
+            Ok((bytes, cas)) => Table { counter: Some(counter), bytes: bytes.unwrap_or_default(), cas },
+            Err(_) => Table { counter: Some(counter), bytes: Vec::new(), cas: None },
         }
+    }
+
+    /// Reads the other gateways' pending prefill work stored under `key` by [`store_remote`]; empty when missing or
+    /// written more than `max_age_ms` before `now_ms` (the feed stopped answering: the work it said has long been
+    /// served).
+    pub fn read_remote(key: &str, now_ms: u64, max_age_ms: u64) -> Table {
+        let bytes = match hostcalls::get_shared_data(key) {
+            Ok((Some(b), _)) if b.len() >= 8 => {
+                let at = u64::from_le_bytes(b[..8].try_into().expect("8 bytes"));
+                if now_ms.saturating_sub(at) <= max_age_ms { b[8..].to_vec() } else { Vec::new() }
+            }
+            _ => Vec::new(),
+        };
+        Table { counter: None, bytes, cas: None }
+    }
+
+    /// The table's bytes (entries as `warmpath_core::exchange::push_count` writes them).
+    pub fn bytes(&self) -> &[u8] {
+        &self.bytes
     }
 
     /// Entries `(address, count)` in table order; stops at the first malformed entry.
     fn entries(&self) -> impl Iterator<Item = (&[u8], u32)> + '_ {
-        let mut rest = self.bytes.as_slice();
-        std::iter::from_fn(move || {
-            let (&len, tail) = rest.split_first()?;
-            let len = usize::from(len);
-            if tail.len() < len + 4 {
-                return None;
-            }
-            let (addr, tail) = tail.split_at(len);
-            let count = u32::from_le_bytes([tail[0], tail[1], tail[2], tail[3]]);
-            rest = &tail[4..];
-            Some((addr, count))
-        })
+        counts(&self.bytes)
     }
 
     /// In-flight count of `address` (0 when absent).
@@ -81,14 +93,14 @@ impl Table {
     /// The table with `delta` added to `address` (saturating), zero entries dropped; `None` for an address longer
     /// than 255 bytes (cannot be an `IP:port`). Returns the new bytes and the new count.
     fn with_delta(&self, address: &str, delta: i32) -> Option<(Vec<u8>, u32)> {
-        let len = u8::try_from(address.len()).ok()?;
+        u8::try_from(address.len()).ok()?;
         let mut out = Vec::with_capacity(self.bytes.len() + address.len() + 5);
         let mut current = 0;
         for (a, c) in self.entries() {
             if a == address.as_bytes() {
                 current = c;
             } else if c > 0 {
-                push_entry(&mut out, a, c);
+                push_count(&mut out, a, c);
             }
         }
         let next = if delta >= 0 {
@@ -97,19 +109,19 @@ impl Table {
             current.saturating_sub(delta.unsigned_abs())
         };
         if next > 0 {
-            out.push(len);
-            out.extend_from_slice(address.as_bytes());
-            out.extend_from_slice(&next.to_le_bytes());
+            push_count(&mut out, address.as_bytes(), next);
         }
         Some((out, next))
     }
 }
 
-fn push_entry(out: &mut Vec<u8>, address: &[u8], count: u32) {
-    // Entries come from a table we wrote, so the length fits in a byte.
-    out.push(address.len() as u8);
-    out.extend_from_slice(address);
-    out.extend_from_slice(&count.to_le_bytes());
+/// Stores the other gateways' pending prefill work (`entries`, as the feed answered it) under `key` with the time
+/// it arrived, for every VM to add to its own ([`Table::read_remote`]).
+pub fn store_remote(key: &str, entries: &[u8], now_ms: u64) {
+    let mut v = Vec::with_capacity(8 + entries.len());
+    v.extend_from_slice(&now_ms.to_le_bytes());
+    v.extend_from_slice(entries);
+    let _ = hostcalls::set_shared_data(key, Some(&v), None);
 }
 
 /// Creates the table if it does not exist yet, so that later writes always carry a CAS token (Envoy ignores the
@@ -133,7 +145,7 @@ pub fn add(address: &str, delta: i32, read: Option<Table>) -> Option<u32> {
 
 /// [`add`] for the table of `counter` (`read`, if given, must be that table).
 pub fn add_to(counter: Counter, address: &str, delta: i32, read: Option<Table>) -> Option<u32> {
-    let mut table = read.filter(|t| t.counter == counter).unwrap_or_else(|| Table::read_of(counter));
+    let mut table = read.filter(|t| t.counter == Some(counter)).unwrap_or_else(|| Table::read_of(counter));
     for _ in 0..MAX_CAS_ATTEMPTS {
         let (bytes, next) = table.with_delta(address, delta)?;
         match hostcalls::set_shared_data(counter.key(), Some(&bytes), table.cas) {
@@ -176,7 +188,7 @@ mod tests {
 
 
     fn table(bytes: Vec<u8>) -> Table {
-        Table { counter: Counter::InFlight, bytes, cas: None }
+        Table { counter: Some(Counter::InFlight), bytes, cas: None }
     }
 
     #[test]

@@ -5,8 +5,9 @@
 //! - `GET /v1/feed/{kind}/{namespace}/{name}` → the feed's [`FeedSnapshot`] as JSON (404 if
 //!   unknown); `kind` is `policy` or `httproute`.
 //! - `POST /v1/feed/{kind}/{namespace}/{name}/index` → the gateway leg of the index exchange: the body's index
-//!   records are kept, the answer carries the other gateways' records since the request's cursor
-//!   (`warmpath_core::exchange`; 404 for an unknown feed, 400 with the reason for a malformed report).
+//!   records are kept, the answer carries the other gateways' records since the request's cursor and, when the
+//!   report ends with the gateway's pending prefill work, the sum of the other gateways' (`warmpath_core::exchange`;
+//!   404 for an unknown feed, 400 with the reason for a malformed report).
 //! - `GET /wasm/{file}` → the filter module (`application/wasm`), only under its content-addressed
 //!   name `warmpath_filter-<first 16 hex of sha256>.wasm`, so a gateway can never cache one build
 //!   under another build's URL; Envoy Gateway / Istio also verify the sha256 we render.
@@ -164,6 +165,15 @@ mod tests {
         assert!(a.bytes().await.unwrap().is_empty(), "its own record is not sent back");
         let b = report("00000000000000bb", Vec::new(), "/v1/feed/policy/ns/p/index").await;
         assert_eq!(b.bytes().await.unwrap().to_vec(), rec);
+        // Pending prefill work: A's section reaches B in the answer to B's next report that carries one.
+        use warmpath_core::exchange::{counts, push_count, split_report, PENDING_SECTION};
+        let mut with_section = vec![PENDING_SECTION];
+        push_count(&mut with_section, b"10.0.0.1:8000", 4096);
+        assert_eq!(report("00000000000000aa", with_section, "/v1/feed/policy/ns/p/index").await.status(), StatusCode::OK);
+        let b = report("00000000000000bb", vec![PENDING_SECTION], "/v1/feed/policy/ns/p/index").await.bytes().await.unwrap();
+        let (records, pending) = split_report(&b);
+        assert_eq!(records, &rec[..]);
+        assert_eq!(counts(pending.expect("a section")).collect::<Vec<_>>(), vec![(&b"10.0.0.1:8000"[..], 4096)]);
         assert_eq!(report("00000000000000bb", Vec::new(), "/v1/feed/policy/ns/q/index").await.status(), 404);
         assert_eq!(report("nope", Vec::new(), "/v1/feed/policy/ns/p/index").await.status(), 400);
         task.abort();

@@ -4,17 +4,26 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
+use std::time::Instant;
 
 use warmpath_core::exchange::RecordLog;
 
 use super::{FeedEndpoint, FeedSnapshot};
 
 /// Shared, cloneable snapshot store.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct FeedStore {
     inner: Arc<RwLock<HashMap<String, FeedSnapshot>>>,
     /// The index exchange's record log of each feed (created by the first report).
     logs: Arc<Mutex<HashMap<String, RecordLog>>>,
+    /// The clock the logs' pending sections are aged by (monotonic).
+    started: Instant,
+}
+
+impl Default for FeedStore {
+    fn default() -> Self {
+        FeedStore { inner: Arc::default(), logs: Arc::default(), started: Instant::now() }
+    }
 }
 
 impl FeedStore {
@@ -50,14 +59,15 @@ impl FeedStore {
     }
 
     /// One gateway's report to the index exchange of feed `key` ([`RecordLog::serve`]): `None` when the feed does
-    /// not exist, else the other gateways' records since the cursor and the next cursor, or why the report was
-    /// refused.
+    /// not exist, else the other gateways' records since the cursor (and their pending work, when the report
+    /// carried its own) and the next cursor, or why the report was refused.
     pub fn index_exchange(&self, key: &str, reporter: Option<&str>, cursor: Option<&str>, body: &[u8]) -> Option<Result<(Vec<u8>, u64), String>> {
         if !self.inner.read().unwrap_or_else(|p| p.into_inner()).contains_key(key) {
             return None;
         }
         let mut logs = self.logs.lock().unwrap_or_else(|p| p.into_inner());
-        Some(logs.entry(key.to_string()).or_default().serve(reporter, cursor, body))
+        let now_ms = self.started.elapsed().as_millis() as u64;
+        Some(logs.entry(key.to_string()).or_default().serve(reporter, cursor, body, now_ms))
     }
 
     /// Keys of every feed, sorted.

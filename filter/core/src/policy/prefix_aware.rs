@@ -53,13 +53,15 @@
 //!      cut, and a prefix shared that far usually goes on (on the Mooncake trace a request matching an earlier
 //!      one over its first 2,048 tokens shares 95 % of its prompt with it on average). The pending prefill
 //!      charged for the request stays the part past what the index confirms.
-//!    - `waiting(e)`: the prefill work this gateway sent to `e` that has not produced a first response byte
-//!      ([`EndpointLoad::pending_prefill`]). The server's own queue from the feed (`waiting` requests, up to one
-//!      poll old) is not added: turned into work (× the mean uncached work per request), whether taken when it
-//!      said more or counted only beyond this gateway's own pending work, a report of an already drained queue
-//!      moved requests off their holders (the Mooncake trace at one gateway: hit ratio 0.272 → 0.245 with the
-//!      first), and neither closed the tail that partial knowledge costs several gateways (BENCHMARKS.md §1,
-//!      gateway replicas). The server's counts join the outstanding count ([`EndpointLoad::effective`]).
+//!    - `waiting(e)`: the prefill work sent to `e` that has not produced a first response byte
+//!      ([`EndpointLoad::pending_prefill`]: this gateway's, and the other gateways' as the feed last reported
+//!      it, at most a tick old). The server's own queue from the feed (`waiting` requests, up to one poll old) is
+//!      not added: turned into work (× the mean uncached work per request), whether taken when it said more or
+//!      counted only beyond this gateway's own pending work, a report of an already drained queue moved requests
+//!      off their holders (the Mooncake trace at one gateway: hit ratio 0.272 → 0.245 with the first), and
+//!      neither closed the tail that partial knowledge costs several gateways; the gateways' own pending work,
+//!      exact in bytes and a tick old, did (BENCHMARKS.md §1, gateway replicas). The server's counts join the
+//!      outstanding count ([`EndpointLoad::effective`]).
 //!
 //!    This is the prefill part of NVIDIA Dynamo's KV router cost (`prefill_load_scale × max(active_prefill +
 //!    prompt_blocks − overlap_blocks, 0) + decode_blocks`, Dynamo `docs/architecture/kv_cache_routing.md`) with

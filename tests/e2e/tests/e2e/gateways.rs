@@ -1,7 +1,8 @@
 //! Several gateways (Envoys) in front of one pool, polling one feed: each reports its index records to the feed
 //! and applies the other gateways' (the gateway leg of the index exchange, `warmpath_core::exchange`), so a
 //! conversation whose turns reach different gateways stays on one endpoint. The same scenario with the feed's
-//! exchange answered by 404 (a feed server without it) moves the turn, so the assertion has teeth.
+//! exchange answered by 404 (a feed server without it) moves the turn, so the assertion has teeth. The reports also
+//! carry each gateway's pending prefill work: a gateway sees the queue the others put in front of an endpoint.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,9 +11,9 @@ use serde_json::json;
 use warmpath_core::feed::{FeedEndpoint, FeedSnapshot};
 use warmpath_harness::{filter_wasm, EnvoyConfig, EnvoyProcess, FeedCluster, FeedServer, Stats, Upstream};
 
-use crate::common::{hold_filler, post_fresh, prompt, turn, CONCURRENCY};
+use crate::common::{hold_filler, post_fresh, prompt, turn, Sent, CONCURRENCY};
 
-/// Feed poll interval of both gateways, ms: longer than the filter's 500 ms tick, which runs the index exchange
+/// Feed poll interval of both gateways, ms: longer than the filter's 200 ms tick, which runs the index exchange
 /// (a load feed polled every few seconds must not slow it).
 const INTERVAL_MS: u64 = 1500;
 
@@ -50,6 +51,16 @@ impl Fleet {
         self.upstreams.iter().position(|u| u.addr().to_string() == addr).expect("answered by an upstream")
     }
 
+    /// The endpoints come from the feed: waits until both gateways applied the snapshot, then a few more ticks for
+    /// every VM of each (they apply it on their own tick; before that a request is not routed by the filter).
+    async fn wait_for_snapshot(&self) {
+        for g in 0..2 {
+            let s = self.stats_until(g, |s| s.filter("feed.version") == 1).await;
+            assert_eq!(s.filter("feed.version"), 1, "gateway {g} did not apply the feed's snapshot");
+        }
+        tokio::time::sleep(Duration::from_millis(1000)).await;
+    }
+
     /// Polls gateway `g`'s stats until `pred` holds (up to 10 s); returns the last stats either way.
     async fn stats_until(&self, g: usize, pred: impl Fn(&Stats) -> bool) -> Stats {
         let mut s = self.gateways[g].stats().await.expect("stats");
@@ -69,13 +80,7 @@ impl Fleet {
 /// the conversation went sees that work and an idle endpoint elsewhere and moves the turn; one that learned that
 /// the endpoint holds 3,000 cached characters keeps it there. Returns the first turn's upstream and the second's.
 async fn second_turn_through_the_other_gateway(f: Arc<Fleet>, name: &str, learned: impl Fn(&Stats) -> bool) -> (String, String) {
-    // The endpoints come from the feed: wait until both gateways applied the snapshot, then two more ticks for
-    // every VM of each (they apply it on their own tick; before that a request is not routed by the filter).
-    for g in 0..2 {
-        let s = f.stats_until(g, |s| s.filter("feed.version") == 1).await;
-        assert_eq!(s.filter("feed.version"), 1, "gateway {g} did not apply the feed's snapshot");
-    }
-    tokio::time::sleep(Duration::from_millis(1000)).await;
+    f.wait_for_snapshot().await;
     let history = prompt(name, 3000);
     let (status, first) = post_fresh(&f.gateways[0], turn(&history, "first question")).await;
     assert_eq!(status, 200);
@@ -96,6 +101,12 @@ async fn second_turn_through_the_other_gateway(f: Arc<Fleet>, name: &str, learne
     })
     .await;
     assert!(waiting <= 3, "{waiting} fillers wait at the conversation's endpoint");
+    (first, second_turn_while_held(&f, history, home, waiting, filler).await)
+}
+
+/// Sends a conversation's second turn through gateway B while `waiting` requests wait at the held upstream `home`,
+/// then releases it; returns the upstream that answered the turn (every filler request is answered with 200).
+async fn second_turn_while_held(f: &Arc<Fleet>, history: String, home: usize, waiting: usize, filler: Vec<Sent>) -> String {
     let f2 = f.clone();
     let second = tokio::spawn(async move { post_fresh(&f2.gateways[1], turn(&history, "second question")).await });
     // The turn either waits at the held endpoint or is answered by another one.
@@ -111,7 +122,7 @@ async fn second_turn_through_the_other_gateway(f: Arc<Fleet>, name: &str, learne
     for h in filler {
         assert_eq!(h.await.expect("join").0, 200);
     }
-    (first, upstream)
+    upstream
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -124,7 +135,7 @@ async fn a_conversation_stays_on_one_endpoint_across_gateways_through_the_feed()
     let a = f.stats_until(0, |s| s.filter("index_exchange.reported") >= 1).await;
     assert!(a.filter("index_exchange.reported") >= 1, "gateway A reported its record");
     assert_eq!(a.filter("feed.failures.index"), 0);
-    // The exchange runs every tick (500 ms), the snapshot poll every INTERVAL_MS (three ticks).
+    // The exchange runs every tick (200 ms), the snapshot poll every INTERVAL_MS (eight ticks).
     let (reports, polls) = (f.feed.index_reports(), f.feed.hits());
     tokio::time::sleep(Duration::from_millis(3000)).await;
     let (reports, polls) = (f.feed.index_reports() - reports, f.feed.hits() - polls);
@@ -142,4 +153,70 @@ async fn without_the_feeds_exchange_each_gateway_routes_on_its_own_index() {
     assert_eq!(b.filter("index_exchange.received"), 0);
     // The refused exchange costs nothing else: the feed's snapshot is applied and every request was answered.
     assert_eq!(b.filter("feed.version"), 1);
+}
+
+/// Gauge name of the other gateways' pending prefill work on `addr` as gateway stats show it.
+fn remote_pending(addr: &str) -> String {
+    let mut s = String::from("remote_pending_prefill.");
+    s.extend(addr.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }));
+    s
+}
+
+/// A conversation's first turn through gateway B, then long prompts through gateway A until one waits at the
+/// conversation's endpoint (held), then the second turn through B. B sent nothing that waits there; when the feed
+/// passes A's pending work on (`told`), the 12,000 bytes queued there outweigh the 3,000 cached and the turn goes
+/// to an idle endpoint; when the feed drops it, B sees an idle holder and keeps the turn. Returns the first turn's
+/// upstream and the second's.
+async fn second_turn_behind_the_other_gateways_work(f: Arc<Fleet>, name: &str, told: bool) -> (String, String) {
+    f.wait_for_snapshot().await;
+    let history = prompt(name, 3000);
+    let (status, first) = post_fresh(&f.gateways[1], turn(&history, "first question")).await;
+    assert_eq!(status, 200);
+    let home = f.index_of(&first);
+    f.upstreams[home].hold();
+    let (filler, waiting) = hold_filler(&f.upstreams[home], |i| {
+        let f2 = f.clone();
+        let body = turn(&prompt(&format!("{name} long prompt {i}"), 12_000), "hello");
+        tokio::spawn(async move { post_fresh(&f2.gateways[0], body).await })
+    })
+    .await;
+    assert!(waiting <= 3, "{waiting} long prompts wait at the conversation's endpoint");
+    let gauge = remote_pending(&first);
+    if told {
+        let s = f.stats_until(1, |s| s.filter(&gauge) >= 12_000).await;
+        assert!(s.filter(&gauge) >= 12_000, "gateway B was not told A's pending work: {gauge} = {}", s.filter(&gauge));
+    } else {
+        // Let several exchange rounds pass (each gateway reports every 200 ms tick).
+        let reports = f.feed.index_reports();
+        for _ in 0..100 {
+            if f.feed.index_reports() >= reports + 6 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(f.feed.index_reports() >= reports + 6, "the gateways stopped reporting");
+        let s = f.gateways[1].stats().await.expect("stats");
+        assert_eq!(s.filter(&gauge), 0, "a feed that drops the pending sections passed some on");
+    }
+    (first, second_turn_while_held(&f, history, home, waiting, filler).await)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_sees_the_prefill_work_other_gateways_queued_at_an_endpoint() {
+    let f = Arc::new(Fleet::start(true).await);
+    let (first, second) = second_turn_behind_the_other_gateways_work(f.clone(), "queued elsewhere", true).await;
+    assert_ne!(second, first, "the turn waited behind another gateway's work its cached part does not make up for");
+    // Once the long prompts are answered, A's report says so and B's view of that endpoint empties again.
+    let gauge = remote_pending(&first);
+    let s = f.stats_until(1, |s| s.filter(&gauge) == 0).await;
+    assert_eq!(s.filter(&gauge), 0, "the other gateway's pending work outlived its requests");
+    assert_eq!(s.filter("feed.failures.index"), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_pending_sections_a_gateway_sees_only_its_own_queue() {
+    let f = Arc::new(Fleet::start(true).await);
+    f.feed.set_pending_exchange(false);
+    let (first, second) = second_turn_behind_the_other_gateways_work(f.clone(), "queued unseen", false).await;
+    assert_eq!(second, first, "gateway B moved a turn off an endpoint it saw idle");
 }

@@ -118,8 +118,8 @@ const FEED_PATH: &str = "/v1/feed/bench";
 /// The feed poll interval for time scale `time_scale`: the filter's tick in simulated time
 /// (`warmpath_core::config::TICK_MS`), so the gateways exchange index records and pending work as often, in
 /// simulated time, as a deployment does in real time (at time scale 0.05: every 10 ms). A gateway polls the
-/// snapshot as often, where a deployment polls it every second or more; the servers' loads in it only join the
-/// overload guard.
+/// snapshot as often, where a deployment polls it every second or more; what changes in it comes from
+/// [`load_scrape_ms`].
 pub fn feed_interval_ms(time_scale: f64) -> u64 {
     let (lo, hi) = warmpath_core::config::FEED_INTERVAL_RANGE;
     ((warmpath_core::config::TICK_MS as f64 * time_scale).round() as u64).clamp(lo, hi)
@@ -306,7 +306,8 @@ pub async fn run_strategy(strategy: &Strategy, reqs: &[Request], s: &RunSettings
                     o.insert("feed".into(), json!({"cluster": FEED_CLUSTER, "path": FEED_PATH, "interval_ms": interval_ms}));
                 }
                 feed_cluster = Some(FeedCluster { name: FEED_CLUSTER.into(), address: f.addr() });
-                scraper = Some(spawn_feed_loads(&f, addrs.clone(), Duration::from_millis(interval_ms)));
+                let scrape = Duration::from_millis(load_scrape_ms(s.sim.latency.time_scale));
+                scraper = Some(spawn_feed_loads(&f, addrs.clone(), scrape));
                 feed = Some(f);
             }
             let plugin = filter_plugin_config(name, &upstreams, &extra);
@@ -478,6 +479,13 @@ pub async fn run_strategy(strategy: &Strategy, reqs: &[Request], s: &RunSettings
         wall_s,
         time_scale: scale,
     })
+}
+
+/// How often the harness's feed scrapes the servers' loads, ms of wall time: every simulated second (the
+/// controller's shortest load interval), at least every 100 ms, so the scrapes of the servers' `/metrics` do not
+/// take the CPU the gateways and servers run on (a wall millisecond counts 1 / time scale simulated ones).
+pub fn load_scrape_ms(time_scale: f64) -> u64 {
+    ((1000.0 * time_scale).round() as u64).max(100)
 }
 
 /// Starts a task that, every `every` (wall time), scrapes each server's `/metrics` and makes the endpoints with

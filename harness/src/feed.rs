@@ -15,7 +15,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use warmpath_core::exchange::{split_report, RecordLog, INDEX_PATH_SUFFIX};
-use warmpath_core::headers::{CURSOR_HEADER, REPORTER_HEADER};
+use warmpath_core::headers::{CURSOR_HEADER, PENDING_HEADER, REPORTER_HEADER};
 use tokio::task::JoinHandle;
 
 struct Shared {
@@ -27,7 +27,8 @@ struct Shared {
     logs: Mutex<HashMap<String, RecordLog>>,
     /// Answer the index exchange (else 404).
     exchange: AtomicBool,
-    /// Keep and answer the gateways' pending sections (else drop them, as a feed server that only relays records).
+    /// Keep and answer the gateways' pending sections and say so ([`PENDING_HEADER`]); else answer like a feed
+    /// server without them (no header, and 400 to a report that carries one).
     pending: AtomicBool,
     /// The clock of the pending sections' freshness.
     started: Instant,
@@ -98,8 +99,9 @@ impl FeedServer {
         self.shared.exchange.store(on, Ordering::SeqCst);
     }
 
-    /// Keeps (`true`, the default) or drops the pending sections of the reports (each gateway then sees only its
-    /// own pending work; the records are still exchanged).
+    /// Takes (`true`, the default) or not the pending sections, like a feed server without them: its answers lack
+    /// [`PENDING_HEADER`] and a report with a section is refused (400), so each gateway sees only its own pending
+    /// work (the records are still exchanged).
     pub fn set_pending_exchange(&self, on: bool) {
         self.shared.pending.store(on, Ordering::SeqCst);
     }
@@ -145,12 +147,20 @@ async fn answer(State(s): State<Arc<Shared>>, method: Method, uri: Uri, headers:
         let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
         let mut logs = s.logs.lock().unwrap_or_else(|e| e.into_inner());
         let log = logs.entry(feed.to_string()).or_default();
-        let body = if s.pending.load(Ordering::SeqCst) { &body[..] } else { split_report(&body).0 };
+        let takes_pending = s.pending.load(Ordering::SeqCst);
+        if !takes_pending && split_report(&body).1.is_some() {
+            // What a feed server without sections answers to one (its record decoder does not know the byte).
+            return (StatusCode::BAD_REQUEST, "index records rejected: unknown record version").into_response();
+        }
         let now_ms = s.started.elapsed().as_millis() as u64;
-        return match log.serve(header(REPORTER_HEADER), header(CURSOR_HEADER), body, now_ms) {
+        return match log.serve(header(REPORTER_HEADER), header(CURSOR_HEADER), &body, now_ms) {
             Ok((records, cursor)) => {
                 s.reports.fetch_add(1, Ordering::SeqCst);
-                ([(CURSOR_HEADER, cursor.to_string())], records).into_response()
+                let mut r = ([(CURSOR_HEADER, cursor.to_string())], records).into_response();
+                if takes_pending {
+                    r.headers_mut().insert(PENDING_HEADER, axum::http::HeaderValue::from_static("1"));
+                }
+                r
             }
             Err(e) => (StatusCode::BAD_REQUEST, e).into_response(),
         };

@@ -17,6 +17,12 @@ impl Endpoint {
     }
 }
 
+/// `address` as one token of an Envoy stat name: every character other than an ASCII letter or digit becomes `_`
+/// (`10.0.0.1:8000` → `10_0_0_1_8000`, `[::1]:80` → `___1__80`). The filter's per-endpoint gauges end with it.
+pub fn stat_token(address: &str) -> String {
+    address.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect()
+}
+
 /// Load reported by the model server itself (fed later by the controller from the server's metrics).
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct ServerLoad {
@@ -37,7 +43,8 @@ pub struct EndpointLoad {
     pub server: Option<ServerLoad>,
     /// Prefill work sent to the endpoint that has not produced its first response byte yet, in bytes of prompt
     /// text: the sum of [`crate::Decision::prefill_bytes`] of the requests this gateway sent (shared across Envoy
-    /// workers), plus what the other gateways reported through the feed ([`crate::exchange`], up to one tick old).
+    /// workers), plus what the other gateways reported through the feed ([`crate::exchange`]; as the feed last
+    /// answered, renewed every tick while it answers).
     /// It is the queue a new request waits behind before its own prefill starts.
     pub pending_prefill: u32,
 }

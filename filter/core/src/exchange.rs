@@ -26,7 +26,9 @@
 //! report therefore ends with a *pending section* — [`PENDING_SECTION`], then this Envoy's pending prefill work per
 //! endpoint as [`counts`] — and the answer to a report that had one ends with the sum of the other gateways' latest
 //! sections (each counted for [`PENDING_TTL_MS`] after it arrived), which the gateway adds to its own. A report
-//! without the section gets an answer without it, so a filter that does not send one reads records only.
+//! without the section gets an answer without it, so a filter that does not send one reads records only; and a
+//! gateway sends one only to a feed server whose answers carry [`crate::headers::PENDING_HEADER`], so a feed server without
+//! sections never sees one.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
@@ -111,8 +113,16 @@ fn split(b: &[u8], n: usize) -> Option<(&[u8], &[u8])> {
     (b.len() >= n).then(|| b.split_at(n))
 }
 
-/// First byte of the pending section that ends a report or an answer (records start with [`VERSION`]).
-pub const PENDING_SECTION: u8 = 2;
+/// First byte of the pending section that ends a report or an answer (records start with [`VERSION`]; the other
+/// end of the byte range, so later record versions do not meet it).
+pub const PENDING_SECTION: u8 = 0xff;
+
+/// Most bytes of one pending section: [`MAX_ENDPOINTS`] entries of the longest address.
+pub const MAX_PENDING_BYTES: usize = MAX_ENDPOINTS * (1 + 255 + 4);
+
+/// Gateways whose pending sections a [`RecordLog`] keeps at once (the section that arrived longest ago goes first
+/// when another reports): far more gateway replicas than one pool has.
+pub const MAX_REPORTERS: usize = 256;
 
 /// How long the feed server counts a gateway's pending section after it arrived, ms. A gateway reports every tick
 /// ([`crate::config::TICK_MS`] or less) once its previous report was answered (within 1 s), so this is several
@@ -162,6 +172,9 @@ pub fn split_report(bytes: &[u8]) -> (&[u8], Option<&[u8]>) {
 
 /// Checks a pending section: whole entries, UTF-8 addresses, at most [`MAX_ENDPOINTS`] of them.
 fn parse_pending(bytes: &[u8]) -> Result<Vec<(String, u32)>, String> {
+    if bytes.len() > MAX_PENDING_BYTES {
+        return Err(format!("pending section: {} bytes, at most {MAX_PENDING_BYTES}", bytes.len()));
+    }
     let mut out = Vec::new();
     let mut used = 0;
     for (addr, n) in counts(bytes) {
@@ -245,11 +258,12 @@ impl RecordLog {
     /// back): the values of the [`REPORTER_HEADER`] and [`CURSOR_HEADER`] request headers and the body (records,
     /// then optionally the pending section). Appends the records and answers with the other gateways' records
     /// since the cursor (at most [`MAX_REPORT_BYTES`]) and, when the report had a pending section, the sum of the
-    /// other gateways' current ones; and the cursor for the answer's [`CURSOR_HEADER`].
+    /// other gateways' current ones; and the cursor for the answer's [`CURSOR_HEADER`]. The feed server adds
+    /// [`crate::headers::PENDING_HEADER`] to every answer.
     ///
-    /// Errors (the feed server answers 400 with the text): a missing or malformed header, a body over
+    /// Errors (the feed server answers 400 with the text): a missing or malformed header, records over
     /// [`MAX_REPORT_BYTES`], malformed records (the well-formed records before them are kept), a malformed pending
-    /// section (the records are kept).
+    /// section (the records are kept; the gateway's earlier section stops counting).
     pub fn serve(&mut self, reporter: Option<&str>, cursor: Option<&str>, body: &[u8], now_ms: u64) -> Result<(Vec<u8>, u64), String> {
         let reporter = reporter
             .filter(|r| r.len() == 16)
@@ -259,15 +273,22 @@ impl RecordLog {
             None => 0,
             Some(c) => c.trim().parse::<u64>().map_err(|_| format!("header {CURSOR_HEADER} must be a decimal number"))?,
         };
-        if body.len() > MAX_REPORT_BYTES {
-            return Err(format!("{} bytes of records, at most {MAX_REPORT_BYTES} per report", body.len()));
-        }
         let (records, pending) = split_report(body);
+        if records.len() > MAX_REPORT_BYTES {
+            return Err(format!("{} bytes of records, at most {MAX_REPORT_BYTES} per report", records.len()));
+        }
         self.append(reporter, records).map_err(|e| format!("index records rejected: {e}"))?;
         self.pending.retain(|_, (at, _)| now_ms.saturating_sub(*at) <= PENDING_TTL_MS);
         let (mut answer, next) = self.since(cursor, reporter);
         if let Some(section) = pending {
-            self.pending.insert(reporter, (now_ms, parse_pending(section)?));
+            let entries = parse_pending(section).inspect_err(|_| {
+                self.pending.remove(&reporter);
+            })?;
+            if !self.pending.contains_key(&reporter) && self.pending.len() >= MAX_REPORTERS {
+                let oldest = self.pending.iter().min_by_key(|(_, (at, _))| *at).map(|(r, _)| *r);
+                oldest.map(|r| self.pending.remove(&r));
+            }
+            self.pending.insert(reporter, (now_ms, entries));
             answer.push(PENDING_SECTION);
             for (address, n) in self.pending_of_others(reporter) {
                 push_count(&mut answer, address.as_bytes(), n);
@@ -485,6 +506,36 @@ mod tests {
         // Nothing of the refused sections counts for the others.
         let (answer, _) = log.serve(Some("00000000000000bb"), Some("1"), &section(&[]), 0).expect("served");
         assert_eq!(pending(&answer), Some(vec![]));
+    }
+
+    #[test]
+    fn pending_sections_are_bounded_in_size_and_in_reporters() {
+        let mut log = RecordLog::default();
+        // The records and the section are bounded apart: a full report of records still carries its section.
+        let chain: Vec<u64> = (0..1000).collect();
+        let mut body = Vec::new();
+        while body.len() < MAX_REPORT_BYTES - 9000 {
+            encode(&mut body, 128, "10.0.0.1:80", &chain);
+        }
+        body.extend(section(&[("10.0.0.1:80", 9)]));
+        assert!(body.len() > MAX_REPORT_BYTES - 9000);
+        log.serve(Some("0000000000000001"), None, &body, 0).expect("records under the bound, section apart");
+        let mut big = vec![PENDING_SECTION];
+        big.resize(MAX_PENDING_BYTES + 2, 0);
+        assert!(log.serve(Some("0000000000000001"), None, &big, 0).unwrap_err().contains("at most"));
+        // A refused section takes the reporter's earlier one with it.
+        let (answer, _) = log.serve(Some("0000000000000002"), Some("999999"), &section(&[]), 0).expect("served");
+        assert_eq!(pending(&answer), Some(vec![]), "gateway 1's section went with its refused report");
+        // At most MAX_REPORTERS sections: the one that arrived longest ago goes first.
+        let mut log = RecordLog::default();
+        for r in 1..=MAX_REPORTERS as u64 + 1 {
+            let reporter = format!("{r:016x}");
+            log.serve(Some(&reporter), None, &section(&[("10.0.0.1:80", 1)]), r).expect("served");
+        }
+        assert_eq!(log.pending.len(), MAX_REPORTERS);
+        assert!(!log.pending.contains_key(&1), "the oldest section was dropped");
+        let (answer, _) = log.serve(Some(&format!("{:016x}", 1000)), Some("0"), &section(&[]), 500).expect("served");
+        assert_eq!(pending(&answer), Some(vec![("10.0.0.1:80".into(), MAX_REPORTERS as u32 - 1)]));
     }
 
     #[test]

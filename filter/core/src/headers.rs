@@ -45,3 +45,8 @@ pub const REPORTER_HEADER: &str = "x-warmpath-reporter";
 /// Request and response header of the gateway leg of the index exchange: on the request the cursor of the last
 /// record the gateway received (decimal, 0 at first), on the answer the cursor to send next time.
 pub const CURSOR_HEADER: &str = "x-warmpath-cursor";
+
+/// Response header of the gateway leg of the index exchange: a feed server that takes pending sections
+/// ([`crate::exchange`], "Pending work between gateways") answers every report with it (value `1`). A gateway
+/// sends its section only after an answer carried it, so a feed server without them never sees one.
+pub const PENDING_HEADER: &str = "x-warmpath-pending";

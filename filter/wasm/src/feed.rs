@@ -14,11 +14,11 @@
 //! this Envoy's other VMs. A feed server without that route (404), or any failure, costs only the records of that
 //! round (counted in `warmpath.feed.failures.index`); routing goes on with this Envoy's own index.
 //!
-//! The same report ends with this Envoy's pending prefill work per endpoint, and the answer with the sum of the
-//! other gateways' (`warmpath_core::exchange`, "Pending work between gateways"). The poller stores that sum in
-//! shared data with the time it arrived ([`remote_pending_key`]); every VM adds it to its own pending work when it
-//! routes, for [`REMOTE_PENDING_TICKS`] ticks after it arrived (then the feed has stopped answering, and the work it
-//! said has been served).
+//! Once the feed's answers say it takes them (`PENDING_HEADER`), the report ends with this Envoy's pending prefill
+//! work per endpoint, and the answer with the sum of the other gateways' (`warmpath_core::exchange`, "Pending work
+//! between gateways"). The poller stores that sum in shared data with the time it arrived ([`remote_pending_key`]);
+//! every VM adds it to its own pending work when it routes, until a newer answer replaces it or it is
+//! [`remote_pending_max_age`] old (then the feed has stopped answering, and the work it said has been served).
 
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -29,7 +29,7 @@ use proxy_wasm::hostcalls;
 use proxy_wasm::types::{BufferType, MapType};
 use warmpath_core::exchange::{split_report, INDEX_PATH_SUFFIX, PENDING_SECTION};
 use warmpath_core::feed::FeedSnapshot;
-use warmpath_core::headers::{CURSOR_HEADER, REPORTER_HEADER};
+use warmpath_core::headers::{CURSOR_HEADER, PENDING_HEADER, REPORTER_HEADER};
 use warmpath_core::{FeedSettings, Router, ServerLoad};
 
 use crate::exchange::Exchange;
@@ -59,13 +59,30 @@ const LEASE_KEY: &str = "warmpath.feed.lease.";
 const LEASE_INTERVALS: u64 = 3;
 /// Shared-data key prefix of the other gateways' pending prefill work (see [`remote_pending_key`]).
 const REMOTE_PENDING_KEY: &str = "warmpath.feed.pending.";
-/// Ticks after its arrival that the other gateways' pending work counts (the poller renews it every tick).
-pub const REMOTE_PENDING_TICKS: u64 = 3;
+/// Ticks after its arrival that the other gateways' pending work counts at least (the poller renews it every tick
+/// while the feed answers in time).
+const REMOTE_PENDING_TICKS: u32 = 3;
+
+/// What completes the shared-data keys of one feed: its cluster and path.
+fn feed_id(feed: &FeedSettings) -> String {
+    format!("{}{}", feed.cluster, feed.path)
+}
 
 /// The shared-data key under which the poller of `feed` stores the other gateways' pending prefill work
 /// (`shared::store_remote`, read by `shared::Table::read_remote`), completed like `SNAPSHOT_KEY`.
 pub fn remote_pending_key(feed: &FeedSettings) -> String {
-    format!("{REMOTE_PENDING_KEY}{}{}", feed.cluster, feed.path)
+    format!("{REMOTE_PENDING_KEY}{}", feed_id(feed))
+}
+
+/// How long the index exchange waits for the feed's answer (a new report goes out only after it).
+fn report_timeout(feed: &FeedSettings) -> Duration {
+    Duration::from_millis(feed.interval_ms.clamp(100, 1000))
+}
+
+/// How long, in ms, the other gateways' pending work counts after it arrived: [`REMOTE_PENDING_TICKS`] ticks, and
+/// at least one answer's timeout and a tick (a slow answer must not blank it between two answers).
+pub fn remote_pending_max_age(feed: &FeedSettings, tick: Duration) -> u64 {
+    (tick * REMOTE_PENDING_TICKS).max(report_timeout(feed) + tick).as_millis() as u64
 }
 
 /// Shared-data key prefix of this Envoy's reporter id and cursor in the gateway leg of the index exchange
@@ -86,6 +103,8 @@ pub struct FeedPoller {
     index_path: String,
     index_state_key: String,
     remote_pending_key: String,
+    /// The feed's last answer to the index exchange said it takes pending sections (`PENDING_HEADER`).
+    feed_takes_pending: bool,
     /// Token of the index exchange call in flight.
     index_pending: Option<u32>,
     /// Ticks per snapshot poll (`feed.interval_ms` over the tick period, rounded up).
@@ -101,13 +120,14 @@ impl FeedPoller {
     pub fn new(settings: FeedSettings, context_id: u32, tick: Duration) -> Self {
         let tick_ms = (tick.as_millis() as u64).max(1);
         let owner = crate::root::random_u64(u64::from(context_id)) | 1;
-        let feed = format!("{}{}", settings.cluster, settings.path);
+        let feed = feed_id(&settings);
         FeedPoller {
             snapshot_key: format!("{SNAPSHOT_KEY}{feed}"),
             lease_key: format!("{LEASE_KEY}{feed}"),
             index_state_key: format!("{INDEX_STATE_KEY}{feed}"),
             index_path: format!("{}{INDEX_PATH_SUFFIX}", settings.path),
             remote_pending_key: remote_pending_key(&settings),
+            feed_takes_pending: false,
             index_pending: None,
             ticks_per_poll: settings.interval_ms.div_ceil(tick_ms).max(1),
             ticks: 0,
@@ -176,8 +196,10 @@ impl FeedPoller {
         drop(r);
         let mut body = exchange.take_collected();
         let n = warmpath_core::exchange::decode(&body).count() as u64;
-        body.push(PENDING_SECTION);
-        body.extend_from_slice(shared::Table::read_of(Counter::PendingPrefill).bytes());
+        if self.feed_takes_pending {
+            body.push(PENDING_SECTION);
+            body.extend_from_slice(shared::Table::read_of(Counter::PendingPrefill).bytes());
+        }
         let (reporter, cursor) = self.index_state();
         let reporter = format!("{reporter:016x}");
         let cursor = cursor.to_string();
@@ -189,8 +211,7 @@ impl FeedPoller {
             (REPORTER_HEADER, reporter.as_str()),
             (CURSOR_HEADER, cursor.as_str()),
         ];
-        let timeout = Duration::from_millis(self.settings.interval_ms.clamp(100, 1000));
-        match hostcalls::dispatch_http_call(&self.settings.cluster, headers, Some(&body), vec![], timeout) {
+        match hostcalls::dispatch_http_call(&self.settings.cluster, headers, Some(&body), vec![], report_timeout(&self.settings)) {
             Ok(token) => {
                 self.index_pending = Some(token);
                 if n > 0 {
@@ -226,6 +247,10 @@ impl FeedPoller {
     /// work, keep the cursor.
     fn on_index_response(&mut self, body_size: usize, router: &Rc<RefCell<Router>>, exchange: &Exchange, metrics: &Metrics) {
         self.index_pending = None;
+        // Any answer says whether to send the next report's section (a feed server replaced by one without sections
+        // answers without the header, and the next report leaves the section out).
+        self.feed_takes_pending =
+            hostcalls::get_map_value_bytes(MapType::HttpCallResponseHeaders, PENDING_HEADER).ok().flatten().is_some();
         if status().as_deref() != Some(b"200") {
             return metrics.count("warmpath.feed.failures.index", 1);
         }

@@ -170,9 +170,7 @@ pub fn remote_pending_prefill_gauge_name(address: &str) -> String {
 }
 
 fn endpoint_gauge_name(prefix: &str, address: &str) -> String {
-    let mut s = String::from(prefix);
-    s.extend(address.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }));
-    s
+    format!("{prefix}{}", warmpath_core::endpoint::stat_token(address))
 }
 
 #[cfg(test)]

@@ -200,7 +200,7 @@ impl RootContext for FilterRoot {
         let remote_pending = settings
             .feed
             .as_ref()
-            .map(|f| (feed::remote_pending_key(f), tick.as_millis() as u64 * feed::REMOTE_PENDING_TICKS));
+            .map(|f| (feed::remote_pending_key(f), feed::remote_pending_max_age(f, tick)));
         self.shared = Some(Rc::new(Shared { router, exchange, metrics, remote_pending, keyless }));
         true
     }

@@ -24,7 +24,7 @@ use axum::routing::{get, post};
 use axum::Router;
 use sha2::{Digest, Sha256};
 use warmpath_core::exchange::INDEX_PATH_SUFFIX;
-use warmpath_core::headers::{CURSOR_HEADER, REPORTER_HEADER};
+use warmpath_core::headers::{CURSOR_HEADER, PENDING_HEADER, REPORTER_HEADER};
 
 use super::store::FeedStore;
 #[cfg(doc)]
@@ -104,8 +104,12 @@ async fn index_exchange(
     let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
     match st.store.index_exchange(&key, header(REPORTER_HEADER), header(CURSOR_HEADER), &body) {
         Some(Ok((records, cursor))) => {
-            ([(header::CONTENT_TYPE, "application/octet-stream".to_string()), (HeaderName::from_static(CURSOR_HEADER), cursor.to_string())], records)
-                .into_response()
+            let headers = [
+                (header::CONTENT_TYPE, "application/octet-stream".to_string()),
+                (HeaderName::from_static(CURSOR_HEADER), cursor.to_string()),
+                (HeaderName::from_static(PENDING_HEADER), "1".to_string()),
+            ];
+            (headers, records).into_response()
         }
         Some(Err(e)) => (StatusCode::BAD_REQUEST, format!("{e}\n")).into_response(),
         None => (StatusCode::NOT_FOUND, format!("no feed {key}\n")).into_response(),
@@ -162,6 +166,7 @@ mod tests {
         };
         let a = report("00000000000000aa", rec.clone(), "/v1/feed/policy/ns/p/index").await;
         assert_eq!((a.status(), a.headers()[CURSOR_HEADER].to_str().unwrap().to_string()), (StatusCode::OK, "1".to_string()));
+        assert_eq!(a.headers()[PENDING_HEADER], "1", "the gateways may send their pending work");
         assert!(a.bytes().await.unwrap().is_empty(), "its own record is not sent back");
         let b = report("00000000000000bb", Vec::new(), "/v1/feed/policy/ns/p/index").await;
         assert_eq!(b.bytes().await.unwrap().to_vec(), rec);

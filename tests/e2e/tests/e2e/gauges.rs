@@ -9,9 +9,7 @@ use warmpath_harness::Stats;
 use crate::common::Rig;
 
 fn gauge(s: &Stats, addr: &str) -> u64 {
-    let mut name = String::from("in_flight.");
-    name.extend(addr.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }));
-    s.filter(&name)
+    s.filter(&format!("in_flight.{}", warmpath_core::endpoint::stat_token(addr)))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -10,9 +10,7 @@ use warmpath_harness::{EnvoyProcess, Stats};
 use crate::common::{prompt, Rig, CONCURRENCY};
 
 fn gauge_name(addr: &str) -> String {
-    let mut s = String::from("in_flight.");
-    s.extend(addr.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }));
-    s
+    format!("in_flight.{}", warmpath_core::endpoint::stat_token(addr))
 }
 
 fn total_in_flight(rig: &Rig, s: &Stats) -> u64 {
@@ -82,9 +80,7 @@ async fn counters_return_to_zero_after_upstream_timeouts() {
 }
 
 fn pending_gauge_name(addr: &str) -> String {
-    let mut s = String::from("pending_prefill.");
-    s.extend(addr.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }));
-    s
+    format!("pending_prefill.{}", warmpath_core::endpoint::stat_token(addr))
 }
 
 fn total_pending(rig: &Rig, s: &Stats) -> u64 {

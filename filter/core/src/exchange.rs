@@ -259,7 +259,7 @@ impl RecordLog {
     /// then optionally the pending section). Appends the records and answers with the other gateways' records
     /// since the cursor (at most [`MAX_REPORT_BYTES`]) and, when the report had a pending section, the sum of the
     /// other gateways' current ones; and the cursor for the answer's [`CURSOR_HEADER`]. The feed server adds
-    /// [`crate::headers::PENDING_HEADER`] to every answer.
+    /// [`crate::headers::PENDING_HEADER`] to every answer it serves (200).
     ///
     /// Errors (the feed server answers 400 with the text): a missing or malformed header, records over
     /// [`MAX_REPORT_BYTES`], malformed records (the well-formed records before them are kept), a malformed pending
@@ -285,8 +285,9 @@ impl RecordLog {
                 self.pending.remove(&reporter);
             })?;
             if !self.pending.contains_key(&reporter) && self.pending.len() >= MAX_REPORTERS {
-                let oldest = self.pending.iter().min_by_key(|(_, (at, _))| *at).map(|(r, _)| *r);
-                oldest.map(|r| self.pending.remove(&r));
+                if let Some(oldest) = self.pending.iter().min_by_key(|(_, (at, _))| *at).map(|(r, _)| *r) {
+                    self.pending.remove(&oldest);
+                }
             }
             self.pending.insert(reporter, (now_ms, entries));
             answer.push(PENDING_SECTION);
@@ -297,11 +298,15 @@ impl RecordLog {
         Ok((answer, next))
     }
 
-    /// The sum of the pending sections of reporters other than `reporter`, per endpoint (zero sums left out).
+    /// The sum of the pending sections of reporters other than `reporter`, per endpoint (zero sums left out), for
+    /// at most [`MAX_ENDPOINTS`] endpoints (so an answer's section is bounded like a report's).
     fn pending_of_others(&self, reporter: u64) -> BTreeMap<&str, u32> {
         let mut sum = BTreeMap::new();
         for (_, entries) in self.pending.iter().filter(|(r, _)| **r != reporter).map(|(_, v)| v) {
             for (address, n) in entries.iter().filter(|(_, n)| *n > 0) {
+                if sum.len() >= MAX_ENDPOINTS && !sum.contains_key(address.as_str()) {
+                    continue;
+                }
                 let s: &mut u32 = sum.entry(address.as_str()).or_default();
                 *s = s.saturating_add(*n);
             }
@@ -512,13 +517,16 @@ mod tests {
     fn pending_sections_are_bounded_in_size_and_in_reporters() {
         let mut log = RecordLog::default();
         // The records and the section are bounded apart: a full report of records still carries its section.
-        let chain: Vec<u64> = (0..1000).collect();
         let mut body = Vec::new();
-        while body.len() < MAX_REPORT_BYTES - 9000 {
-            encode(&mut body, 128, "10.0.0.1:80", &chain);
+        while body.len() < MAX_REPORT_BYTES - 100 {
+            encode(&mut body, 128, "10.0.0.1:80", &[1; 8]);
         }
+        assert!(body.len() <= MAX_REPORT_BYTES);
         body.extend(section(&[("10.0.0.1:80", 9)]));
-        assert!(body.len() > MAX_REPORT_BYTES - 9000);
+        for i in 0..100 {
+            push_count(&mut body, format!("10.0.1.{i}:80").as_bytes(), 1);
+        }
+        assert!(body.len() > MAX_REPORT_BYTES, "records and section together over the records' bound");
         log.serve(Some("0000000000000001"), None, &body, 0).expect("records under the bound, section apart");
         let mut big = vec![PENDING_SECTION];
         big.resize(MAX_PENDING_BYTES + 2, 0);

@@ -47,6 +47,7 @@ pub const REPORTER_HEADER: &str = "x-warmpath-reporter";
 pub const CURSOR_HEADER: &str = "x-warmpath-cursor";
 
 /// Response header of the gateway leg of the index exchange: a feed server that takes pending sections
-/// ([`crate::exchange`], "Pending work between gateways") answers every report with it (value `1`). A gateway
-/// sends its section only after an answer carried it, so a feed server without them never sees one.
+/// ([`crate::exchange`], "Pending work between gateways") sets it (value `1`; its presence is what counts) on every
+/// report it serves. A gateway sends its section while the feed's last answer carried it, so a feed server
+/// without them never sees one.
 pub const PENDING_HEADER: &str = "x-warmpath-pending";

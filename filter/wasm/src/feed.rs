@@ -14,7 +14,7 @@
 //! this Envoy's other VMs. A feed server without that route (404), or any failure, costs only the records of that
 //! round (counted in `warmpath.feed.failures.index`); routing goes on with this Envoy's own index.
 //!
-//! Once the feed's answers say it takes them (`PENDING_HEADER`), the report ends with this Envoy's pending prefill
+//! While the feed's last answer said it takes them (`PENDING_HEADER`), the report ends with this Envoy's pending prefill
 //! work per endpoint, and the answer with the sum of the other gateways' (`warmpath_core::exchange`, "Pending work
 //! between gateways"). The poller stores that sum in shared data with the time it arrived ([`remote_pending_key`]);
 //! every VM adds it to its own pending work when it routes, until a newer answer replaces it or it is
@@ -63,6 +63,10 @@ const REMOTE_PENDING_KEY: &str = "warmpath.feed.pending.";
 /// while the feed answers in time).
 const REMOTE_PENDING_TICKS: u32 = 3;
 
+/// Shared-data key prefix of whether the feed's last answer to the index exchange said it takes pending sections
+/// (`PENDING_HEADER`; one byte, 1 or 0), completed like `SNAPSHOT_KEY`: it outlives a change of the poller VM.
+const TAKES_PENDING_KEY: &str = "warmpath.feed.takes_pending.";
+
 /// What completes the shared-data keys of one feed: its cluster and path.
 fn feed_id(feed: &FeedSettings) -> String {
     format!("{}{}", feed.cluster, feed.path)
@@ -103,8 +107,7 @@ pub struct FeedPoller {
     index_path: String,
     index_state_key: String,
     remote_pending_key: String,
-    /// The feed's last answer to the index exchange said it takes pending sections (`PENDING_HEADER`).
-    feed_takes_pending: bool,
+    takes_pending_key: String,
     /// Token of the index exchange call in flight.
     index_pending: Option<u32>,
     /// Ticks per snapshot poll (`feed.interval_ms` over the tick period, rounded up).
@@ -127,7 +130,7 @@ impl FeedPoller {
             index_state_key: format!("{INDEX_STATE_KEY}{feed}"),
             index_path: format!("{}{INDEX_PATH_SUFFIX}", settings.path),
             remote_pending_key: remote_pending_key(&settings),
-            feed_takes_pending: false,
+            takes_pending_key: format!("{TAKES_PENDING_KEY}{feed}"),
             index_pending: None,
             ticks_per_poll: settings.interval_ms.div_ceil(tick_ms).max(1),
             ticks: 0,
@@ -196,7 +199,7 @@ impl FeedPoller {
         drop(r);
         let mut body = exchange.take_collected();
         let n = warmpath_core::exchange::decode(&body).count() as u64;
-        if self.feed_takes_pending {
+        if self.feed_takes_pending() {
             body.push(PENDING_SECTION);
             body.extend_from_slice(shared::Table::read_of(Counter::PendingPrefill).bytes());
         }
@@ -220,6 +223,11 @@ impl FeedPoller {
             }
             Err(_) => metrics.count("warmpath.feed.failures.index", 1),
         }
+    }
+
+    /// Whether the feed's last answer said it takes pending sections (false before any answer).
+    fn feed_takes_pending(&self) -> bool {
+        matches!(hostcalls::get_shared_data(&self.takes_pending_key), Ok((Some(b), _)) if b == [1])
     }
 
     /// This Envoy's reporter id and cursor, created (a random id, cursor 0) on first use.
@@ -247,10 +255,13 @@ impl FeedPoller {
     /// work, keep the cursor.
     fn on_index_response(&mut self, body_size: usize, router: &Rc<RefCell<Router>>, exchange: &Exchange, metrics: &Metrics) {
         self.index_pending = None;
-        // Any answer says whether to send the next report's section (a feed server replaced by one without sections
-        // answers without the header, and the next report leaves the section out).
-        self.feed_takes_pending =
-            hostcalls::get_map_value_bytes(MapType::HttpCallResponseHeaders, PENDING_HEADER).ok().flatten().is_some();
+        // An answer says whether to send the next report's section (a feed server replaced by one without sections
+        // answers without the header, and the next report leaves the section out); no answer (a timeout) says
+        // nothing.
+        if status().is_some() {
+            let takes = hostcalls::get_map_value_bytes(MapType::HttpCallResponseHeaders, PENDING_HEADER).ok().flatten();
+            let _ = hostcalls::set_shared_data(&self.takes_pending_key, Some(&[u8::from(takes.is_some())]), None);
+        }
         if status().as_deref() != Some(b"200") {
             return metrics.count("warmpath.feed.failures.index", 1);
         }

@@ -25,7 +25,9 @@ struct Fleet {
 }
 
 impl Fleet {
-    async fn start(exchange: bool) -> Fleet {
+    /// `exchange`: the feed server keeps the index exchange (else 404); `pending`: it takes pending sections (set
+    /// before the gateways start, so none of them ever sees it take them).
+    async fn start(exchange: bool, pending: bool) -> Fleet {
         let upstreams = Upstream::start_many(3).await.expect("upstreams");
         let addrs: Vec<_> = upstreams.iter().map(Upstream::addr).collect();
         let snapshot = FeedSnapshot {
@@ -34,6 +36,7 @@ impl Fleet {
         };
         let feed = FeedServer::start(serde_json::to_string(&snapshot).expect("json")).await.expect("feed");
         feed.set_index_exchange(exchange);
+        feed.set_pending_exchange(pending);
         let plugin = json!({
             "endpoints": [], "strategy": "PREFIX_AWARE",
             "feed": {"cluster": "warmpath_feed", "path": "/v1/feed/pool", "interval_ms": INTERVAL_MS},
@@ -127,7 +130,7 @@ async fn second_turn_while_held(f: &Arc<Fleet>, history: String, home: usize, wa
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_conversation_stays_on_one_endpoint_across_gateways_through_the_feed() {
-    let f = Arc::new(Fleet::start(true).await);
+    let f = Arc::new(Fleet::start(true, true).await);
     let (first, second) =
         second_turn_through_the_other_gateway(f.clone(), "across gateways", |s| s.filter("index_exchange.received") >= 1).await;
     assert_eq!(second, first, "the second turn left the conversation's endpoint");
@@ -145,7 +148,7 @@ async fn a_conversation_stays_on_one_endpoint_across_gateways_through_the_feed()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_the_feeds_exchange_each_gateway_routes_on_its_own_index() {
-    let f = Arc::new(Fleet::start(false).await);
+    let f = Arc::new(Fleet::start(false, true).await);
     // Nothing to learn: wait until gateway B has polled (and been refused) a few times instead.
     let (first, second) =
         second_turn_through_the_other_gateway(f.clone(), "gateways alone", |s| s.filter("feed.failures.index") >= 2).await;
@@ -204,7 +207,7 @@ async fn second_turn_behind_the_other_gateways_work(f: Arc<Fleet>, name: &str, t
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gateway_sees_the_prefill_work_other_gateways_queued_at_an_endpoint() {
-    let f = Arc::new(Fleet::start(true).await);
+    let f = Arc::new(Fleet::start(true, true).await);
     let (first, second) = second_turn_behind_the_other_gateways_work(f.clone(), "queued elsewhere", true).await;
     assert_ne!(second, first, "the turn waited behind another gateway's work its cached part does not make up for");
     // Once the long prompts are answered, A's report says so and B's view of that endpoint empties again.
@@ -218,7 +221,7 @@ async fn a_gateway_sees_the_prefill_work_other_gateways_queued_at_an_endpoint() 
 /// by then), even while that work still waits.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_other_gateways_work_stops_counting_when_the_feed_stops() {
-    let mut f = Fleet::start(true).await;
+    let mut f = Fleet::start(true, true).await;
     f.wait_for_snapshot().await;
     for u in &f.upstreams {
         u.hold();
@@ -243,9 +246,12 @@ async fn the_other_gateways_work_stops_counting_when_the_feed_stops() {
     let s = f.stats_until(1, |s| s.filter(&gauge) >= 12_000).await;
     assert!(s.filter(&gauge) >= 12_000, "gateway B was not told A's pending work: {gauge} = {}", s.filter(&gauge));
     f.feed.stop().await;
-    // It counts at most REMOTE_PENDING_TICKS ticks, or a report's timeout and a tick (1.2 s here), after it arrived.
+    let stopped = std::time::Instant::now();
+    // It counts at most REMOTE_PENDING_TICKS ticks, or a report's timeout and a tick (1.2 s here), after it arrived;
+    // the gauge shows it a tick later at most.
     let s = f.stats_until(1, |s| s.filter(&gauge) == 0).await;
     assert_eq!(s.filter(&gauge), 0, "the other gateway's work outlived the feed");
+    assert!(stopped.elapsed() < Duration::from_secs(4), "it counted {:?} after the feed stopped", stopped.elapsed());
     for u in &f.upstreams {
         u.release();
     }
@@ -255,8 +261,7 @@ async fn the_other_gateways_work_stops_counting_when_the_feed_stops() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_the_pending_sections_a_gateway_sees_only_its_own_queue() {
-    let f = Arc::new(Fleet::start(true).await);
-    f.feed.set_pending_exchange(false);
+    let f = Arc::new(Fleet::start(true, false).await);
     let (first, second) = second_turn_behind_the_other_gateways_work(f.clone(), "queued unseen", false).await;
     assert_eq!(second, first, "gateway B moved a turn off an endpoint it saw idle");
 }

@@ -258,11 +258,12 @@ impl FeedPoller {
         // An answer says whether to send the next report's section (a feed server replaced by one without sections
         // answers without the header, and the next report leaves the section out); no answer (a timeout) says
         // nothing.
-        if status().is_some() {
+        let status = status();
+        if status.is_some() {
             let takes = hostcalls::get_map_value_bytes(MapType::HttpCallResponseHeaders, PENDING_HEADER).ok().flatten();
             let _ = hostcalls::set_shared_data(&self.takes_pending_key, Some(&[u8::from(takes.is_some())]), None);
         }
-        if status().as_deref() != Some(b"200") {
+        if status.as_deref() != Some(b"200") {
             return metrics.count("warmpath.feed.failures.index", 1);
         }
         let cursor = hostcalls::get_map_value_bytes(MapType::HttpCallResponseHeaders, CURSOR_HEADER)

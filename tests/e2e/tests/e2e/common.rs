@@ -165,9 +165,18 @@ pub fn turn(history: &str, question: &str) -> Vec<u8> {
 /// POSTs a chat `body` through `envoy` on a connection of its own (a fresh client, closed after the answer), as
 /// separate users or a reconnecting client do; returns the status and the upstream that answered.
 pub async fn post_fresh(envoy: &EnvoyProcess, body: Vec<u8>) -> (u16, String) {
+    post_fresh_to(envoy.url(), body).await
+}
+
+/// [`post_fresh`] from a task of its own, to the Envoy listening at `url`.
+pub fn spawn_post(url: String, body: Vec<u8>) -> Sent {
+    tokio::spawn(post_fresh_to(url, body))
+}
+
+async fn post_fresh_to(url: String, body: Vec<u8>) -> (u16, String) {
     let client = reqwest::Client::builder().timeout(Duration::from_secs(20)).build().expect("client");
     let r = client
-        .post(format!("{}/v1/chat/completions", envoy.url()))
+        .post(format!("{url}/v1/chat/completions"))
         .header("connection", "close")
         .body(body)
         .send()

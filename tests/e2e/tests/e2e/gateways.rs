@@ -11,7 +11,7 @@ use serde_json::json;
 use warmpath_core::feed::{FeedEndpoint, FeedSnapshot};
 use warmpath_harness::{filter_wasm, EnvoyConfig, EnvoyProcess, FeedCluster, FeedServer, Stats, Upstream};
 
-use crate::common::{hold_filler, post_fresh, prompt, turn, Sent, CONCURRENCY};
+use crate::common::{hold_filler, post_fresh, prompt, spawn_post, turn, Sent, CONCURRENCY};
 
 /// Feed poll interval of both gateways, ms: longer than the filter's 200 ms tick, which runs the index exchange
 /// (a load feed polled every few seconds must not slow it).
@@ -98,9 +98,7 @@ async fn second_turn_through_the_other_gateway(f: Arc<Fleet>, name: &str, learne
 
     f.upstreams[home].hold();
     let (filler, waiting) = hold_filler(&f.upstreams[home], |i| {
-        let f2 = f.clone();
-        let body = turn(&prompt(&format!("{name} filler {i}"), 400), "hello");
-        tokio::spawn(async move { post_fresh(&f2.gateways[1], body).await })
+        spawn_post(f.gateways[1].url(), turn(&prompt(&format!("{name} filler {i}"), 400), "hello"))
     })
     .await;
     assert!(waiting <= 3, "{waiting} fillers wait at the conversation's endpoint");
@@ -110,8 +108,7 @@ async fn second_turn_through_the_other_gateway(f: Arc<Fleet>, name: &str, learne
 /// Sends a conversation's second turn through gateway B while `waiting` requests wait at the held upstream `home`,
 /// then releases it; returns the upstream that answered the turn (every filler request is answered with 200).
 async fn second_turn_while_held(f: &Arc<Fleet>, history: String, home: usize, waiting: usize, filler: Vec<Sent>) -> String {
-    let f2 = f.clone();
-    let second = tokio::spawn(async move { post_fresh(&f2.gateways[1], turn(&history, "second question")).await });
+    let second = spawn_post(f.gateways[1].url(), turn(&history, "second question"));
     // The turn either waits at the held endpoint or is answered by another one.
     for _ in 0..100 {
         if f.upstreams[home].active() == waiting + 1 || second.is_finished() {
@@ -177,9 +174,7 @@ async fn second_turn_behind_the_other_gateways_work(f: Arc<Fleet>, name: &str, t
     let home = f.index_of(&first);
     f.upstreams[home].hold();
     let (filler, waiting) = hold_filler(&f.upstreams[home], |i| {
-        let f2 = f.clone();
-        let body = turn(&prompt(&format!("{name} long prompt {i}"), 12_000), "hello");
-        tokio::spawn(async move { post_fresh(&f2.gateways[0], body).await })
+        spawn_post(f.gateways[0].url(), turn(&prompt(&format!("{name} long prompt {i}"), 12_000), "hello"))
     })
     .await;
     assert!(waiting <= 3, "{waiting} long prompts wait at the conversation's endpoint");
@@ -226,23 +221,18 @@ async fn the_other_gateways_work_stops_counting_when_the_feed_stops() {
     for u in &f.upstreams {
         u.hold();
     }
-    let body = turn(&prompt("feed stops", 12_000), "hello");
-    let (sender, gauge) = {
-        let gateway = f.gateways[0].url();
-        let client = reqwest::Client::builder().timeout(Duration::from_secs(20)).build().expect("client");
-        let sent = tokio::spawn(async move { client.post(format!("{gateway}/v1/chat/completions")).body(body).send().await });
-        // The request waits at one held upstream; gateway B learns of its work there.
-        let mut waiting_at = None;
-        for _ in 0..200 {
-            waiting_at = f.upstreams.iter().position(|u| u.active() == 1);
-            if waiting_at.is_some() {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
+    let sent = spawn_post(f.gateways[0].url(), turn(&prompt("feed stops", 12_000), "hello"));
+    // The request waits at one held upstream; gateway B learns of its work there.
+    let mut waiting_at = None;
+    for _ in 0..200 {
+        waiting_at = f.upstreams.iter().position(|u| u.active() == 1);
+        if waiting_at.is_some() {
+            break;
         }
-        let at = waiting_at.expect("the request reached an upstream");
-        (sent, remote_pending(&f.upstreams[at].addr().to_string()))
-    };
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let at = waiting_at.expect("the request reached an upstream");
+    let gauge = remote_pending(&f.upstreams[at].addr().to_string());
     let s = f.stats_until(1, |s| s.filter(&gauge) >= 12_000).await;
     assert!(s.filter(&gauge) >= 12_000, "gateway B was not told A's pending work: {gauge} = {}", s.filter(&gauge));
     f.feed.stop().await;
@@ -255,8 +245,7 @@ async fn the_other_gateways_work_stops_counting_when_the_feed_stops() {
     for u in &f.upstreams {
         u.release();
     }
-    let answer = sender.await.expect("join").expect("answered");
-    assert_eq!(answer.status(), 200);
+    assert_eq!(sent.await.expect("join").0, 200);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

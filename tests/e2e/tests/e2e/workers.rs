@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use crate::common::{hold_filler, post_fresh, prompt, turn, Rig};
+use crate::common::{hold_filler, post_fresh, prompt, spawn_post, turn, Rig};
 
 /// Envoy worker threads in this test.
 const WORKERS: u32 = 4;
@@ -29,18 +29,14 @@ async fn a_conversation_on_different_connections_stays_on_one_endpoint_across_wo
     // with the turns stay under the default `concurrency_threshold` (10).
     rig.upstreams[home].hold();
     let (filler, waiting) = hold_filler(&rig.upstreams[home], |i| {
-        let rig2 = rig.clone();
-        let body = turn(&prompt(&format!("unrelated filler {i}"), 400), "hello");
-        tokio::spawn(async move { post_fresh(&rig2.envoy, body).await })
+        spawn_post(rig.envoy.url(), turn(&prompt(&format!("unrelated filler {i}"), 400), "hello"))
     })
     .await;
     assert!(waiting <= 3, "{waiting} fillers wait at the conversation's endpoint");
 
     let mut turns = Vec::new();
     for t in 0..TURNS {
-        let rig2 = rig.clone();
-        let body = turn(&history, &format!("follow-up question {t}"));
-        turns.push(tokio::spawn(async move { post_fresh(&rig2.envoy, body).await }));
+        turns.push(spawn_post(rig.envoy.url(), turn(&history, &format!("follow-up question {t}"))));
         // One at a time, so each turn's pick sees the earlier ones (sent by whichever worker routed them).
         tokio::time::sleep(Duration::from_millis(150)).await;
     }

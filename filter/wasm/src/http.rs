@@ -77,6 +77,8 @@ pub struct FilterHttp {
     params: Option<Params>,
     path: String,
     tenant: Option<String>,
+    /// The request's `content-length`, when valid (bytes).
+    content_length: Option<u64>,
     /// Pause/route/slot bookkeeping (`stream`).
     stream: Stream,
     /// True when this request is the probe of an endpoint whose back-off expired (`health::place`).
@@ -96,6 +98,7 @@ impl FilterHttp {
             params: None,
             path: String::new(),
             tenant: None,
+            content_length: None,
             stream: Stream::new(),
             probe: false,
             body_len: 0,
@@ -114,8 +117,8 @@ impl FilterHttp {
     }
 
     /// Reads the request headers in one host call: removes any client-sent destination header (counting one
-    /// removal per request that carried any), keeps `:path` and the tenant header, and fixes the request's
-    /// parameters from the router's settings.
+    /// removal per request that carried any), keeps `:path`, `content-length` and the tenant header, and fixes the
+    /// request's parameters from the router's settings.
     fn read_headers(&mut self) {
         let shared = self.shared.clone();
         let router = shared.as_ref().and_then(|s| s.router.try_borrow().ok());
@@ -135,6 +138,7 @@ impl FilterHttp {
             match name.as_str() {
                 DESTINATION_HEADER | ORIGINAL_DST_HEADER => spoofed = true,
                 ":path" => self.path = String::from_utf8_lossy(&value).into_owned(),
+                "content-length" => self.content_length = std::str::from_utf8(&value).ok().and_then(|v| v.parse().ok()),
                 // A non-UTF-8 tenant id becomes U+FFFD characters, which the core rejects as an invalid tenant.
                 n if Some(n) == tenant_header && self.tenant.is_none() => {
                     self.tenant = Some(String::from_utf8_lossy(&value).into_owned())
@@ -307,7 +311,7 @@ impl HttpContext for FilterHttp {
         self.read_headers();
         let mode = match (&self.shared, self.params) {
             (Some(_), Some(p)) if p.strategy != Strategy::PrefixAware => Mode::Keyless,
-            (Some(_), Some(p)) => Mode::Body { max_body_bytes: p.max_body_bytes },
+            (Some(_), Some(p)) => Mode::Body { max_body_bytes: p.max_body_bytes, content_length: self.content_length },
             _ => Mode::PassThrough,
         };
         let step = self.stream.on_request_headers(mode, end_of_stream);

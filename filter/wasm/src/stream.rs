@@ -5,7 +5,8 @@
 //!
 //! Request side: a strategy that ignores the body decides at header time; PREFIX_AWARE holds the headers until the
 //! body is complete (end of stream in the body callback, or trailers, which Envoy sends instead of an
-//! end-of-stream body), or routes at once when there is no body or the body outgrows `max_body_bytes`.
+//! end-of-stream body), or routes at once when there is no body or the body (declared or buffered) outgrows
+//! `max_body_bytes`.
 //!
 //! Response side (the points later work hooks into): [`Stream::on_response_headers`] (status known),
 //! [`Stream::on_response_body`] reporting the first body byte once, and [`Stream::on_end`], which runs once for every
@@ -22,6 +23,8 @@ pub enum Mode {
     Body {
         /// The largest body that is buffered and parsed, in bytes.
         max_body_bytes: usize,
+        /// The request's `content-length`, when it sent a valid one (bytes).
+        content_length: Option<u64>,
     },
 }
 
@@ -117,7 +120,14 @@ impl Stream {
             Mode::PassThrough => Step::Continue,
             Mode::Keyless => Step::Route(RouteOn::Keyless),
             Mode::Body { .. } if end_of_stream => Step::Route(RouteOn::NoBody),
-            Mode::Body { max_body_bytes } => {
+            // A body declared larger than the filter reads is never held. Holding even its first `max_body_bytes`
+            // risks a 413 plain Envoy would not send: while a filter buffers, Envoy appends each chunk it read to
+            // the held body before the filter sees it, and a loaded Envoy can read megabytes in one chunk, pushing
+            // the held body over the listener's buffer limit.
+            Mode::Body { max_body_bytes, content_length: Some(len) } if len > max_body_bytes as u64 => {
+                Step::Route(RouteOn::BodyTooLarge)
+            }
+            Mode::Body { max_body_bytes, .. } => {
                 // Hold the headers until the body is buffered (needs `allow_on_headers_stop_iteration: true`).
                 self.phase = Phase::WaitingForBody { max_body_bytes };
                 Step::Pause
@@ -213,7 +223,7 @@ impl Stream {
 mod tests {
     use super::*;
 
-    const BODY: Mode = Mode::Body { max_body_bytes: 100 };
+    const BODY: Mode = Mode::Body { max_body_bytes: 100, content_length: None };
 
     #[test]
     fn keyless_routes_at_header_time_and_ignores_the_body() {
@@ -260,6 +270,19 @@ mod tests {
         assert_eq!(s.on_request_body(101, false), Step::Route(RouteOn::BodyTooLarge));
         assert_eq!(s.on_request_body(500, false), Step::Continue, "no more pausing after the decision");
         assert_eq!(s.on_request_body(900, true), Step::Continue);
+    }
+
+    #[test]
+    fn body_declared_too_large_is_never_held() {
+        let mut s = Stream::new();
+        let declared = |len| Mode::Body { max_body_bytes: 100, content_length: Some(len) };
+        assert_eq!(s.on_request_headers(declared(101), false), Step::Route(RouteOn::BodyTooLarge));
+        assert_eq!(s.on_request_body(50, false), Step::Continue, "not held, not routed again");
+        assert_eq!(s.on_request_body(101, true), Step::Continue);
+        // A declared length within the limit is held as usual.
+        let mut s = Stream::new();
+        assert_eq!(s.on_request_headers(declared(100), false), Step::Pause);
+        assert_eq!(s.on_request_body(100, true), Step::Route(RouteOn::Body { len: 100 }));
     }
 
     #[test]

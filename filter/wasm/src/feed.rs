@@ -67,9 +67,11 @@ const REMOTE_PENDING_TICKS: u32 = 3;
 /// (`PENDING_HEADER`; one byte, 1 or 0), completed like `SNAPSHOT_KEY`: it outlives a change of the poller VM.
 const TAKES_PENDING_KEY: &str = "warmpath.feed.takes_pending.";
 
-/// What completes the shared-data keys of one feed: its cluster and path.
+/// What completes the shared-data keys of one feed: its cluster and path, the cluster's length first. A cluster
+/// name may hold any character (Envoy Gateway's hold `/`), so without the length cluster `a/b` with path `/c` and
+/// cluster `a` with path `/b/c` would share their keys.
 fn feed_id(feed: &FeedSettings) -> String {
-    format!("{}{}", feed.cluster, feed.path)
+    format!("{}:{}{}", feed.cluster.len(), feed.cluster, feed.path)
 }
 
 /// The shared-data key under which the poller of `feed` stores the other gateways' pending prefill work
@@ -347,5 +349,22 @@ impl FeedPoller {
         self.applied_version = Some(snapshot.version);
         metrics.count("warmpath.feed.applied", 1);
         metrics.gauge("warmpath.feed.version", snapshot.version);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn feed(cluster: &str, path: &str) -> FeedSettings {
+        FeedSettings { cluster: cluster.into(), path: path.into(), interval_ms: 1000 }
+    }
+
+    #[test]
+    fn two_feeds_never_share_their_keys() {
+        // Cluster names may contain `/`, so a plain concatenation would give these two the same keys.
+        assert_ne!(feed_id(&feed("a/b", "/c")), feed_id(&feed("a", "/b/c")));
+        assert_ne!(remote_pending_key(&feed("a/b", "/c")), remote_pending_key(&feed("a", "/b/c")));
+        assert_eq!(feed_id(&feed("feed", "/v1/endpoints")), feed_id(&feed("feed", "/v1/endpoints")));
     }
 }

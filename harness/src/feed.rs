@@ -11,10 +11,10 @@ use std::time::Instant;
 
 use anyhow::Result;
 use axum::body::Bytes;
-use axum::extract::State;
+use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
-use warmpath_core::exchange::{split_report, RecordLog, INDEX_PATH_SUFFIX};
+use warmpath_core::exchange::{split_report, RecordLog, INDEX_PATH_SUFFIX, MAX_EXCHANGE_BODY_BYTES};
 use warmpath_core::headers::{CURSOR_HEADER, PENDING_HEADER, REPORTER_HEADER};
 use tokio::task::JoinHandle;
 
@@ -64,7 +64,10 @@ impl FeedServer {
     }
 
     fn serve(&mut self, listener: tokio::net::TcpListener) {
-        let app = axum::Router::new().fallback(answer).with_state(self.shared.clone());
+        let app = axum::Router::new()
+            .fallback(answer)
+            .layer(DefaultBodyLimit::max(MAX_EXCHANGE_BODY_BYTES))
+            .with_state(self.shared.clone());
         self.task = Some(tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
         }));

@@ -120,6 +120,10 @@ pub const PENDING_SECTION: u8 = 0xff;
 /// Most bytes of one pending section: [`MAX_ENDPOINTS`] entries of the longest address.
 pub const MAX_PENDING_BYTES: usize = MAX_ENDPOINTS * (1 + 255 + 4);
 
+/// Most bytes of one report's body: [`MAX_REPORT_BYTES`] of records, the section's first byte and its
+/// [`MAX_PENDING_BYTES`]. A feed server must accept bodies this large (web frameworks default to less).
+pub const MAX_EXCHANGE_BODY_BYTES: usize = MAX_REPORT_BYTES + 1 + MAX_PENDING_BYTES;
+
 /// Gateways whose pending sections a [`RecordLog`] keeps at once (the section that arrived longest ago goes first
 /// when another reports): far more gateway replicas than one pool has.
 pub const MAX_REPORTERS: usize = 256;

@@ -17,13 +17,13 @@
 use std::sync::Arc;
 
 use axum::body::Bytes;
-use axum::extract::{Path, State};
+use axum::extract::{DefaultBodyLimit, Path, State};
 use axum::http::{header, HeaderMap, HeaderName, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use sha2::{Digest, Sha256};
-use warmpath_core::exchange::INDEX_PATH_SUFFIX;
+use warmpath_core::exchange::{INDEX_PATH_SUFFIX, MAX_EXCHANGE_BODY_BYTES};
 use warmpath_core::headers::{CURSOR_HEADER, PENDING_HEADER, REPORTER_HEADER};
 
 use super::store::FeedStore;
@@ -67,7 +67,10 @@ struct AppState {
 pub fn router(store: FeedStore, wasm: Option<WasmBlob>) -> Router {
     Router::new()
         .route("/v1/feed/{kind}/{namespace}/{name}", get(feed))
-        .route(&format!("/v1/feed/{{kind}}/{{namespace}}/{{name}}{INDEX_PATH_SUFFIX}"), post(index_exchange))
+        .route(
+            &format!("/v1/feed/{{kind}}/{{namespace}}/{{name}}{INDEX_PATH_SUFFIX}"),
+            post(index_exchange).layer(DefaultBodyLimit::max(MAX_EXCHANGE_BODY_BYTES)),
+        )
         .route("/wasm/{file}", get(wasm_module))
         .route("/healthz", get(|| async { "ok" }))
         .with_state(AppState { store, wasm: wasm.map(Arc::new) })
@@ -181,6 +184,35 @@ mod tests {
         assert_eq!(counts(pending.expect("a section")).collect::<Vec<_>>(), vec![(&b"10.0.0.1:8000"[..], 4096)]);
         assert_eq!(report("00000000000000bb", Vec::new(), "/v1/feed/policy/ns/q/index").await.status(), 404);
         assert_eq!(report("nope", Vec::new(), "/v1/feed/policy/ns/p/index").await.status(), 400);
+        task.abort();
+    }
+
+    #[tokio::test]
+    async fn takes_the_largest_report_a_gateway_sends() {
+        use warmpath_core::exchange::{encode, push_count, MAX_EXCHANGE_BODY_BYTES, MAX_REPORT_BYTES, PENDING_SECTION};
+        let store = FeedStore::default();
+        store.update("policy/ns/p", vec![FeedEndpoint { address: "10.0.0.1:8000".into(), load: None }]);
+        let (base, task) = serve(router(store, None)).await;
+        // Records up to their bound, then a section of MAX_ENDPOINTS long addresses: over 2 MiB together, more
+        // than axum takes by default.
+        let mut body = Vec::new();
+        while body.len() < MAX_REPORT_BYTES - 100 {
+            encode(&mut body, 128, "10.0.0.1:8000", &[1; 8]);
+        }
+        body.push(PENDING_SECTION);
+        for i in 0..warmpath_core::config::MAX_ENDPOINTS {
+            push_count(&mut body, format!("{}{i:05}:80", "h".repeat(245)).as_bytes(), 1);
+        }
+        assert!(body.len() > 2 << 20 && body.len() <= MAX_EXCHANGE_BODY_BYTES, "{} bytes", body.len());
+        let got = reqwest::Client::new()
+            .post(format!("{base}/v1/feed/policy/ns/p/index"))
+            .header(REPORTER_HEADER, "00000000000000aa")
+            .header(CURSOR_HEADER, "0")
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(got.status(), StatusCode::OK, "{}", got.text().await.unwrap());
         task.abort();
     }
 }

@@ -115,14 +115,29 @@ const FEED_CLUSTER: &str = "warmpath_feed";
 /// The feed path the gateways poll on the harness's feed server.
 const FEED_PATH: &str = "/v1/feed/bench";
 
-/// The feed poll interval for time scale `time_scale`: the filter's tick in simulated time
-/// (`warmpath_core::config::TICK_MS`), so the gateways exchange index records and pending work as often, in
-/// simulated time, as a deployment does in real time (at time scale 0.05: every 10 ms). A gateway polls the
-/// snapshot as often, where a deployment polls it every second or more; what changes in it comes from
-/// [`load_scrape_ms`].
+/// The feed poll interval for time scale `time_scale`: the filter's tick with a feed in simulated time
+/// (`warmpath_core::config::FEED_TICK_MS`), so the gateways exchange index records and pending work as often, in
+/// simulated time, as a deployment does in real time (at time scale 0.2: every 10 ms). Below time scale 0.2 that
+/// would be shorter than the filter takes (`FEED_INTERVAL_RANGE`), so the gateways exchange less often than a
+/// deployment (see [`feed_interval_note`]). A gateway polls the snapshot as often, where a deployment polls it every
+/// second or more; what changes in it comes from [`load_scrape_ms`].
 pub fn feed_interval_ms(time_scale: f64) -> u64 {
     let (lo, hi) = warmpath_core::config::FEED_INTERVAL_RANGE;
-    ((warmpath_core::config::TICK_MS as f64 * time_scale).round() as u64).clamp(lo, hi)
+    ((warmpath_core::config::FEED_TICK_MS as f64 * time_scale).round() as u64).clamp(lo, hi)
+}
+
+/// A warning when the feed interval at `time_scale` is longer, in simulated time, than a deployment's tick: the
+/// gateways then learn each other's placements and queued work later than they would in a deployment.
+pub fn feed_interval_note(time_scale: f64) -> Option<String> {
+    let simulated = feed_interval_ms(time_scale) as f64 / time_scale;
+    let deployed = warmpath_core::config::FEED_TICK_MS as f64;
+    (simulated > deployed * 1.01).then(|| {
+        format!(
+            "note: at time scale {time_scale} the gateways exchange every {simulated:.0} simulated ms, a deployment \
+             every {deployed:.0} ms; use --time-scale {} or more to compare gateway counts",
+            (warmpath_core::config::FEED_INTERVAL_RANGE.0 as f64 / deployed)
+        )
+    })
 }
 
 /// The plugin configuration (JSON text) for filter strategy `name` in front of `upstreams`: `strategy` and
@@ -519,4 +534,21 @@ fn progress(label: &str, sent: usize, total: usize, outcomes: &[Outcome], start:
         start.elapsed().as_secs_f64(),
         outcomes.len()
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_feed_interval_is_the_deployed_tick_in_simulated_time_where_the_filter_takes_it() {
+        // 50 ms of simulated time at time scale 0.2 is 10 ms of wall time, the shortest interval the filter takes.
+        assert_eq!(feed_interval_ms(0.2), 10);
+        assert_eq!(feed_interval_ms(1.0), warmpath_core::config::FEED_TICK_MS);
+        assert_eq!((feed_interval_note(0.2), feed_interval_note(1.0)), (None, None));
+        // Below 0.2 the interval stays at 10 ms of wall time, longer in simulated time than a deployment's tick.
+        assert_eq!(feed_interval_ms(0.05), 10);
+        let note = feed_interval_note(0.05).expect("a note");
+        assert!(note.contains("every 200 simulated ms") && note.contains("--time-scale 0.2"), "{note}");
+    }
 }

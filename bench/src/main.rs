@@ -8,7 +8,7 @@ use anyhow::Context;
 use clap::Parser;
 use serde_json::Value;
 use tokio::signal::unix::{signal, SignalKind};
-use warmpath_bench::harness::{check_filter_extra, run_strategy, ClientHop, RunSettings, Spread, Strategy};
+use warmpath_bench::harness::{check_filter_extra, feed_interval_note, run_strategy, ClientHop, RunSettings, Spread, Strategy};
 use warmpath_bench::report::{table, table_runs, write_csv, Summary};
 use warmpath_bench::workload::{generate, window, GenParams, Request, WorkloadKind};
 use warmpath_bench::{plot, pooled, trace};
@@ -233,6 +233,11 @@ async fn run(a: Args) -> anyhow::Result<()> {
         progress_every: Some(Duration::from_secs(5)),
     };
 
+    if settings.gateways > 1 || settings.feed {
+        if let Some(note) = feed_interval_note(a.time_scale) {
+            eprintln!("{note}");
+        }
+    }
     let mut all_rows: Vec<Vec<Summary>> = Vec::new();
     let mut all_pooled = Vec::new();
     for (k, (reqs, source)) in workloads.iter().enumerate() {

@@ -129,7 +129,7 @@ pub const MAX_EXCHANGE_BODY_BYTES: usize = MAX_REPORT_BYTES + 1 + MAX_PENDING_BY
 pub const MAX_REPORTERS: usize = 256;
 
 /// How long the feed server counts a gateway's pending section after it arrived, ms. A gateway reports every tick
-/// ([`crate::config::TICK_MS`] or less) once its previous report was answered (within 1 s), so this is several
+/// ([`crate::config::FEED_TICK_MS`] or less) once its previous report was answered (within 1 s), so this is several
 /// missed reports: a gateway that stopped (crashed, scaled in) stops counting soon after, one that is only late
 /// keeps its work counted.
 pub const PENDING_TTL_MS: u64 = 2_000;

@@ -22,9 +22,11 @@ use crate::feed::{self, FeedPoller};
 use crate::http::FilterHttp;
 use crate::{metrics, shared};
 
-/// Longest tick period (`warmpath_core::config::TICK_MS`). A feed polled more often (`feed.interval_ms` below this)
-/// ticks at its own interval; one polled less often is polled every few ticks.
+/// Tick period without a feed (`warmpath_core::config::TICK_MS`).
 const DEFAULT_TICK: Duration = Duration::from_millis(warmpath_core::config::TICK_MS);
+/// Longest tick period with a feed (`warmpath_core::config::FEED_TICK_MS`). A feed polled more often
+/// (`feed.interval_ms` below this) ticks at its own interval; one polled less often is polled every few ticks.
+const FEED_TICK: Duration = Duration::from_millis(warmpath_core::config::FEED_TICK_MS);
 
 thread_local! {
     // One VM = one thread. The router of each plugin (by Envoy plugin name), created by its first valid configuration.
@@ -171,7 +173,7 @@ impl RootContext for FilterRoot {
             r
         });
         shared::init();
-        let tick = settings.feed.as_ref().map_or(DEFAULT_TICK, |f| Duration::from_millis(f.interval_ms).min(DEFAULT_TICK));
+        let tick = settings.feed.as_ref().map_or(DEFAULT_TICK, |f| Duration::from_millis(f.interval_ms).min(FEED_TICK));
         let exchange = EXCHANGES.with(|x| {
             let mut x = x.borrow_mut();
             if let Some(e) = x.get(&plugin) {

@@ -13,8 +13,8 @@ use warmpath_harness::{filter_wasm, EnvoyConfig, EnvoyProcess, FeedCluster, Feed
 
 use crate::common::{hold_filler, post_fresh, prompt, spawn_post, turn, Sent, CONCURRENCY};
 
-/// Feed poll interval of both gateways, ms: longer than the filter's 200 ms tick, which runs the index exchange
-/// (a load feed polled every few seconds must not slow it).
+/// Feed poll interval of both gateways, ms: longer than the filter's 50 ms tick with a feed, which runs the index
+/// exchange (a load feed polled every few seconds must not slow it).
 const INTERVAL_MS: u64 = 1500;
 
 /// Upstreams, two gateways with the filter, and the feed both poll.
@@ -135,12 +135,12 @@ async fn a_conversation_stays_on_one_endpoint_across_gateways_through_the_feed()
     let a = f.stats_until(0, |s| s.filter("index_exchange.reported") >= 1).await;
     assert!(a.filter("index_exchange.reported") >= 1, "gateway A reported its record");
     assert_eq!(a.filter("feed.failures.index"), 0);
-    // The exchange runs every tick (200 ms), the snapshot poll every eighth tick (INTERVAL_MS rounded up to whole
-    // ticks: 1.6 s): two gateways make about 30 reports and 4 polls in 3 s (a 500 ms tick would make 12 and 4).
+    // The exchange runs every tick (50 ms), the snapshot poll every 30th tick (INTERVAL_MS): two gateways make
+    // about 120 reports and 4 polls in 3 s (a 200 ms tick would make 30 and 4).
     let (reports, polls) = (f.feed.index_reports(), f.feed.hits());
     tokio::time::sleep(Duration::from_millis(3000)).await;
     let (reports, polls) = (f.feed.index_reports() - reports, f.feed.hits() - polls);
-    assert!(reports >= 5 * polls.max(1), "{reports} exchange reports and {polls} snapshot polls in 3 s");
+    assert!(reports >= 12 * polls.max(1), "{reports} exchange reports and {polls} snapshot polls in 3 s");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -183,7 +183,7 @@ async fn second_turn_behind_the_other_gateways_work(f: Arc<Fleet>, name: &str, t
         let s = f.stats_until(1, |s| s.filter(&gauge) >= 12_000).await;
         assert!(s.filter(&gauge) >= 12_000, "gateway B was not told A's pending work: {gauge} = {}", s.filter(&gauge));
     } else {
-        // Let several exchange rounds pass (each gateway reports every 200 ms tick).
+        // Let several exchange rounds pass (each gateway reports every 50 ms tick).
         let reports = f.feed.index_reports();
         for _ in 0..100 {
             if f.feed.index_reports() >= reports + 6 {
@@ -237,7 +237,7 @@ async fn the_other_gateways_work_stops_counting_when_the_feed_stops() {
     assert!(s.filter(&gauge) >= 12_000, "gateway B was not told A's pending work: {gauge} = {}", s.filter(&gauge));
     f.feed.stop().await;
     let stopped = std::time::Instant::now();
-    // It counts at most REMOTE_PENDING_TICKS ticks, or a report's timeout and a tick (1.2 s here), after it arrived;
+    // It counts at most REMOTE_PENDING_TICKS ticks, or a report's timeout and a tick (1.05 s here), after it arrived;
     // the gauge shows it a tick later at most.
     let s = f.stats_until(1, |s| s.filter(&gauge) == 0).await;
     assert_eq!(s.filter(&gauge), 0, "the other gateway's work outlived the feed");

@@ -5,8 +5,10 @@
 //! run side by side and are measured in alternation `--rounds` times; medians are reported.
 //!
 //! `cargo run -p warmpath-harness --release --bin overhead -- [--requests 20000] [--connections 16] [--rounds 5]
-//!  [--filter PREFIX_AWARE] [--filter RANDOM] [--filter STRATEGY=/path/to/variant.wasm]`
-//! (needs the release wasm module and `.venv/bin/envoy`).
+//!  [--filter PREFIX_AWARE] [--filter RANDOM] [--filter STRATEGY=/path/to/variant.wasm] [--feed-interval-ms 200]`
+//! (needs the release wasm module and `.venv/bin/envoy`). With `--feed-interval-ms`, every filter config is also
+//! measured polling a feed (the harness's feed server, serving the upstreams and taking the index exchange and
+//! the pending sections) at that interval: the cost of the feed in the gateway's own CPU.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -14,7 +16,8 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Result};
 use clap::Parser;
 use serde_json::json;
-use warmpath_harness::{filter_wasm, EnvoyConfig, EnvoyProcess, Upstream};
+use warmpath_core::feed::{FeedEndpoint, FeedSnapshot};
+use warmpath_harness::{filter_wasm, EnvoyConfig, EnvoyProcess, FeedCluster, FeedServer, Upstream};
 
 #[derive(Parser)]
 #[command(about = "Envoy + warmpath filter overhead vs plain Envoy (4 KB chat bodies)")]
@@ -41,6 +44,9 @@ struct Args {
     /// Envoy worker threads.
     #[arg(long, default_value_t = 2)]
     concurrency: u32,
+    /// Also measure every filter config polling a feed every this many ms (10..=60000).
+    #[arg(long)]
+    feed_interval_ms: Option<u64>,
     /// Wall-clock cap per run in seconds.
     #[arg(long, default_value_t = 60)]
     max_seconds: u64,
@@ -129,6 +135,16 @@ async fn main() -> Result<()> {
     // Config 0 is the baseline (same listener and cluster, no wasm filter); all Envoys run for the whole session
     // and are measured in alternation, so drift in machine load hits every config alike.
     let mut configs = vec![("Envoy, no filter".to_string(), EnvoyProcess::start(EnvoyConfig::new(addrs.clone(), "{}"), args.concurrency).await?)];
+    let feed = match args.feed_interval_ms {
+        Some(interval_ms) => {
+            let endpoints = addrs.iter().map(|a| FeedEndpoint { address: a.to_string(), load: None }).collect();
+            let server = FeedServer::start(serde_json::to_string(&FeedSnapshot { version: 1, endpoints })?).await?;
+            server.set_index_exchange(true);
+            server.set_pending_exchange(true);
+            Some((server, interval_ms))
+        }
+        None => None,
+    };
     for f in &args.filters {
         let (strategy, wasm) = match f.split_once('=') {
             Some((s, w)) => (s.to_string(), std::path::PathBuf::from(w)),
@@ -139,7 +155,17 @@ async fn main() -> Result<()> {
             Some((_, w)) => format!("Envoy + warmpath {strategy} ({w})"),
             None => format!("Envoy + warmpath {strategy}"),
         };
-        configs.push((name, EnvoyProcess::start(EnvoyConfig::new(addrs.clone(), plugin).with_wasm(wasm), args.concurrency).await?));
+        let config = EnvoyConfig::new(addrs.clone(), plugin).with_wasm(wasm.clone());
+        configs.push((name.clone(), EnvoyProcess::start(config, args.concurrency).await?));
+        if let Some((server, interval_ms)) = &feed {
+            let cluster = "warmpath_feed";
+            let feed = json!({"cluster": cluster, "path": "/v1/feed/overhead", "interval_ms": interval_ms});
+            let plugin = EnvoyConfig::plugin_json(&addrs, json!({"strategy": strategy, "debug_header": false, "feed": feed}));
+            let config = EnvoyConfig::new(addrs.clone(), plugin)
+                .with_wasm(wasm)
+                .with_feed(FeedCluster { name: cluster.into(), address: server.addr() });
+            configs.push((format!("{name}, feed every {interval_ms} ms"), EnvoyProcess::start(config, args.concurrency).await?));
+        }
     }
     let mut rps = vec![Vec::new(); configs.len()];
     let mut cpu = vec![Vec::new(); configs.len()];
@@ -164,6 +190,19 @@ async fn main() -> Result<()> {
             let fail_open = s.sum_prefix("wasmcustom.warmpath.fail_open.");
             if fail_open > 0 {
                 println!("|  (fail-open decisions: {fail_open}) | | | | |");
+            }
+            if let Some((server, _)) = feed.as_ref().filter(|_| name.contains(", feed every ")) {
+                // Proof that the feed was polled and the exchange ran rather than failing.
+                let (version, records, failures) = (
+                    s.filter("feed.version"),
+                    s.filter("index_exchange.reported"),
+                    s.sum_prefix("wasmcustom.warmpath.feed.failures."),
+                );
+                println!(
+                    "|  (feed snapshot version {version}, {records} index records reported, {failures} feed failures; \
+                     {} exchange reports reached the feed server from all configs) | | | | |",
+                    server.index_reports()
+                );
             }
         }
     }

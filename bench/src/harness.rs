@@ -129,13 +129,15 @@ pub fn feed_interval_ms(time_scale: f64) -> u64 {
 /// A warning when the feed interval at `time_scale` is longer, in simulated time, than a deployment's tick: the
 /// gateways then learn each other's placements and queued work later than they would in a deployment.
 pub fn feed_interval_note(time_scale: f64) -> Option<String> {
-    let simulated = feed_interval_ms(time_scale) as f64 / time_scale;
     let deployed = warmpath_core::config::FEED_TICK_MS as f64;
-    (simulated > deployed * 1.01).then(|| {
+    let shortest = warmpath_core::config::FEED_INTERVAL_RANGE.0 as f64;
+    // Only when the interval was raised to the filter's shortest (rounding to whole ms is not worth a note).
+    let simulated = feed_interval_ms(time_scale) as f64 / time_scale;
+    (deployed * time_scale < shortest).then(|| {
         format!(
             "note: at time scale {time_scale} the gateways exchange every {simulated:.0} simulated ms, a deployment \
              every {deployed:.0} ms; use --time-scale {} or more to compare gateway counts",
-            (warmpath_core::config::FEED_INTERVAL_RANGE.0 as f64 / deployed)
+            shortest / deployed
         )
     })
 }
@@ -446,7 +448,8 @@ pub async fn run_strategy(strategy: &Strategy, reqs: &[Request], s: &RunSettings
     let (overflows, filter_stats) = match &target {
         Target::Proxy(_) if strategy.via_envoy() => {
             // Summed over the gateways: each Envoy counts its own decisions. The filter hands its counters to
-            // Envoy once per tick (200 ms by default), so wait (bounded) until every sent request's decision shows.
+            // Envoy once per tick (200 ms, with a feed 50 ms or less), so wait (bounded) until every sent request's
+            // decision shows.
             let settle = Instant::now() + Duration::from_secs(3);
             let sum = loop {
                 let mut sum: std::collections::BTreeMap<String, u64> = Default::default();
@@ -545,7 +548,7 @@ mod tests {
         // 50 ms of simulated time at time scale 0.2 is 10 ms of wall time, the shortest interval the filter takes.
         assert_eq!(feed_interval_ms(0.2), 10);
         assert_eq!(feed_interval_ms(1.0), warmpath_core::config::FEED_TICK_MS);
-        assert_eq!((feed_interval_note(0.2), feed_interval_note(1.0)), (None, None));
+        assert_eq!((feed_interval_note(0.2), feed_interval_note(0.25), feed_interval_note(1.0)), (None, None, None));
         // Below 0.2 the interval stays at 10 ms of wall time, longer in simulated time than a deployment's tick.
         assert_eq!(feed_interval_ms(0.05), 10);
         let note = feed_interval_note(0.05).expect("a note");

@@ -97,14 +97,14 @@ struct Args {
     #[arg(long)]
     no_gateway_exchange: bool,
     /// With --gateways above 1, exchange index records but not the gateways' pending prefill work: the harness's
-    /// feed server drops the pending sections of the reports, so each gateway sees only the queue it sent itself.
+    /// feed server answers like one without pending sections, so each gateway sees only the queue it sent itself.
     /// By default the feed server passes each gateway the others' pending work, as the controller's feed does.
     #[arg(long)]
     no_pending_exchange: bool,
     /// Feed the filter strategies from a feed server as the controller's feed would, also with one gateway: the
-    /// endpoints and each server's load (waiting, running, KV usage from its /metrics), scraped and polled every
-    /// filter tick of simulated time (200 ms; 10 ms wall at time scale 0.05). Without it and with one gateway, the
-    /// filter knows only the load it sent itself.
+    /// endpoints and each server's load (waiting, running, KV usage from its /metrics), polled every 50 simulated
+    /// ms, the filter's tick with a feed (10 ms wall at time scale 0.2, never under 10 ms wall), the loads scraped
+    /// every simulated second. Without it and with one gateway, the filter knows only the load it sent itself.
     #[arg(long)]
     feed: bool,
     /// How the client-side routers (the re-implemented baselines, DYNAMO_KV, ORACLE, ORACLE_TTFT) reach the

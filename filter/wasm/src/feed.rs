@@ -7,8 +7,8 @@
 //! counted (`warmpath.feed.failures.<cause>`). Endpoint-set changes and the servers' reported loads go to the plugin's own router together
 //! (`Router::set_feed_endpoints`), which keeps the prefix index and the in-flight counters of endpoints that stay.
 //!
-//! On every tick (200 ms, or `feed.interval_ms` when shorter, so a slow load feed does not slow the exchange) the
-//! poller runs the gateway leg of the index exchange (`warmpath_core::exchange`): it reports
+//! On every tick (with a feed 50 ms, or `feed.interval_ms` when shorter, so a slow load feed does not slow the
+//! exchange) the poller runs the gateway leg of the index exchange (`warmpath_core::exchange`): it reports
 //! the index records this Envoy's VMs produced since the last report (`POST <path>/index`, kept by the VM while it
 //! holds the lease, `Exchange::collect`) and applies the records the other gateways reported, forwarding them to
 //! this Envoy's other VMs. A feed server without that route (404), or any failure, costs only the records of that

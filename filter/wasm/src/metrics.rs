@@ -30,7 +30,7 @@
 //! | `warmpath.index_exchange.received` | counter | index records of other gateways received from the feed and applied |
 //!
 //! Per-request counters (decisions, matched prefix, skipped requests) are added up in the VM and handed to Envoy on the root
-//! context's tick (every 200 ms, or `feed.interval_ms` when shorter): one host call per metric per tick instead of per
+//! context's tick (every 200 ms; with a feed every 50 ms, or `feed.interval_ms` when shorter): one host call per metric per tick instead of per
 //! request, at the price of stats lagging by up to one tick.
 
 use std::cell::RefCell;

@@ -44,8 +44,9 @@ struct Args {
     /// Envoy worker threads.
     #[arg(long, default_value_t = 2)]
     concurrency: u32,
-    /// Also measure every filter config polling a feed every this many ms (10..=60000).
-    #[arg(long)]
+    /// Also measure every filter config polling a feed every this many ms (the exchange runs on every tick: this or
+    /// the filter's tick with a feed, whichever is shorter).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(10..=60_000))]
     feed_interval_ms: Option<u64>,
     /// Wall-clock cap per run in seconds.
     #[arg(long, default_value_t = 60)]
@@ -159,12 +160,17 @@ async fn main() -> Result<()> {
         configs.push((name.clone(), EnvoyProcess::start(config, args.concurrency).await?));
         if let Some((server, interval_ms)) = &feed {
             let cluster = "warmpath_feed";
-            let feed = json!({"cluster": cluster, "path": "/v1/feed/overhead", "interval_ms": interval_ms});
+            // A path of its own for each config: the feed server keeps one exchange per path, and configs sharing
+            // one would exchange records and pending work with each other (two gateways, not one).
+            let path = format!("/v1/feed/overhead/{}", configs.len());
+            let feed = json!({"cluster": cluster, "path": path, "interval_ms": interval_ms});
             let plugin = EnvoyConfig::plugin_json(&addrs, json!({"strategy": strategy, "debug_header": false, "feed": feed}));
             let config = EnvoyConfig::new(addrs.clone(), plugin)
                 .with_wasm(wasm)
                 .with_feed(FeedCluster { name: cluster.into(), address: server.addr() });
-            configs.push((format!("{name}, feed every {interval_ms} ms"), EnvoyProcess::start(config, args.concurrency).await?));
+            // The module exchanges on every tick, which its own build fixes (this build's: `FEED_TICK_MS`).
+            let label = format!("{name}, feed polled every {interval_ms} ms");
+            configs.push((label, EnvoyProcess::start(config, args.concurrency).await?));
         }
     }
     let mut rps = vec![Vec::new(); configs.len()];
@@ -191,7 +197,7 @@ async fn main() -> Result<()> {
             if fail_open > 0 {
                 println!("|  (fail-open decisions: {fail_open}) | | | | |");
             }
-            if let Some((server, _)) = feed.as_ref().filter(|_| name.contains(", feed every ")) {
+            if let Some((server, _)) = feed.as_ref().filter(|_| name.contains(", feed polled every ")) {
                 // Proof that the feed was polled and the exchange ran rather than failing.
                 let (version, records, failures) = (
                     s.filter("feed.version"),

@@ -69,8 +69,8 @@ impl Rig {
         self.post("/v1/chat/completions", body.to_string().into_bytes(), &[]).await
     }
 
-    /// POSTs raw `body` to `path` with extra headers.
-    pub async fn post(&self, path: &str, body: Vec<u8>, headers: &[(&str, &str)]) -> Reply {
+    /// POSTs raw `body` to `path` with extra headers (bytes go with a `content-length`, a [`chunked`] body without).
+    pub async fn post(&self, path: &str, body: impl Into<reqwest::Body>, headers: &[(&str, &str)]) -> Reply {
         let mut req = self.client.post(format!("{}{path}", self.envoy.url())).body(body);
         for (k, v) in headers {
             req = req.header(*k, *v);
@@ -109,6 +109,12 @@ impl Rig {
         }
         s
     }
+}
+
+/// `body` as a stream of 64 KiB pieces, which reqwest sends with chunked transfer encoding: no declared length.
+pub fn chunked(body: &[u8]) -> reqwest::Body {
+    let pieces: Vec<Result<Vec<u8>, std::io::Error>> = body.chunks(64 << 10).map(|c| Ok(c.to_vec())).collect();
+    reqwest::Body::wrap_stream(futures::stream::iter(pieces))
 }
 
 /// What a client got back.

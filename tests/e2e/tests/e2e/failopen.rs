@@ -58,19 +58,24 @@ async fn raw_and_completion_bodies_are_routed_by_key() {
 }
 
 /// Default `max_body_bytes` (1 MiB) under a larger listener buffer (4 MiB in the harness): a 1.5 MiB body is
-/// served whole and unparsed — the filter stops buffering once it is over its limit.
+/// served whole and unparsed — not held at all when its `content-length` says it is over the limit, held until it
+/// is when it comes chunked.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn body_over_max_body_bytes_is_served_unparsed() {
     let rig = Rig::start(3, json!({})).await;
     let big = json!({"model": "m", "messages": [{"role": "user", "content": "y".repeat(1536 << 10)}]}).to_string();
-    for _ in 0..3 {
-        let r = rig.post("/v1/chat/completions", big.clone().into_bytes(), &[]).await;
-        assert_eq!((r.status, r.reason()), (200, "fail_open"), "{r:?}");
+    for i in 0..4 {
+        let r = if i < 3 {
+            rig.post("/v1/chat/completions", big.clone().into_bytes(), &[]).await
+        } else {
+            rig.post("/v1/chat/completions", crate::common::chunked(big.as_bytes()), &[]).await
+        };
+        assert_eq!((r.status, r.reason()), (200, "fail_open"), "request {i}: {r:?}");
     }
-    let s = rig.stats_until(|s| s.filter("fail_open.body_too_large") >= 3).await;
-    assert_eq!(s.filter("fail_open.body_too_large"), 3);
+    let s = rig.stats_until(|s| s.filter("fail_open.body_too_large") >= 4).await;
+    assert_eq!(s.filter("fail_open.body_too_large"), 4);
     let sizes: Vec<usize> = rig.upstreams.iter().flat_map(|u| u.requests()).map(|r| r.body_len).collect();
-    assert_eq!(sizes, vec![big.len(); 3], "bodies arrive whole");
+    assert_eq!(sizes, vec![big.len(); 4], "bodies arrive whole");
 }
 
 /// The filter must not change which bodies are served: a body gets 200 with the filter exactly when it gets 200
@@ -96,10 +101,7 @@ async fn filter_keeps_envoys_body_limit_behaviour() {
         for envoy in [&with, &without] {
             let request = client.post(format!("{}/v1/chat/completions", envoy.url()));
             let request = if chunked {
-                // A stream body has no declared length: reqwest sends it with chunked transfer encoding.
-                let pieces: Vec<Result<Vec<u8>, std::io::Error>> =
-                    body.as_bytes().chunks(64 << 10).map(|c| Ok(c.to_vec())).collect();
-                request.body(reqwest::Body::wrap_stream(futures::stream::iter(pieces)))
+                request.body(crate::common::chunked(body.as_bytes()))
             } else {
                 request.body(body.clone())
             };

@@ -109,7 +109,7 @@ pub const TICK_MS: u64 = 200;
 /// measurement on the Mooncake trace at four gateways (BENCHMARKS.md §1, gateway replicas): every 500 ms the
 /// others' pending work cut TTFT p50 by 6 %, every 200 ms by a third, but four gateways still placed the same new
 /// prefixes apart and queued behind each other's work (p50 1.07–1.13×, p90 1.06–1.08× one gateway's); every 50 ms
-/// they were within 3 % on hit ratio, p50 and p90. It costs one small `POST` per Envoy per tick to the feed.
+/// they were no worse than 1.03× on hit ratio, p50 and p90. It costs one small `POST` per Envoy per tick to the feed.
 pub const FEED_TICK_MS: u64 = 50;
 /// Most endpoints a configuration may list.
 pub const MAX_ENDPOINTS: usize = 4096;

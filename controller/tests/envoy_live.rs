@@ -26,7 +26,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use common::envoy_gateway::{apply_patch_policy, enable_on_route, envoy_gateway_filter, hcm};
+use common::envoy_gateway::{apply_patch_policy, enable_on_route, envoy_gateway_filter, hcm, EG_LISTENER_BUFFER_LIMIT};
 use common::static_cluster;
 use serde_json::{json, Value};
 use warmpath_controller::feed::server::{router, WasmBlob};
@@ -149,7 +149,8 @@ impl Gateway {
         // Ports are set when Envoy starts (`with_ports`).
         let mut listeners = vec![json!({"name": HTTP_LISTENER,
             "address": {"socket_address": {"address": "127.0.0.1", "port_value": 0}},
-            "default_filter_chain": {"filters": [hcm(&filters, routes)]}})];
+            "per_connection_buffer_limit_bytes": EG_LISTENER_BUFFER_LIMIT,
+            "default_filter_chain": {"filters": [hcm(HTTP_LISTENER, &filters, routes)]}})];
         for epp in &epps {
             // The case's HTTPS Gateway listeners need certificates; this gateway serves plain HTTP
             // only, so their operations are left out (envoy_validate applies them).
@@ -159,8 +160,9 @@ impl Gateway {
             assert_eq!(before, BTreeSet::from([HTTP_LISTENER.to_string(), "gateways/inference-gateway/https-a".to_string()]));
             ops.retain(|p| !is_listener_op(p) || (listener_patches && p["name"] == HTTP_LISTENER));
             let applied = apply_patch_policy(&epp, &mut listeners, &mut clusters).unwrap();
-            // Per policy: the native header strip inserted first, and the option set on its wasm filter.
-            assert_eq!(applied, 2 * usize::from(listener_patches), "two operations per policy in the listener");
+            // Per policy: the native header strip inserted first, the option set on its wasm filter, and the body
+            // limit on its route.
+            assert_eq!(applied, 3 * usize::from(listener_patches), "three operations per policy in the listener and its routes");
         }
         let flags: Vec<Value> = listeners[0]["default_filter_chain"]["filters"][0]["typed_config"]["http_filters"]
             .as_array()
@@ -240,8 +242,9 @@ fn with_ports(bootstrap: &Value, port: u16, admin: u16) -> Value {
     b
 }
 
+/// An operation on one xDS listener or on its route configuration (both named after the Gateway listener).
 fn is_listener_op(p: &Value) -> bool {
-    p["type"] == "type.googleapis.com/envoy.config.listener.v3.Listener"
+    p["type"] == "type.googleapis.com/envoy.config.listener.v3.Listener" || p["type"] == "type.googleapis.com/envoy.config.route.v3.RouteConfiguration"
 }
 
 /// A system prompt of about `len` characters, distinct per `seed`.
@@ -330,6 +333,13 @@ async fn envoy_gateway_rendering_routes_real_traffic_in_envoy() {
     assert!(misses <= (prefixes * CONCURRENCY as usize) as u64, "{misses} prefix misses: {s:?}");
     // Envoy's native strip removed the client's headers before the filters ran: nothing left for the filter.
     assert_eq!(s.get("warmpath.spoofed_header_removed").copied().unwrap_or(0), 0, "{s:?}");
+
+    // (d) A prompt far above the listener's 32 KiB buffer (Envoy Gateway's default) is held, placed and served:
+    // the rendered route limit gives the filter room (without it Envoy answers 413).
+    let body = chat_body(&prompt("long system prompt", 300 << 10), "question");
+    let a = gw.post("/chat/v1/chat/completions", &body, &[], REQUEST_TIMEOUT).await.expect("a 300 KiB prompt completes");
+    assert!(chat.contains(&a.upstream), "/chat answered by {} outside the chat pool {chat:?}", a.upstream);
+    assert_eq!(a.picked, Some(a.upstream.to_string()), "the filter placed it");
 }
 
 /// Sends `n` requests to `path` carrying the destination headers naming `target`; returns the answers.

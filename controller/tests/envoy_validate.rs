@@ -19,7 +19,7 @@ use std::process::Command;
 
 mod common;
 
-use common::envoy_gateway::{apply_patch_policy, enable_on_route, envoy_gateway_filter, hcm, EG_WASM_CACHE_URI};
+use common::envoy_gateway::{apply_patch_policy, enable_on_route, envoy_gateway_filter, hcm, EG_LISTENER_BUFFER_LIMIT, EG_WASM_CACHE_URI};
 use serde_json::{json, Value};
 use warmpath_controller::render::WasmModule;
 use warmpath_envoy_config::STRIP_FILTER_NAME;
@@ -129,7 +129,8 @@ fn validate_wasm_filter(filter: &Value, module_cluster: Value) {
 /// Each route's `EnvoyExtensionPolicy` filter, in xDS listeners shaped like Envoy Gateway's (plain
 /// HTTP `default_filter_chain` and HTTPS per-SNI `filter_chains`, both routes' filters disabled in
 /// every chain and enabled on their own route), gets `allow_on_headers_stop_iteration: true` from
-/// its own `EnvoyPatchPolicy` and from no other; the patched listeners load in Envoy.
+/// its own `EnvoyPatchPolicy` and from no other, as does its route's `request_body_buffer_limit`
+/// (the listeners have Envoy Gateway's 32 KiB buffer limit); the patched listeners load in Envoy.
 #[tokio::test]
 async fn envoy_gateway_patches_apply_to_envoy_gateway_shaped_listeners() {
     let objs = rendered("envoy-gateway-two-routes.yaml").await;
@@ -149,15 +150,19 @@ async fn envoy_gateway_patches_apply_to_envoy_gateway_shaped_listeners() {
                 "typed_per_filter_config": enable_on_route(f)})
         })
         .collect();
+    const HTTP: &str = "gateways/inference-gateway/http";
+    const HTTPS: &str = "gateways/inference-gateway/https-a";
     let mut listeners = vec![
-        json!({"name": "gateways/inference-gateway/http", "address": {"socket_address": {"address": "127.0.0.1", "port_value": 0}},
-            "default_filter_chain": {"filters": [hcm(&filters, routes.clone())]}}),
-        json!({"name": "gateways/inference-gateway/https-a", "address": {"socket_address": {"address": "127.0.0.1", "port_value": 0}},
+        json!({"name": HTTP, "address": {"socket_address": {"address": "127.0.0.1", "port_value": 0}},
+            "per_connection_buffer_limit_bytes": EG_LISTENER_BUFFER_LIMIT,
+            "default_filter_chain": {"filters": [hcm(HTTP, &filters, routes.clone())]}}),
+        json!({"name": HTTPS, "address": {"socket_address": {"address": "127.0.0.1", "port_value": 0}},
+            "per_connection_buffer_limit_bytes": EG_LISTENER_BUFFER_LIMIT,
             "listener_filters": [{"name": "envoy.filters.listener.tls_inspector", "typed_config": {
                 "@type": "type.googleapis.com/envoy.extensions.filters.listener.tls_inspector.v3.TlsInspector"}}],
             "filter_chains": [
-                {"filter_chain_match": {"server_names": ["a.example.com"]}, "filters": [hcm(&filters, routes.clone())]},
-                {"filter_chain_match": {"server_names": ["b.example.com"]}, "filters": [hcm(&filters, routes.clone())]},
+                {"filter_chain_match": {"server_names": ["a.example.com"]}, "filters": [hcm(HTTPS, &filters, routes.clone())]},
+                {"filter_chain_match": {"server_names": ["b.example.com"]}, "filters": [hcm(HTTPS, &filters, routes.clone())]},
             ]}),
     ];
     let flags = |listeners: &[Value], name: &str| -> Vec<Value> {
@@ -167,7 +172,7 @@ async fn envoy_gateway_patches_apply_to_envoy_gateway_shaped_listeners() {
     let mut clusters = vec![];
     // One policy's patch reaches its own filter in all three chains, and leaves the other's alone.
     let applied = apply_patch_policy(epps[0], &mut listeners, &mut clusters).unwrap();
-    assert_eq!(applied, 6, "plain HTTP + two SNI chains, each: the native strip first, the option on the filter");
+    assert_eq!(applied, 9, "plain HTTP + two SNI chains, each: the native strip first, the option on the filter, the body limit on its route");
     let q = serde_json_path::JsonPath::parse("$..http_filters").unwrap();
     for chain in listeners.iter().flat_map(|l| q.query(l).all()) {
         assert_eq!(chain[0]["name"], STRIP_FILTER_NAME, "the native header strip runs first in every chain: {chain}");
@@ -176,12 +181,20 @@ async fn envoy_gateway_patches_apply_to_envoy_gateway_shaped_listeners() {
     let (mine, other) = if own.contains(&names[0]) { (0, 1) } else { (1, 0) };
     assert_eq!(flags(&listeners, &names[mine]), vec![json!(true); 3]);
     assert_eq!(flags(&listeners, &names[other]), vec![Value::Null; 3]);
+    // The body limit is on the policy's own route in every route configuration, not on the other's.
+    let limits = |listeners: &[Value], name: &str| -> Vec<Value> {
+        let q = serde_json_path::JsonPath::parse(&format!("$..routes[?@.typed_per_filter_config['{name}']]")).unwrap();
+        listeners.iter().flat_map(|l| q.query(l).all().into_iter().map(|r| r["request_body_buffer_limit"].clone())).collect()
+    };
+    let limit = json!(warmpath_envoy_config::ROUTE_BODY_BUFFER_LIMIT_BYTES);
+    assert_eq!(limits(&listeners, &names[mine]), vec![limit.clone(); 3]);
+    assert_eq!(limits(&listeners, &names[other]), vec![Value::Null; 3]);
     apply_patch_policy(epps[1], &mut listeners, &mut clusters).unwrap();
     assert_eq!(flags(&listeners, &names[other]), vec![json!(true); 3]);
+    assert_eq!(limits(&listeners, &names[other]), vec![limit; 3]);
     // The listener patches name the xDS listeners Envoy Gateway builds: one per port.
     let listener_names: Vec<&str> = epps[0]["spec"]["jsonPatches"].as_array().unwrap()[1..].iter().map(|p| p["name"].as_str().unwrap()).collect();
-    assert_eq!(listener_names, ["gateways/inference-gateway/http", "gateways/inference-gateway/http",
-        "gateways/inference-gateway/https-a", "gateways/inference-gateway/https-a"]);
+    assert_eq!(listener_names, [HTTP, HTTP, HTTP, HTTPS, HTTPS, HTTPS]);
 
     for c in clusters.iter_mut() {
         c["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]["socket_address"]["address"] = "localhost".into();

@@ -91,6 +91,10 @@ pub struct EnvoyConfig {
     /// Listener `per_connection_buffer_limit_bytes` (bytes): bodies the filter buffers beyond this get a 413 from
     /// Envoy, so it must exceed the plugin's `max_body_bytes`. Default 4 MiB.
     pub buffer_limit_bytes: u32,
+    /// Route `request_body_buffer_limit` (bytes) of every route: raises the stream's buffer limit above
+    /// [`Self::buffer_limit_bytes`] (`warmpath_envoy_config::ROUTE_BODY_BUFFER_LIMIT_BYTES` is what the controller
+    /// renders on Envoy Gateway). Default `None`: the listener's limit applies.
+    pub route_body_buffer_limit_bytes: Option<u64>,
     /// Route timeout in seconds (0 = none). Default 60.
     pub route_timeout_s: u32,
     /// Remove client-sent destination headers in a native `header_mutation` filter placed first in the chain
@@ -127,6 +131,7 @@ impl EnvoyConfig {
             plugin_config: plugin_config.into(),
             feed: None,
             buffer_limit_bytes: 4 << 20,
+            route_body_buffer_limit_bytes: None,
             route_timeout_s: 60,
             strip_in_envoy: true,
             pools: Vec::new(),
@@ -237,6 +242,9 @@ impl EnvoyConfig {
                 "cluster": cluster, "timeout": timeout, "retry_policy": self.route_retry_policy } });
             if self.rig_headers {
                 r["response_headers_to_add"] = rig_response_headers();
+            }
+            if let Some(limit) = self.route_body_buffer_limit_bytes {
+                r["request_body_buffer_limit"] = limit.into();
             }
             r
         };

@@ -22,7 +22,10 @@
 //!   feed through (`dispatch_http_call` needs a cluster; no typed API adds one), and, in each xDS
 //!   listener the route is served on, sets `allow_on_headers_stop_iteration: true` on that filter
 //!   (a JSONPath operation, RFC 9535, so it reaches the filter in every filter chain: plain HTTP's
-//!   `default_filter_chain` and HTTPS's per-SNI `filter_chains`). Needs
+//!   `default_filter_chain` and HTTPS's per-SNI `filter_chains`); in that listener's route
+//!   configuration it sets `request_body_buffer_limit` on the routes the filter is enabled on, since
+//!   Envoy Gateway's 32 KiB listener buffer would answer 413 to every longer prompt the filter holds
+//!   (`warmpath_envoy_config::ROUTE_BODY_BUFFER_LIMIT_BYTES`). Needs
 //!   `extensionApis.enableEnvoyPatchPolicy: true` in the Envoy Gateway configuration.
 //!
 //! Istio (`networking.istio.io/v1alpha3`):
@@ -316,30 +319,30 @@ fn render_envoy_gateway(input: &RenderInput<'_>, config: &Value, feed: &FeedTarg
             "operation": {"op": "add", "path": "", "value": feed_cluster(&feed.cluster, input.controller)},
         })];
         for listener in &gw.listeners {
+            // Envoy Gateway names a listener's xDS listener and its route configuration alike.
+            let name = format!("{}/{}/{}", gw.namespace, gw.name, listener);
             // First in every HTTP filter chain of the listener (`add` at index 0 of each `http_filters`): the
             // native strip of client-sent destination headers, so that a wasm VM that fails to fetch, load or run
             // (passed through under failOpen) cannot let a client choose the endpoint. Unnamed by owner: several
             // policies on one listener each insert one, which is harmless (removing twice).
-            patches.push(json!({
-                "type": "type.googleapis.com/envoy.config.listener.v3.Listener",
-                "name": format!("{}/{}/{}", gw.namespace, gw.name, listener),
-                "operation": {
-                    "op": "add",
-                    "jsonPath": "$..http_filters",
-                    "path": "/0",
-                    "value": envoy_config::strip_client_destination_headers(),
-                },
-            }));
-            patches.push(json!({
-                "type": "type.googleapis.com/envoy.config.listener.v3.Listener",
-                "name": format!("{}/{}/{}", gw.namespace, gw.name, listener),
-                "operation": {
-                    "op": "add",
-                    "jsonPath": format!("$..http_filters[?@.name == '{filter}']"),
-                    "path": "/typed_config/config/allow_on_headers_stop_iteration",
-                    "value": true,
-                },
-            }));
+            patches.push(json_path_add(LISTENER, &name, "$..http_filters", "/0", envoy_config::strip_client_destination_headers()));
+            patches.push(json_path_add(
+                LISTENER,
+                &name,
+                &format!("$..http_filters[?@.name == '{filter}']"),
+                "/typed_config/config/allow_on_headers_stop_iteration",
+                true.into(),
+            ));
+            // On the routes the filter is enabled on (Envoy Gateway enables it per route in
+            // `typed_per_filter_config`), room for the bodies it holds: Envoy Gateway's listeners buffer 32 KiB, so
+            // without this every prompt above 32 KiB would get a 413.
+            patches.push(json_path_add(
+                ROUTE_CONFIGURATION,
+                &name,
+                &format!("$..routes[?@.typed_per_filter_config['{filter}']]"),
+                "/request_body_buffer_limit",
+                envoy_config::ROUTE_BODY_BUFFER_LIMIT_BYTES.into(),
+            ));
         }
         out.push(object(&foreign::envoy_patch_policy(), &gw.namespace, &truncate(&epp), input.owner, json!({
             "type": "JSONPatch",
@@ -348,6 +351,17 @@ fn render_envoy_gateway(input: &RenderInput<'_>, config: &Value, feed: &FeedTarg
         })));
     }
     out
+}
+
+/// `EnvoyPatchPolicy` resource type of an xDS listener.
+const LISTENER: &str = "type.googleapis.com/envoy.config.listener.v3.Listener";
+/// `EnvoyPatchPolicy` resource type of an xDS route configuration.
+const ROUTE_CONFIGURATION: &str = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration";
+
+/// An `EnvoyPatchPolicy` operation adding `value` at `path` under every match of `json_path` (RFC 9535) in the
+/// xDS resource of type `ty` named `name`.
+fn json_path_add(ty: &str, name: &str, json_path: &str, path: &str, value: Value) -> Value {
+    json!({"type": ty, "name": name, "operation": {"op": "add", "jsonPath": json_path, "path": path, "value": value}})
 }
 
 /// [`envoy_config::outlier_detection`] in Envoy Gateway's `BackendTrafficPolicy.healthCheck.passive` terms.

@@ -48,8 +48,9 @@ pub fn enable_on_route(filter: &str) -> Value {
 }
 
 /// An HTTP connection manager running `filters` then the router, with one virtual host (`*`)
-/// holding `routes`.
-pub fn hcm(filters: &[Value], routes: Vec<Value>) -> Value {
+/// holding `routes`, in a route configuration named `route_config` (Envoy Gateway serves it over
+/// RDS under the listener's name; here it is inline).
+pub fn hcm(route_config: &str, filters: &[Value], routes: Vec<Value>) -> Value {
     let mut http_filters = filters.to_vec();
     http_filters.push(json!({"name": "envoy.filters.http.router", "typed_config": {
         "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}));
@@ -58,19 +59,25 @@ pub fn hcm(filters: &[Value], routes: Vec<Value>) -> Value {
         "typed_config": {
             "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
             "stat_prefix": "http",
-            "route_config": {"name": "r", "virtual_hosts": [{"name": "v", "domains": ["*"], "routes": routes}]},
+            "route_config": {"name": route_config, "virtual_hosts": [{"name": "v", "domains": ["*"], "routes": routes}]},
             "http_filters": http_filters,
         }
     })
 }
 
+/// The per-connection buffer limit Envoy Gateway gives every listener unless a ClientTrafficPolicy
+/// sets `connection.bufferLimit` (`tcpListenerPerConnectionBufferLimitBytes`, 32 KiB, in its xDS
+/// translator).
+pub const EG_LISTENER_BUFFER_LIMIT: u32 = 32 << 10;
+
 /// Applies an `EnvoyPatchPolicy`'s operations to `listeners`/`clusters` as Envoy Gateway does:
 /// a `Cluster` add at path `""` adds the resource; a `Listener` operation targets the listener by
-/// name, and with `jsonPath` applies at every match (pointer + `path`), failing when nothing matches.
-/// Returns the number of listener patches applied.
+/// name, a `RouteConfiguration` operation every (inline) route configuration of that name, and with
+/// `jsonPath` each applies at every match (pointer + `path`), failing when nothing matches.
+/// Returns the number of listener and route-configuration patches applied.
 ///
-/// Errors: a named listener is missing, the JSONPath is invalid or matches nothing, or the RFC 6902
-/// patch fails.
+/// Errors: a named listener or route configuration is missing, the JSONPath is invalid or matches
+/// nothing, or the RFC 6902 patch fails.
 pub fn apply_patch_policy(epp: &Value, listeners: &mut [Value], clusters: &mut Vec<Value>) -> Result<usize, String> {
     let mut applied = 0;
     for p in epp["spec"]["jsonPatches"].as_array().unwrap() {
@@ -82,25 +89,48 @@ pub fn apply_patch_policy(epp: &Value, listeners: &mut [Value], clusters: &mut V
             }
             "type.googleapis.com/envoy.config.listener.v3.Listener" => {
                 let l = listeners.iter_mut().find(|l| l["name"] == p["name"]).ok_or(format!("no listener {}", p["name"]))?;
-                let pointers: Vec<String> = match op["jsonPath"].as_str() {
-                    Some(path) => {
-                        let q = serde_json_path::JsonPath::parse(path).map_err(|e| format!("JSONPath {path}: {e}"))?;
-                        q.query_located(l).locations().map(|loc| loc.to_json_pointer()).collect()
+                applied += apply_operation(op, l, &p["name"])?;
+            }
+            "type.googleapis.com/envoy.config.route.v3.RouteConfiguration" => {
+                let q = serde_json_path::JsonPath::parse("$..route_config").unwrap();
+                let mut found = 0;
+                for l in listeners.iter_mut() {
+                    let pointers: Vec<String> = q.query_located(l).locations().map(|loc| loc.to_json_pointer()).collect();
+                    for ptr in pointers {
+                        let rc = l.pointer_mut(&ptr).unwrap();
+                        if rc["name"] == p["name"] {
+                            applied += apply_operation(op, rc, &p["name"])?;
+                            found += 1;
+                        }
                     }
-                    None => vec![String::new()],
-                };
-                if pointers.is_empty() {
-                    return Err(format!("JSONPath {} matches nothing in {}", op["jsonPath"], p["name"]));
                 }
-                for ptr in pointers {
-                    let one = json!([{"op": op["op"], "path": format!("{ptr}{}", op["path"].as_str().unwrap_or("")), "value": op["value"]}]);
-                    let patch: json_patch::Patch = serde_json::from_value(one).unwrap();
-                    json_patch::patch(l, &patch).map_err(|e| e.to_string())?;
-                    applied += 1;
+                if found == 0 {
+                    return Err(format!("no route configuration {}", p["name"]));
                 }
             }
             other => panic!("unexpected patch type {other}"),
         }
     }
     Ok(applied)
+}
+
+/// One patch operation on `resource`: at every match of its `jsonPath` (pointer + `path`), or at
+/// `path` without one. Returns the number of places patched.
+fn apply_operation(op: &Value, resource: &mut Value, name: &Value) -> Result<usize, String> {
+    let pointers: Vec<String> = match op["jsonPath"].as_str() {
+        Some(path) => {
+            let q = serde_json_path::JsonPath::parse(path).map_err(|e| format!("JSONPath {path}: {e}"))?;
+            q.query_located(resource).locations().map(|loc| loc.to_json_pointer()).collect()
+        }
+        None => vec![String::new()],
+    };
+    if pointers.is_empty() {
+        return Err(format!("JSONPath {} matches nothing in {name}", op["jsonPath"]));
+    }
+    for ptr in &pointers {
+        let one = json!([{"op": op["op"], "path": format!("{ptr}{}", op["path"].as_str().unwrap_or("")), "value": op["value"]}]);
+        let patch: json_patch::Patch = serde_json::from_value(one).unwrap();
+        json_patch::patch(resource, &patch).map_err(|e| e.to_string())?;
+    }
+    Ok(pointers.len())
 }

@@ -93,6 +93,8 @@ pub const PREFIX_LENGTH_RANGE: (u64, u64) = (1024, 65536);
 pub const BLOCK_SIZE_RANGE: (u64, u64) = (16, 8192);
 /// Allowed range of `concurrency_threshold` (in-flight requests on one endpoint).
 pub const CONCURRENCY_THRESHOLD_RANGE: (u64, u64) = (1, 1024);
+/// Default `max_body_bytes`: 1 MiB, Envoy's default per-connection buffer limit.
+pub const DEFAULT_MAX_BODY_BYTES: usize = 1 << 20;
 /// Allowed range of `max_body_bytes`.
 pub const MAX_BODY_BYTES_RANGE: (u64, u64) = (1024, 64 * 1024 * 1024);
 /// Allowed range of `index_capacity` in blocks.
@@ -140,7 +142,7 @@ pub struct Settings {
     /// `x-warmpath-prefix-id`.
     pub tenant_header: String,
     /// Bodies larger than this many bytes are not parsed (the request fails open). 1024..=67108864, default
-    /// 1048576 (Envoy's default per-connection buffer limit).
+    /// [`DEFAULT_MAX_BODY_BYTES`].
     pub max_body_bytes: usize,
     /// Endpoint addresses `IP:port` (IPv6 as `[addr]:port`), normalised by `SocketAddr`; duplicates removed,
     /// order kept. May be empty only when `feed` is set.
@@ -177,7 +179,7 @@ impl Default for Settings {
             block_size: 128,
             concurrency_threshold: 10,
             tenant_header: "x-warmpath-prefix-id".to_string(),
-            max_body_bytes: 1 << 20,
+            max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             endpoints: Vec::new(),
             index_capacity: 65536,
             debug_header: false,

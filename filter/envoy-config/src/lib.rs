@@ -10,7 +10,9 @@
 //! - [`override_host_lb_policy`]: the cluster load-balancing policy that honours the filter's pick;
 //! - [`cluster`]: a STATIC or STRICT_DNS cluster of fixed addresses (model servers, the feed);
 //! - [`retry_policy`] (route) and [`outlier_detection`] (model-server cluster): what Envoy does when an endpoint
-//!   dies under the filter's feet, before the filter has learnt it.
+//!   dies under the filter's feet, before the filter has learnt it;
+//! - [`ROUTE_BODY_BUFFER_LIMIT_BYTES`] (route): room for the bodies the filter holds where the listener's buffer
+//!   limit is smaller (Envoy Gateway's 32 KiB).
 
 #![forbid(unsafe_code)]
 
@@ -159,6 +161,20 @@ pub use warmpath_core::headers::RETRY_ON;
 /// Retries per request in [`retry_policy`]: one other host is enough to get past one dead endpoint; more would
 /// multiply load during a wider outage.
 pub const RETRIES: u32 = 1;
+
+/// Route `request_body_buffer_limit` (bytes) of every route the filter runs on: twice the filter's default
+/// `max_body_bytes`, 2 MiB.
+///
+/// Why: to read the prompt, the filter holds a request's body, up to `max_body_bytes` (1 MiB by default) plus the
+/// chunk Envoy read last, and Envoy answers 413 once a held body outgrows the stream's buffer limit. That limit is
+/// the listener's `per_connection_buffer_limit_bytes`, raised by the route's `request_body_buffer_limit`, and
+/// Envoy Gateway renders its listeners with 32 KiB: without this, every prompt above 32 KiB got a 413 there
+/// (measured through Envoy 1.40: 64 KiB to 1,000 KiB bodies, 413 without the route limit and 200 with it). It is
+/// set on the route, not the listener, so every other route stays as it is, and it does not lower a larger
+/// listener limit (a 64 KiB route limit under a 4 MiB listener still let a 512 KiB body through). Sized for the
+/// default `max_body_bytes` (the controller renders no other); a body the filter does not hold is streamed, not
+/// buffered.
+pub const ROUTE_BODY_BUFFER_LIMIT_BYTES: u64 = 2 * warmpath_core::config::DEFAULT_MAX_BODY_BYTES as u64;
 
 /// Outlier detection for a model-server cluster: a host that failed 3 times in a row (connect failures and resets
 /// count as 5xx) is ejected from the fallback policy's choices for 10 s (doubling on repeat ejections), at most half

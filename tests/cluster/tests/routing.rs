@@ -125,6 +125,16 @@ async fn envoy_gateway_create_switch_restart_delete() {
     );
     assert_eq!(listener_patch["operation"]["path"], "/typed_config/config/allow_on_headers_stop_iteration");
     assert_eq!(listener_patch["operation"]["value"], true, "PREFIX_AWARE pauses in the headers callback");
+    // Then, in that listener's route configuration, room for the bodies the filter holds on the routes it runs on.
+    let route_patch = &epp.data["spec"]["jsonPatches"][3];
+    assert_eq!((route_patch["type"].as_str(), route_patch["name"].as_str()),
+        (Some("type.googleapis.com/envoy.config.route.v3.RouteConfiguration"), Some("gateways/inference-gw/http")));
+    assert_eq!(
+        route_patch["operation"]["jsonPath"],
+        "$..routes[?@.typed_per_filter_config['envoy.filters.http.wasm/envoyextensionpolicy/llm/warmpath-chat/wasm/0']]"
+    );
+    assert_eq!((route_patch["operation"]["path"].as_str(), route_patch["operation"]["value"].as_u64()),
+        (Some("/request_body_buffer_limit"), Some(warmpath_envoy_config::ROUTE_BODY_BUFFER_LIMIT_BYTES)));
     assert!(epp.metadata.owner_references.is_none(), "no cross-namespace owner reference");
     let btp = get_owned(&client, "BackendTrafficPolicy", NS, "warmpath-chat").await.unwrap();
     let owner_refs = btp.metadata.owner_references.clone().unwrap();
@@ -444,7 +454,14 @@ async fn one_policy_on_several_routes_of_one_gateway() {
             let epp = get_owned(&client, "EnvoyPatchPolicy", GW_NS, "warmpath-feed-policy-llm-multi").await.unwrap();
             let patches = epp.data["spec"]["jsonPatches"].as_array().unwrap();
             let clusters = patches.iter().filter(|p| p["type"] == "type.googleapis.com/envoy.config.cluster.v3.Cluster").count();
-            let paths: Vec<&str> = patches.iter().filter_map(|p| p["operation"]["jsonPath"].as_str()).filter(|p| p.contains("/wasm/0")).collect();
+            let on = |kind: &str| {
+                let ty = format!("type.googleapis.com/envoy.config.{kind}");
+                patches.iter().filter(move |p| p["type"] == ty.as_str()).filter_map(|p| p["operation"]["jsonPath"].as_str()).filter(|p| p.contains("/wasm/0"))
+            };
+            let paths: Vec<&str> = on("listener.v3.Listener").collect();
+            let routes: Vec<&str> = on("route.v3.RouteConfiguration").collect();
+            assert!(routes.len() == 2 && routes[0].contains("/llm/warmpath-chat/wasm/0") && routes[1].contains("/llm/warmpath-chat-v2/wasm/0"),
+                "the body limit on each route's routes: {routes:?}");
             let strips = patches.iter().filter(|p| p["operation"]["path"] == "/0").count();
             assert_eq!(strips, 1, "the native strip is inserted once per listener, not once per route");
             assert_eq!(clusters, 1, "the feed cluster is added once");

@@ -135,7 +135,8 @@ async fn main() -> Result<()> {
     let bodies = bodies(args.prompts, args.body_bytes);
     // Config 0 is the baseline (same listener and cluster, no wasm filter); all Envoys run for the whole session
     // and are measured in alternation, so drift in machine load hits every config alike.
-    let mut configs = vec![("Envoy, no filter".to_string(), EnvoyProcess::start(EnvoyConfig::new(addrs.clone(), "{}"), args.concurrency).await?)];
+    // (label, Envoy, whether its filter polls the feed)
+    let mut configs = vec![("Envoy, no filter".to_string(), EnvoyProcess::start(EnvoyConfig::new(addrs.clone(), "{}"), args.concurrency).await?, false)];
     let feed = match args.feed_interval_ms {
         Some(interval_ms) => {
             let endpoints = addrs.iter().map(|a| FeedEndpoint { address: a.to_string(), load: None }).collect();
@@ -157,7 +158,7 @@ async fn main() -> Result<()> {
             None => format!("Envoy + warmpath {strategy}"),
         };
         let config = EnvoyConfig::new(addrs.clone(), plugin).with_wasm(wasm.clone());
-        configs.push((name.clone(), EnvoyProcess::start(config, args.concurrency).await?));
+        configs.push((name.clone(), EnvoyProcess::start(config, args.concurrency).await?, false));
         if let Some((server, interval_ms)) = &feed {
             let cluster = "warmpath_feed";
             // A path of its own for each config: the feed server keeps one exchange per path, and configs sharing
@@ -170,14 +171,14 @@ async fn main() -> Result<()> {
                 .with_feed(FeedCluster { name: cluster.into(), address: server.addr() });
             // The module exchanges on every tick, which its own build fixes (this build's: `FEED_TICK_MS`).
             let label = format!("{name}, feed polled every {interval_ms} ms");
-            configs.push((label, EnvoyProcess::start(config, args.concurrency).await?));
+            configs.push((label, EnvoyProcess::start(config, args.concurrency).await?, true));
         }
     }
     let mut rps = vec![Vec::new(); configs.len()];
     let mut cpu = vec![Vec::new(); configs.len()];
     for round in 0..args.rounds {
         let mut line = format!("round {round}:");
-        for (i, (_, envoy)) in configs.iter().enumerate() {
+        for (i, (_, envoy, _)) in configs.iter().enumerate() {
             let r = run(envoy, &bodies, &args).await?;
             line.push_str(&format!(" | {:.0} req/s {:.1} µs", r.rps, r.cpu_us_per_req));
             rps[i].push(r.rps);
@@ -188,7 +189,7 @@ async fn main() -> Result<()> {
     let (base_rps, base_cpu) = (median(rps[0].clone()), median(cpu[0].clone()));
     println!("| config | throughput (req/s) | ratio to no filter | Envoy CPU per request (µs) | added CPU per request (µs) |");
     println!("|---|---|---|---|---|");
-    for (i, (name, envoy)) in configs.iter().enumerate() {
+    for (i, (name, envoy, polls_feed)) in configs.iter().enumerate() {
         let (r, c) = (median(rps[i].clone()), median(cpu[i].clone()));
         println!("| {name} | {r:.0} | {:.3} | {c:.1} | {:+.1} |", r / base_rps, c - base_cpu);
         if i > 0 {
@@ -197,7 +198,7 @@ async fn main() -> Result<()> {
             if fail_open > 0 {
                 println!("|  (fail-open decisions: {fail_open}) | | | | |");
             }
-            if let Some((server, _)) = feed.as_ref().filter(|_| name.contains(", feed polled every ")) {
+            if let Some((server, _)) = feed.as_ref().filter(|_| *polls_feed) {
                 // Proof that the feed was polled and the exchange ran rather than failing.
                 let (version, records, failures) = (
                     s.filter("feed.version"),

@@ -26,7 +26,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use common::envoy_gateway::{apply_patch_policy, enable_on_route, envoy_gateway_filter, hcm, EG_LISTENER_BUFFER_LIMIT};
+use common::envoy_gateway::{apply_patch_policy, enable_on_route, envoy_gateway_filter, hcm};
 use common::static_cluster;
 use serde_json::{json, Value};
 use warmpath_controller::feed::server::{router, WasmBlob};
@@ -149,7 +149,7 @@ impl Gateway {
         // Ports are set when Envoy starts (`with_ports`).
         let mut listeners = vec![json!({"name": HTTP_LISTENER,
             "address": {"socket_address": {"address": "127.0.0.1", "port_value": 0}},
-            "per_connection_buffer_limit_bytes": EG_LISTENER_BUFFER_LIMIT,
+            "per_connection_buffer_limit_bytes": warmpath_envoy_config::ENVOY_GATEWAY_LISTENER_BUFFER_LIMIT_BYTES,
             "default_filter_chain": {"filters": [hcm(HTTP_LISTENER, &filters, routes)]}})];
         for epp in &epps {
             // The case's HTTPS Gateway listeners need certificates; this gateway serves plain HTTP
@@ -157,7 +157,8 @@ impl Gateway {
             let mut epp = (*epp).clone();
             let ops = epp["spec"]["jsonPatches"].as_array_mut().unwrap();
             let before: BTreeSet<String> = ops.iter().filter(|p| is_listener_op(p)).map(|p| p["name"].as_str().unwrap().to_string()).collect();
-            assert_eq!(before, BTreeSet::from([HTTP_LISTENER.to_string(), "gateways/inference-gateway/https-a".to_string()]));
+            let https = ["gateways/inference-gateway/https-a", "gateways/inference-gateway/https-b"];
+            assert_eq!(before, BTreeSet::from([HTTP_LISTENER.to_string(), https[0].to_string(), https[1].to_string()]));
             ops.retain(|p| !is_listener_op(p) || (listener_patches && p["name"] == HTTP_LISTENER));
             let applied = apply_patch_policy(&epp, &mut listeners, &mut clusters).unwrap();
             // Per policy: the native header strip inserted first, the option set on its wasm filter, and the body

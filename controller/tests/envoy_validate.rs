@@ -19,7 +19,7 @@ use std::process::Command;
 
 mod common;
 
-use common::envoy_gateway::{apply_patch_policy, enable_on_route, envoy_gateway_filter, hcm, EG_LISTENER_BUFFER_LIMIT, EG_WASM_CACHE_URI};
+use common::envoy_gateway::{apply_patch_policy, enable_on_route, envoy_gateway_filter, hcm, EG_WASM_CACHE_URI};
 use serde_json::{json, Value};
 use warmpath_controller::render::WasmModule;
 use warmpath_envoy_config::STRIP_FILTER_NAME;
@@ -152,17 +152,20 @@ async fn envoy_gateway_patches_apply_to_envoy_gateway_shaped_listeners() {
         .collect();
     const HTTP: &str = "gateways/inference-gateway/http";
     const HTTPS: &str = "gateways/inference-gateway/https-a";
+    // Envoy Gateway's second HTTPS listener on the port: a filter chain and route configuration of its own in the
+    // xDS listener named after the first.
+    const HTTPS_B: &str = "gateways/inference-gateway/https-b";
     let mut listeners = vec![
         json!({"name": HTTP, "address": {"socket_address": {"address": "127.0.0.1", "port_value": 0}},
-            "per_connection_buffer_limit_bytes": EG_LISTENER_BUFFER_LIMIT,
+            "per_connection_buffer_limit_bytes": warmpath_envoy_config::ENVOY_GATEWAY_LISTENER_BUFFER_LIMIT_BYTES,
             "default_filter_chain": {"filters": [hcm(HTTP, &filters, routes.clone())]}}),
         json!({"name": HTTPS, "address": {"socket_address": {"address": "127.0.0.1", "port_value": 0}},
-            "per_connection_buffer_limit_bytes": EG_LISTENER_BUFFER_LIMIT,
+            "per_connection_buffer_limit_bytes": warmpath_envoy_config::ENVOY_GATEWAY_LISTENER_BUFFER_LIMIT_BYTES,
             "listener_filters": [{"name": "envoy.filters.listener.tls_inspector", "typed_config": {
                 "@type": "type.googleapis.com/envoy.extensions.filters.listener.tls_inspector.v3.TlsInspector"}}],
             "filter_chains": [
                 {"filter_chain_match": {"server_names": ["a.example.com"]}, "filters": [hcm(HTTPS, &filters, routes.clone())]},
-                {"filter_chain_match": {"server_names": ["b.example.com"]}, "filters": [hcm(HTTPS, &filters, routes.clone())]},
+                {"filter_chain_match": {"server_names": ["b.example.com"]}, "filters": [hcm(HTTPS_B, &filters, routes.clone())]},
             ]}),
     ];
     let flags = |listeners: &[Value], name: &str| -> Vec<Value> {
@@ -192,9 +195,14 @@ async fn envoy_gateway_patches_apply_to_envoy_gateway_shaped_listeners() {
     apply_patch_policy(epps[1], &mut listeners, &mut clusters).unwrap();
     assert_eq!(flags(&listeners, &names[other]), vec![json!(true); 3]);
     assert_eq!(limits(&listeners, &names[other]), vec![limit; 3]);
-    // The listener patches name the xDS listeners Envoy Gateway builds: one per port.
-    let listener_names: Vec<&str> = epps[0]["spec"]["jsonPatches"].as_array().unwrap()[1..].iter().map(|p| p["name"].as_str().unwrap()).collect();
-    assert_eq!(listener_names, [HTTP, HTTP, HTTP, HTTPS, HTTPS, HTTPS]);
+    // The listener patches name the xDS listeners Envoy Gateway builds, one per port; the body-limit patches the
+    // route configurations, one per HTTPS listener.
+    let names = |ty: &str| -> Vec<&str> {
+        let patches = epps[0]["spec"]["jsonPatches"].as_array().unwrap();
+        patches.iter().filter(|p| p["type"] == ty).map(|p| p["name"].as_str().unwrap()).collect()
+    };
+    assert_eq!(names("type.googleapis.com/envoy.config.listener.v3.Listener"), [HTTP, HTTP, HTTPS, HTTPS]);
+    assert_eq!(names("type.googleapis.com/envoy.config.route.v3.RouteConfiguration"), [HTTP, HTTPS, HTTPS_B]);
 
     for c in clusters.iter_mut() {
         c["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]["socket_address"]["address"] = "localhost".into();

@@ -132,11 +132,11 @@ pub async fn resolve_and_render(
         parents.entry(key).or_default().push((p.section_name.clone(), p.port));
     }
     for ((namespace, name), selectors) in parents {
-        let mut gw = GatewayRef { namespace, name, listeners: vec![] };
+        let mut gw = GatewayRef { namespace, name, listeners: vec![], route_configs: vec![] };
         let mut provider = provider_of(src, config, &gw).await?;
         if provider == Ok(Provider::EnvoyGateway) {
             match xds_listeners(src, &gw, &selectors).await? {
-                Ok(l) => gw.listeners = l,
+                Ok((listeners, route_configs)) => (gw.listeners, gw.route_configs) = (listeners, route_configs),
                 Err(msg) => provider = Err(msg),
             }
         }
@@ -269,17 +269,23 @@ fn several_backends(route: &HttpRoute, route_ns: &str) -> Option<String> {
 type ListenerSelector = (Option<String>, Option<i32>);
 
 /// Envoy Gateway: the Gateway listeners naming the xDS listeners that serve the route, one per
-/// port: the `HTTP`/`HTTPS` listeners that one of the route's parentRefs selects (by `sectionName` and/or
-/// `port`, as Gateway API defines them; neither set = every listener).
-/// Envoy Gateway merges the Gateway's listeners on one port into one xDS listener named after the
-/// first of them in spec order, so each attached port maps to that first listener's name. The
-/// patch setting `allow_on_headers_stop_iteration` is applied to these xDS listeners.
-async fn xds_listeners(src: Source<'_>, gw: &GatewayRef, selectors: &[ListenerSelector]) -> Result<std::result::Result<Vec<String>, String>> {
+/// port, and those naming the route configurations that hold its xDS routes (see
+/// [`GatewayRef::listeners`] and [`GatewayRef::route_configs`]): of the `HTTP`/`HTTPS` listeners that one of
+/// the route's parentRefs selects (by `sectionName` and/or `port`, as Gateway API defines them; neither
+/// set = every listener). Envoy Gateway merges the Gateway's listeners on one port into one xDS
+/// listener named after the first of them in spec order; plain `HTTP` listeners on a port also share
+/// that first listener's route configuration, while each `HTTPS` listener has a filter chain and a route
+/// configuration of its own, under its own name.
+async fn xds_listeners(
+    src: Source<'_>,
+    gw: &GatewayRef,
+    selectors: &[ListenerSelector],
+) -> Result<std::result::Result<(Vec<String>, Vec<String>), String>> {
     let Some(gateway) = src.gateway(&gw.namespace, &gw.name).await? else {
         return Ok(Err(format!("Gateway {}/{} not found", gw.namespace, gw.name)));
     };
     let all = &gateway.spec.listeners;
-    let mut listeners: Vec<String> = vec![];
+    let (mut listeners, mut route_configs): (Vec<String>, Vec<String>) = (vec![], vec![]);
     let selected = |l: &&gateway_api::apis::standard::gateways::GatewayListeners| {
         selectors.iter().any(|(section, port)| section.as_ref().is_none_or(|s| s == &l.name) && port.is_none_or(|p| p == l.port))
     };
@@ -288,6 +294,10 @@ async fn xds_listeners(src: Source<'_>, gw: &GatewayRef, selectors: &[ListenerSe
         if !listeners.contains(first_on_port) {
             listeners.push(first_on_port.clone());
         }
+        let route_config = if l.protocol == "HTTPS" { &l.name } else { first_on_port };
+        if !route_configs.contains(route_config) {
+            route_configs.push(route_config.clone());
+        }
     }
     if listeners.is_empty() {
         return Ok(Err(format!(
@@ -295,7 +305,7 @@ async fn xds_listeners(src: Source<'_>, gw: &GatewayRef, selectors: &[ListenerSe
             gw.namespace, gw.name
         )));
     }
-    Ok(Ok(listeners))
+    Ok(Ok((listeners, route_configs)))
 }
 
 /// The provider of Gateway `gw`, from its GatewayClass's `controllerName`. An explicit `provider`

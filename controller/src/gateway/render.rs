@@ -173,6 +173,11 @@ pub struct GatewayRef {
     /// route attaches to (its `parentRefs[].sectionName`s, or every `HTTP`/`HTTPS` listener), the
     /// name of the Gateway's first listener on that port. Empty on Istio.
     pub listeners: Vec<String>,
+    /// Envoy Gateway only: the Gateway listeners whose route configurations (named
+    /// `<gateway namespace>/<gateway>/<listener>`) hold the route's xDS routes: for an attached `HTTPS`
+    /// listener its own name (each has a filter chain and a route configuration of its own), for an `HTTP`
+    /// one the first listener on its port (plain HTTP listeners on a port share one). Empty on Istio.
+    pub route_configs: Vec<String>,
 }
 
 /// The backend whose endpoints are routed, resolved to something a gateway cluster can match.
@@ -319,7 +324,6 @@ fn render_envoy_gateway(input: &RenderInput<'_>, config: &Value, feed: &FeedTarg
             "operation": {"op": "add", "path": "", "value": feed_cluster(&feed.cluster, input.controller)},
         })];
         for listener in &gw.listeners {
-            // Envoy Gateway names a listener's xDS listener and its route configuration alike.
             let name = format!("{}/{}/{}", gw.namespace, gw.name, listener);
             // First in every HTTP filter chain of the listener (`add` at index 0 of each `http_filters`): the
             // native strip of client-sent destination headers, so that a wasm VM that fails to fetch, load or run
@@ -333,12 +337,14 @@ fn render_envoy_gateway(input: &RenderInput<'_>, config: &Value, feed: &FeedTarg
                 "/typed_config/config/allow_on_headers_stop_iteration",
                 true.into(),
             ));
+        }
+        for route_config in &gw.route_configs {
             // On the routes the filter is enabled on (Envoy Gateway enables it per route in
             // `typed_per_filter_config`), room for the bodies it holds: Envoy Gateway's listeners buffer 32 KiB, so
-            // without this every prompt above 32 KiB would get a 413.
+            // without this every prompt above 32 KiB the filter holds would get a 413.
             patches.push(json_path_add(
                 ROUTE_CONFIGURATION,
-                &name,
+                &format!("{}/{}/{}", gw.namespace, gw.name, route_config),
                 &format!("$..routes[?@.typed_per_filter_config['{filter}']]"),
                 "/request_body_buffer_limit",
                 envoy_config::ROUTE_BODY_BUFFER_LIMIT_BYTES.into(),

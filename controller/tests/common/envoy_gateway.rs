@@ -65,11 +65,6 @@ pub fn hcm(route_config: &str, filters: &[Value], routes: Vec<Value>) -> Value {
     })
 }
 
-/// The per-connection buffer limit Envoy Gateway gives every listener unless a ClientTrafficPolicy
-/// sets `connection.bufferLimit` (`tcpListenerPerConnectionBufferLimitBytes`, 32 KiB, in its xDS
-/// translator).
-pub const EG_LISTENER_BUFFER_LIMIT: u32 = 32 << 10;
-
 /// Applies an `EnvoyPatchPolicy`'s operations to `listeners`/`clusters` as Envoy Gateway does:
 /// a `Cluster` add at path `""` adds the resource; a `Listener` operation targets the listener by
 /// name, a `RouteConfiguration` operation every (inline) route configuration of that name, and with

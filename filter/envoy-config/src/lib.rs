@@ -12,7 +12,7 @@
 //! - [`retry_policy`] (route) and [`outlier_detection`] (model-server cluster): what Envoy does when an endpoint
 //!   dies under the filter's feet, before the filter has learnt it;
 //! - [`ROUTE_BODY_BUFFER_LIMIT_BYTES`] (route): room for the bodies the filter holds where the listener's buffer
-//!   limit is smaller (Envoy Gateway's 32 KiB).
+//!   limit is smaller (Envoy Gateway's [`ENVOY_GATEWAY_LISTENER_BUFFER_LIMIT_BYTES`]).
 
 #![forbid(unsafe_code)]
 
@@ -168,13 +168,22 @@ pub const RETRIES: u32 = 1;
 /// Why: to read the prompt, the filter holds a request's body, up to `max_body_bytes` (1 MiB by default) plus the
 /// chunk Envoy read last, and Envoy answers 413 once a held body outgrows the stream's buffer limit. That limit is
 /// the listener's `per_connection_buffer_limit_bytes`, raised by the route's `request_body_buffer_limit`, and
-/// Envoy Gateway renders its listeners with 32 KiB: without this, every prompt above 32 KiB got a 413 there
-/// (measured through Envoy 1.40: 64 KiB to 1,000 KiB bodies, 413 without the route limit and 200 with it). It is
-/// set on the route, not the listener, so every other route stays as it is, and it does not lower a larger
-/// listener limit (a 64 KiB route limit under a 4 MiB listener still let a 512 KiB body through). Sized for the
-/// default `max_body_bytes` (the controller renders no other); a body the filter does not hold is streamed, not
-/// buffered.
+/// Envoy Gateway renders its listeners with [`ENVOY_GATEWAY_LISTENER_BUFFER_LIMIT_BYTES`]: without this, every
+/// prompt the filter held above 32 KiB (up to `max_body_bytes`, and chunked ones) got a 413 there. Measured
+/// through Envoy with a 32 KiB listener: 64 KiB and 512 KiB bodies got 413 without the route limit, and with it
+/// 200 on Envoy 1.37.0 and 1.40 but still 413 on 1.36.4 (before 1.37 Envoy applied the route's limit only when
+/// the router filter was reached, after the filter had held the body). It is set on the route, not the listener,
+/// so every other route stays as it is, and it does not lower a larger listener limit (a 64 KiB route limit
+/// under a 4 MiB listener still let a held 512 KiB body through). Envoy also keeps a copy of each request body for
+/// retries up to this limit (the routes carry [`retry_policy`]), so a request on these routes can hold up to
+/// 2 MiB where the listener alone allowed 32 KiB; the filter holds as much anyway. Sized for the default
+/// `max_body_bytes` (the controller renders no other).
 pub const ROUTE_BODY_BUFFER_LIMIT_BYTES: u64 = 2 * warmpath_core::config::DEFAULT_MAX_BODY_BYTES as u64;
+
+/// The per-connection buffer limit Envoy Gateway gives every listener unless a ClientTrafficPolicy sets
+/// `connection.bufferLimit`: 32 KiB (`tcpListenerPerConnectionBufferLimitBytes` in its xDS translator). Why
+/// [`ROUTE_BODY_BUFFER_LIMIT_BYTES`] is rendered there; the tests reproduce Envoy Gateway's listeners with it.
+pub const ENVOY_GATEWAY_LISTENER_BUFFER_LIMIT_BYTES: u32 = 32 << 10;
 
 /// Outlier detection for a model-server cluster: a host that failed 3 times in a row (connect failures and resets
 /// count as 5xx) is ejected from the fallback policy's choices for 10 s (doubling on repeat ejections), at most half

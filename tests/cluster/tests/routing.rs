@@ -355,8 +355,9 @@ async fn invalid_annotation_changes_nothing() {
 
 /// Envoy Gateway: the option patch goes to the xDS listener of each port the route attaches to,
 /// named after the Gateway's first listener on that port (Envoy Gateway merges listeners by port;
-/// HTTPS included); parentRefs select by `sectionName` and/or `port`; a route on no HTTP(S) listener
-/// gets a clear condition and nothing written.
+/// HTTPS included), the body-limit patch to the route configuration of each attached listener (an
+/// HTTPS listener's own, plain HTTP ones share the first on the port's); parentRefs select by
+/// `sectionName` and/or `port`; a route on no HTTP(S) listener gets a clear condition and nothing written.
 #[tokio::test]
 async fn envoy_gateway_patches_the_xds_listener_of_each_attached_port() {
     let gw = json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway", "metadata": {"name": "inference-gw", "namespace": GW_NS},
@@ -367,14 +368,16 @@ async fn envoy_gateway_patches_the_xds_listener_of_each_attached_port() {
             {"name": "tls-other-host", "port": 443, "protocol": "HTTPS", "hostname": "b.example.com"},
             {"name": "raw", "port": 9000, "protocol": "TCP"}]}});
     let all = vec!["gateways/inference-gw/http", "gateways/inference-gw/http-alt", "gateways/inference-gw/tls"];
-    for ((section, port), want) in [
-        ((None, None), all),
-        ((Some("http-alt"), None), vec!["gateways/inference-gw/http-alt"]),
-        ((Some("tls-other-host"), None), vec!["gateways/inference-gw/tls"]),
-        ((None, Some(8080)), vec!["gateways/inference-gw/http-alt"]),
-        ((None, Some(443)), vec!["gateways/inference-gw/tls"]),
-        ((Some("http"), Some(443)), vec![]),
-        ((Some("raw"), None), vec![]),
+    let (tls, tls_other) = ("gateways/inference-gw/tls", "gateways/inference-gw/tls-other-host");
+    // (parentRef selection, xDS listeners patched, route configurations patched: an HTTPS listener has its own)
+    for ((section, port), want, want_routes) in [
+        ((None, None), all.clone(), [all.as_slice(), &[tls_other]].concat()),
+        ((Some("http-alt"), None), vec!["gateways/inference-gw/http-alt"], vec!["gateways/inference-gw/http-alt"]),
+        ((Some("tls-other-host"), None), vec![tls], vec![tls_other]),
+        ((None, Some(8080)), vec!["gateways/inference-gw/http-alt"], vec!["gateways/inference-gw/http-alt"]),
+        ((None, Some(443)), vec![tls], vec![tls, tls_other]),
+        ((Some("http"), Some(443)), vec![], vec![]),
+        ((Some("raw"), None), vec![], vec![]),
     ] {
         let mut objs = base(EG_CONTROLLER);
         objs[1] = gw.clone();
@@ -401,16 +404,16 @@ async fn envoy_gateway_patches_the_xds_listener_of_each_attached_port() {
             continue;
         }
         let epp = epp.unwrap();
-        let names: Vec<&str> = epp.data["spec"]["jsonPatches"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|p| p["type"] == "type.googleapis.com/envoy.config.listener.v3.Listener")
-            .map(|p| p["name"].as_str().unwrap())
-            .collect();
+        let names = |ty: &str| -> Vec<String> {
+            let ty = format!("type.googleapis.com/envoy.config.{ty}");
+            let patches = epp.data["spec"]["jsonPatches"].as_array().unwrap();
+            patches.iter().filter(|p| p["type"] == ty.as_str()).map(|p| p["name"].as_str().unwrap().to_string()).collect()
+        };
         // Per listener: the native header strip, then the option on the wasm filter.
         let want: Vec<&str> = want.iter().flat_map(|n| [*n, *n]).collect();
-        assert_eq!(names, want, "{section:?} {port:?}");
+        assert_eq!(names("listener.v3.Listener"), want, "{section:?} {port:?}");
+        // Per route configuration: the body limit on the routes the filter runs on.
+        assert_eq!(names("route.v3.RouteConfiguration"), want_routes, "{section:?} {port:?}");
     }
 }
 

@@ -115,15 +115,15 @@ async fn filter_keeps_envoys_body_limit_behaviour() {
 }
 
 /// On a listener with Envoy Gateway's 32 KiB buffer limit, the route's `request_body_buffer_limit` (what the
-/// controller renders there) lets the filter hold every body it reads: prompts of 64 KiB to 1,000 KiB, with a
-/// `content-length` or chunked, get 200. The same listener without the route limit answers 413 to a 64 KiB prompt
-/// with the filter and 200 without it, so the limit is what makes the difference.
+/// controller renders there) lets the filter hold every body it reads: prompts of 4 KiB to 1,000 KiB, with a
+/// `content-length` or chunked, get 200 and are placed by the filter (not failed open); a 3 MiB prompt, over
+/// `max_body_bytes`, gets 200 unparsed. The same listener without the route limit answers 413 to 64 KiB and
+/// 1,000 KiB prompts with the filter and 200 without it, so the limit is what makes the difference.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn route_body_limit_serves_prompts_above_a_small_listener_limit() {
-    const ENVOY_GATEWAY_LISTENER_LIMIT: u32 = 32 << 10;
     let upstreams = warmpath_harness::Upstream::start_many(3).await.expect("upstreams");
     let mut limited = Rig::config(&upstreams, json!({}));
-    limited.buffer_limit_bytes = ENVOY_GATEWAY_LISTENER_LIMIT;
+    limited.buffer_limit_bytes = warmpath_envoy_config::ENVOY_GATEWAY_LISTENER_BUFFER_LIMIT_BYTES;
     let mut plain = limited.clone();
     plain.wasm = None;
     let mut routed = limited.clone();
@@ -131,17 +131,30 @@ async fn route_body_limit_serves_prompts_above_a_small_listener_limit() {
     let start = |c| warmpath_harness::EnvoyProcess::start(c, crate::common::CONCURRENCY);
     let (limited, plain, routed) = (start(limited).await.expect("envoy"), start(plain).await.expect("envoy"), start(routed).await.expect("envoy"));
     let client = reqwest::Client::new();
+    // (status, the filter's decision record as the rig's Envoy reports it)
     let send = |envoy: &warmpath_harness::EnvoyProcess, size: usize, chunked: bool| {
         let body = json!({"model": "m", "messages": [{"role": "user", "content": "z".repeat(size)}]}).to_string();
         let request = client.post(format!("{}/v1/chat/completions", envoy.url()));
         let request = if chunked { request.body(crate::common::chunked(body.as_bytes())) } else { request.body(body) };
-        async move { request.send().await.expect("request").status().as_u16() }
+        async move {
+            let r = request.send().await.expect("request");
+            let decision = r.headers().get(warmpath_harness::RIG_DECISION_HEADER).and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
+            (r.status().as_u16(), decision)
+        }
     };
-    assert_eq!(send(&limited, 64 << 10, false).await, 413, "the filter holds a 64 KiB prompt past a 32 KiB listener limit");
-    assert_eq!(send(&plain, 64 << 10, false).await, 200, "without the filter nothing holds it");
+    for size in [64 << 10, 1000 << 10] {
+        assert_eq!(send(&limited, size, false).await.0, 413, "the filter holds a {size}-byte prompt past a 32 KiB listener limit");
+        assert_eq!(send(&plain, size, false).await.0, 200, "without the filter nothing holds a {size}-byte prompt");
+    }
+    let max_body_bytes = warmpath_core::config::DEFAULT_MAX_BODY_BYTES;
     for size in [4 << 10, 64 << 10, 512 << 10, 1000 << 10, 3 << 20] {
         for chunked in [false, true] {
-            assert_eq!(send(&routed, size, chunked).await, 200, "prompt of {size} bytes, chunked {chunked}");
+            let (status, decision) = send(&routed, size, chunked).await;
+            assert_eq!(status, 200, "prompt of {size} bytes, chunked {chunked}");
+            // Envoy's copy of the filter's decision: placed when the filter read the prompt, failed open past
+            // max_body_bytes.
+            let placed = !decision.is_empty() && !decision.contains(";fail_open;");
+            assert_eq!(placed, size <= max_body_bytes, "prompt of {size} bytes, chunked {chunked}: {decision:?}");
         }
     }
 }

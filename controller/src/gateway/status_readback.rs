@@ -166,7 +166,7 @@ pub fn verdict(live: &[(String, DynamicObject)], gw_ns: &str, gw: &str, now: Tim
                         false,
                         why,
                         format!(
-                            "Envoy Gateway did not apply {id}: {} (the listener name may differ, e.g. under mergeGateways or another xDS name scheme)",
+                            "Envoy Gateway did not apply {id}: {} (a listener or route configuration name may differ, e.g. under mergeGateways or another xDS name scheme; the routes' request_body_buffer_limit needs Envoy Gateway v1.7 or later)",
                             text(c, "message")
                         ),
                     );

@@ -76,12 +76,13 @@ async fn programmed_mirrors_envoy_gateway_status() {
     let (s, r, _) = cond(&reconcile(&client, &ctx).await, PROGRAMMED);
     assert_eq!((s.as_str(), r.as_str()), ("True", "Programmed"));
 
-    // The listener patch does not apply (e.g. another xDS listener name): reason and message mirrored.
+    // A patch does not apply (e.g. another xDS listener name, or an Envoy Gateway before v1.7): reason and message
+    // mirrored, with both causes named.
     let failed = [("Accepted", "True", "Accepted", "ok"), ("Programmed", "False", "ResourceNotFound", "unable to find xds resource gateways/inference-gw/http")];
     fixtures::eg_status(&client, "EnvoyPatchPolicy", GW_NS, EPP, GW, &failed).await;
     let (s, r, m) = cond(&reconcile(&client, &ctx).await, PROGRAMMED);
     assert_eq!((s.as_str(), r.as_str()), ("False", "ResourceNotFound"));
-    assert!(m.contains("unable to find xds resource gateways/inference-gw/http") && m.contains("listener name"), "{m}");
+    assert!(m.contains("unable to find xds resource gateways/inference-gw/http") && m.contains("listener or route configuration name") && m.contains("v1.7"), "{m}");
 
     // Recent Envoy Gateway releases report a disabled EnvoyPatchPolicy as Accepted=False/Disabled.
     fixtures::eg_status(&client, "EnvoyPatchPolicy", GW_NS, EPP, GW, &[("Accepted", "False", "Disabled", "EnvoyPatchPolicy is disabled")]).await;

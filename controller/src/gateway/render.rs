@@ -22,10 +22,11 @@
 //!   feed through (`dispatch_http_call` needs a cluster; no typed API adds one), and, in each xDS
 //!   listener the route is served on, sets `allow_on_headers_stop_iteration: true` on that filter
 //!   (a JSONPath operation, RFC 9535, so it reaches the filter in every filter chain: plain HTTP's
-//!   `default_filter_chain` and HTTPS's per-SNI `filter_chains`); in that listener's route
-//!   configuration it sets `request_body_buffer_limit` on the routes the filter is enabled on, since
-//!   Envoy Gateway's 32 KiB listener buffer would answer 413 to every longer prompt the filter holds
-//!   (`warmpath_envoy_config::ROUTE_BODY_BUFFER_LIMIT_BYTES`). Needs
+//!   `default_filter_chain` and HTTPS's per-SNI `filter_chains`); and in each route configuration
+//!   holding the route (an HTTPS listener's own, the one plain HTTP listeners on a port share) it sets
+//!   `request_body_buffer_limit` on the routes the filter is enabled on, since Envoy Gateway's 32 KiB
+//!   listener buffer would answer 413 to every longer prompt the filter holds
+//!   (`warmpath_envoy_config::ROUTE_BODY_BUFFER_LIMIT_BYTES`; Envoy 1.37 or later). Needs
 //!   `extensionApis.enableEnvoyPatchPolicy: true` in the Envoy Gateway configuration.
 //!
 //! Istio (`networking.istio.io/v1alpha3`):
@@ -319,7 +320,7 @@ fn render_envoy_gateway(input: &RenderInput<'_>, config: &Value, feed: &FeedTarg
     for gw in input.gateways {
         let epp = format!("warmpath-feed-{}-{}-{}", input.owner.short_kind(), input.owner.namespace, input.owner.name);
         let mut patches = vec![json!({
-            "type": "type.googleapis.com/envoy.config.cluster.v3.Cluster",
+            "type": CLUSTER,
             "name": feed.cluster,
             "operation": {"op": "add", "path": "", "value": feed_cluster(&feed.cluster, input.controller)},
         })];
@@ -359,6 +360,8 @@ fn render_envoy_gateway(input: &RenderInput<'_>, config: &Value, feed: &FeedTarg
     out
 }
 
+/// `EnvoyPatchPolicy` resource type of an xDS cluster.
+const CLUSTER: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
 /// `EnvoyPatchPolicy` resource type of an xDS listener.
 const LISTENER: &str = "type.googleapis.com/envoy.config.listener.v3.Listener";
 /// `EnvoyPatchPolicy` resource type of an xDS route configuration.

@@ -117,6 +117,15 @@ pub fn chunked(body: &[u8]) -> reqwest::Body {
     reqwest::Body::wrap_stream(futures::stream::iter(pieces))
 }
 
+/// POSTs to `envoy`'s `/v1/chat/completions` a chat body whose one user message is `size` bytes, with a
+/// `content-length` or, when `chunked`, without one ([`chunked`]).
+pub async fn post_prompt(client: &reqwest::Client, envoy: &EnvoyProcess, size: usize, chunked: bool) -> Reply {
+    let body = json!({"model": "m", "messages": [{"role": "user", "content": "z".repeat(size)}]}).to_string();
+    let request = client.post(format!("{}/v1/chat/completions", envoy.url()));
+    let request = if chunked { request.body(self::chunked(body.as_bytes())) } else { request.body(body) };
+    Reply::from(request.send().await.expect("request")).await
+}
+
 /// What a client got back.
 #[derive(Debug)]
 pub struct Reply {

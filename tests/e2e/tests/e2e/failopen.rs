@@ -2,7 +2,7 @@
 
 use serde_json::json;
 
-use crate::common::Rig;
+use crate::common::{post_prompt, Rig};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_bodies_fail_open_and_are_counted() {
@@ -96,16 +96,9 @@ async fn filter_keeps_envoys_body_limit_behaviour() {
     let sizes = [4 << 10, 512 << 10, 1536 << 10, 3 << 20, 6 << 20, 12 << 20];
     let cases = sizes.iter().map(|&s| (s, false)).chain(sizes.iter().filter(|&&s| s < limit).map(|&s| (s, true)));
     for (size, chunked) in cases {
-        let body = json!({"model": "m", "messages": [{"role": "user", "content": "z".repeat(size)}]}).to_string();
         let mut statuses = Vec::new();
         for envoy in [&with, &without] {
-            let request = client.post(format!("{}/v1/chat/completions", envoy.url()));
-            let request = if chunked {
-                request.body(crate::common::chunked(body.as_bytes()))
-            } else {
-                request.body(body.clone())
-            };
-            statuses.push(request.send().await.expect("request").status().as_u16());
+            statuses.push(post_prompt(&client, envoy, size, chunked).await.status);
         }
         let how = if chunked { "chunked" } else { "with content-length" };
         eprintln!("body of {size} bytes {how}: with filter {}, without {}", statuses[0], statuses[1]);
@@ -131,30 +124,19 @@ async fn route_body_limit_serves_prompts_above_a_small_listener_limit() {
     let start = |c| warmpath_harness::EnvoyProcess::start(c, crate::common::CONCURRENCY);
     let (limited, plain, routed) = (start(limited).await.expect("envoy"), start(plain).await.expect("envoy"), start(routed).await.expect("envoy"));
     let client = reqwest::Client::new();
-    // (status, the filter's decision record as the rig's Envoy reports it)
-    let send = |envoy: &warmpath_harness::EnvoyProcess, size: usize, chunked: bool| {
-        let body = json!({"model": "m", "messages": [{"role": "user", "content": "z".repeat(size)}]}).to_string();
-        let request = client.post(format!("{}/v1/chat/completions", envoy.url()));
-        let request = if chunked { request.body(crate::common::chunked(body.as_bytes())) } else { request.body(body) };
-        async move {
-            let r = request.send().await.expect("request");
-            let decision = r.headers().get(warmpath_harness::RIG_DECISION_HEADER).and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
-            (r.status().as_u16(), decision)
-        }
-    };
     for size in [64 << 10, 1000 << 10] {
-        assert_eq!(send(&limited, size, false).await.0, 413, "the filter holds a {size}-byte prompt past a 32 KiB listener limit");
-        assert_eq!(send(&plain, size, false).await.0, 200, "without the filter nothing holds a {size}-byte prompt");
+        assert_eq!(post_prompt(&client, &limited, size, false).await.status, 413, "the filter holds a {size}-byte prompt past a 32 KiB listener limit");
+        assert_eq!(post_prompt(&client, &plain, size, false).await.status, 200, "without the filter nothing holds a {size}-byte prompt");
     }
     let max_body_bytes = warmpath_core::config::DEFAULT_MAX_BODY_BYTES;
     for size in [4 << 10, 64 << 10, 512 << 10, 1000 << 10, 3 << 20] {
         for chunked in [false, true] {
-            let (status, decision) = send(&routed, size, chunked).await;
-            assert_eq!(status, 200, "prompt of {size} bytes, chunked {chunked}");
+            let r = post_prompt(&client, &routed, size, chunked).await;
+            assert_eq!(r.status, 200, "prompt of {size} bytes, chunked {chunked}");
             // Envoy's copy of the filter's decision: placed when the filter read the prompt, failed open past
             // max_body_bytes.
-            let placed = !decision.is_empty() && !decision.contains(";fail_open;");
-            assert_eq!(placed, size <= max_body_bytes, "prompt of {size} bytes, chunked {chunked}: {decision:?}");
+            let placed = !r.decision.is_empty() && r.reason() != "fail_open";
+            assert_eq!(placed, size <= max_body_bytes, "prompt of {size} bytes, chunked {chunked}: {r:?}");
         }
     }
 }

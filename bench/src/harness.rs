@@ -15,6 +15,7 @@ use tokio::task::JoinSet;
 use warmpath_core::Settings;
 use warmpath_core::feed::{FeedEndpoint, FeedSnapshot};
 use warmpath_harness::{filter_wasm, EnvoyConfig, EnvoyProcess, FeedCluster, FeedServer, FILTER_STAT_PREFIX};
+use warmpath_harness::cpu::{tree_cpu_seconds, MachineCpu};
 use warmpath_sim::{SimConfig, SimServer};
 
 use crate::baselines::Baseline;
@@ -266,6 +267,13 @@ pub struct StrategyRun {
     pub wall_s: f64,
     /// The time scale used (wall = simulated × scale).
     pub time_scale: f64,
+    /// CPU time the proxies on the request path used during the replay, seconds (user + system of every Envoy
+    /// started for the strategy, with or without the filter, or of the peer's router process tree); `None` when
+    /// requests went straight to the servers.
+    pub proxy_cpu_s: Option<f64>,
+    /// Share of the machine's cores busy during the replay, 0–1 (everything running counts: proxies, the
+    /// simulated servers, the client, and anything else on the machine).
+    pub machine_busy: Option<f64>,
 }
 
 enum Target {
@@ -358,6 +366,8 @@ pub async fn run_strategy(strategy: &Strategy, reqs: &[Request], s: &RunSettings
 
     let client = reqwest::Client::builder().pool_max_idle_per_host(256).build()?;
     let scale = s.sim.latency.time_scale;
+    let proxy_pids: Vec<u32> = envoys.iter().map(EnvoyProcess::pid).chain(peer.as_ref().map(PeerProcess::pid)).collect();
+    let cpu_before = CpuReading::take(&proxy_pids);
     let start = Instant::now();
     let mut tasks: JoinSet<Outcome> = JoinSet::new();
     let mut outcomes = Vec::with_capacity(reqs.len());
@@ -439,6 +449,7 @@ pub async fn run_strategy(strategy: &Strategy, reqs: &[Request], s: &RunSettings
         }
     }
     let wall_s = start.elapsed().as_secs_f64();
+    let (proxy_cpu_s, machine_busy) = CpuReading::take(&proxy_pids).since(&cpu_before);
     outcomes.sort_by_key(|o| o.id);
 
     let mut server_metrics = Vec::new();
@@ -496,7 +507,35 @@ pub async fn run_strategy(strategy: &Strategy, reqs: &[Request], s: &RunSettings
         filter_stats,
         wall_s,
         time_scale: scale,
+        proxy_cpu_s,
+        machine_busy,
     })
+}
+
+/// The proxies' CPU time and the machine's CPU counters at one moment (either part `None` when procfs could not be
+/// read: the run is still reported, without its CPU columns).
+struct CpuReading {
+    proxies: Option<f64>,
+    machine: Option<MachineCpu>,
+}
+
+impl CpuReading {
+    /// Reads the CPU time of the process trees of `pids` (none: no proxy on the path) and the machine's counters.
+    fn take(pids: &[u32]) -> CpuReading {
+        let proxies = if pids.is_empty() {
+            None
+        } else {
+            pids.iter().map(|&p| tree_cpu_seconds(p).ok()).sum::<Option<f64>>()
+        };
+        CpuReading { proxies, machine: MachineCpu::sample().ok() }
+    }
+
+    /// The proxies' CPU seconds and the machine's busy share since `earlier`.
+    fn since(&self, earlier: &CpuReading) -> (Option<f64>, Option<f64>) {
+        let proxies = self.proxies.zip(earlier.proxies).map(|(a, b)| (a - b).max(0.0));
+        let busy = self.machine.zip(earlier.machine).and_then(|(a, b)| a.busy_since(&b));
+        (proxies, busy)
+    }
 }
 
 /// How often the harness's feed scrapes the servers' loads, ms of wall time: every simulated second (the

@@ -40,7 +40,15 @@ pub struct Summary {
     /// Requests the harness routed itself that a server other than its pick answered (0 unless the hop to the
     /// servers ignored the pick).
     pub misrouted: usize,
+    /// CPU time of the proxies on the request path per request sent, µs ([`StrategyRun::proxy_cpu_s`]).
+    pub proxy_cpu_us: Option<f64>,
+    /// Share of the machine's cores busy during the replay, 0–1 ([`StrategyRun::machine_busy`]).
+    pub cpu_busy: Option<f64>,
 }
+
+/// A replay during which the machine's cores were at least this busy (share, 0–1) is flagged under the table: its
+/// requests waited for a core as well as for their server, so its latencies measure the machine too.
+pub const SATURATED_BUSY: f64 = 0.9;
 
 /// The `q`-quantile (0–1) of `v` by nearest rank; 0 for an empty slice.
 pub fn percentile(v: &mut [f64], q: f64) -> f64 {
@@ -78,6 +86,8 @@ impl Summary {
             server_requests: total as u64,
             client_ok: ok.len(),
             misrouted: ok.iter().filter(|o| o.picked.is_some() && o.picked != o.endpoint).count(),
+            proxy_cpu_us: run.proxy_cpu_s.filter(|_| !run.outcomes.is_empty()).map(|c| c * 1e6 / run.outcomes.len() as f64),
+            cpu_busy: run.machine_busy,
         }
     }
 
@@ -91,20 +101,58 @@ impl Summary {
 /// What the table's units and path column mean, printed under every table.
 const LEGEND: &str = "latencies in simulated ms; hit ratio = server-side cached prompt tokens / prompt tokens; \
     path: envoy = Envoy + the filter; envoy-pick = routed client-side by the harness, its pick through Envoy without \
-    the filter; direct = routed client-side, no proxy hop; smg / vllm-router = the peer's real router process";
+    the filter; direct = routed client-side, no proxy hop; smg / vllm-router = the peer's real router process; \
+    proxy CPU = user + system CPU time of the proxy processes on the request path per request, µs of real time \
+    (the harness's own routers decide inside the harness, not counted there); CPU busy = share of all the \
+    machine's cores busy during the replay";
+
+/// `x` with `digits` decimals, or `-` when absent.
+fn opt(x: Option<f64>, digits: usize) -> String {
+    x.map_or_else(|| "-".to_string(), |v| format!("{v:.digits$}"))
+}
+
+/// [`mean_range`] of the values present, or `-` when no run has one.
+fn mean_range_opt(v: &[Option<f64>], digits: usize) -> String {
+    let present: Vec<f64> = v.iter().flatten().copied().collect();
+    if present.is_empty() {
+        "-".to_string()
+    } else {
+        mean_range(&present, digits)
+    }
+}
+
+/// The note printed under a table for the strategies whose replays ran on saturated cores: `rows` pairs each label
+/// with the busy share of its replay (of its busiest run, over repeated runs); empty when none reached
+/// [`SATURATED_BUSY`].
+fn saturation_note(rows: &[(&str, Option<f64>)]) -> String {
+    let hot: Vec<String> = rows
+        .iter()
+        .filter_map(|(l, b)| b.filter(|b| *b >= SATURATED_BUSY).map(|b| format!("{l} {:.0} %", b * 100.0)))
+        .collect();
+    if hot.is_empty() {
+        return String::new();
+    }
+    format!(
+        "note: the machine's cores were at least {:.0} % busy during the replay of {} (busiest run): requests also \
+         waited for a core, and every wall millisecond counts 1 / time scale simulated ones, so these latencies \
+         measure the machine as well as the routing; a larger --time-scale lowers the load\n",
+        SATURATED_BUSY * 100.0,
+        hot.join(", ")
+    )
+}
 
 /// The comparison table as Markdown (also readable in a terminal), with the pooled-cache bound below it.
 pub fn table(rows: &[Summary], pooled: Option<f64>) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "| strategy | path | requests | errors | hit ratio | TTFT p50 | TTFT p90 | TTFT p99 | E2E p50 | E2E p99 | max share | overflow | req/s |"
+        "| strategy | path | requests | errors | hit ratio | TTFT p50 | TTFT p90 | TTFT p99 | E2E p50 | E2E p99 | max share | overflow | req/s | proxy CPU µs/req | CPU busy % |"
     );
-    let _ = writeln!(s, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let _ = writeln!(s, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for r in rows {
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {} | {:.3} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.3} | {} | {:.2} |",
+            "| {} | {} | {} | {} | {:.3} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.3} | {} | {:.2} | {} | {} |",
             r.label,
             r.path,
             r.requests,
@@ -117,13 +165,16 @@ pub fn table(rows: &[Summary], pooled: Option<f64>) -> String {
             r.e2e_ms[1],
             r.max_share,
             r.overflows,
-            r.throughput
+            r.throughput,
+            opt(r.proxy_cpu_us, 0),
+            opt(r.cpu_busy.map(|b| b * 100.0), 0),
         );
     }
     if let Some(p) = pooled {
         let _ = writeln!(s, "\npooled-cache bound (one cache holding the whole fleet's capacity): hit ratio {p:.3}");
     }
     let _ = writeln!(s, "{LEGEND}");
+    s.push_str(&saturation_note(&rows.iter().map(|r| (r.label.as_str(), r.cpu_busy)).collect::<Vec<_>>()));
     s
 }
 
@@ -145,16 +196,17 @@ pub fn table_runs(runs: &[Vec<Summary>], pooled: &[f64]) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "| strategy | path | runs | requests | errors | hit ratio | TTFT p50 | TTFT p90 | TTFT p99 | E2E p50 | E2E p99 | max share | overflow | req/s |"
+        "| strategy | path | runs | requests | errors | hit ratio | TTFT p50 | TTFT p90 | TTFT p99 | E2E p50 | E2E p99 | max share | overflow | req/s | proxy CPU µs/req | CPU busy % |"
     );
-    let _ = writeln!(s, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let _ = writeln!(s, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let mut busiest = Vec::new();
     let Some(first) = runs.first() else { return s };
     for (i, r) in first.iter().enumerate() {
         let rows: Vec<&Summary> = runs.iter().filter_map(|run| run.get(i)).collect();
         let col = |f: &dyn Fn(&Summary) -> f64, d: usize| mean_range(&rows.iter().map(|r| f(r)).collect::<Vec<_>>(), d);
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             r.label,
             r.path,
             rows.len(),
@@ -169,7 +221,11 @@ pub fn table_runs(runs: &[Vec<Summary>], pooled: &[f64]) -> String {
             col(&|r| r.max_share, 3),
             col(&|r| r.overflows as f64, 0),
             col(&|r| r.throughput, 2),
+            mean_range_opt(&rows.iter().map(|r| r.proxy_cpu_us).collect::<Vec<_>>(), 0),
+            mean_range_opt(&rows.iter().map(|r| r.cpu_busy.map(|b| b * 100.0)).collect::<Vec<_>>(), 0),
         );
+        let max_busy = rows.iter().filter_map(|r| r.cpu_busy).fold(None, |m: Option<f64>, b| Some(m.map_or(b, |m| m.max(b))));
+        busiest.push((r.label.as_str(), max_busy));
     }
     if !pooled.is_empty() {
         let _ = writeln!(
@@ -179,6 +235,7 @@ pub fn table_runs(runs: &[Vec<Summary>], pooled: &[f64]) -> String {
         );
     }
     let _ = writeln!(s, "mean (min–max) over {} runs; {LEGEND}", runs.len());
+    s.push_str(&saturation_note(&busiest));
     s
 }
 
@@ -189,6 +246,7 @@ pub fn write_csv(dir: &Path, runs: &[StrategyRun], rows: &[Summary]) -> anyhow::
     w.write_record([
         "strategy", "path", "requests", "errors", "hit_ratio", "ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms",
         "e2e_p50_ms", "e2e_p99_ms", "max_share", "overflow", "throughput_rps", "server_requests",
+        "proxy_cpu_us_per_request", "machine_cpu_busy",
     ])?;
     for r in rows {
         w.write_record([
@@ -206,6 +264,8 @@ pub fn write_csv(dir: &Path, runs: &[StrategyRun], rows: &[Summary]) -> anyhow::
             r.overflows.to_string(),
             format!("{:.3}", r.throughput),
             r.server_requests.to_string(),
+            r.proxy_cpu_us.map(|c| format!("{c:.1}")).unwrap_or_default(),
+            r.cpu_busy.map(|b| format!("{b:.3}")).unwrap_or_default(),
         ])?;
     }
     w.flush()?;
@@ -277,6 +337,8 @@ mod tests {
             server_requests: 10,
             client_ok: 10,
             misrouted: 0,
+            proxy_cpu_us: None,
+            cpu_busy: None,
         }
     }
 
@@ -293,6 +355,26 @@ mod tests {
         assert!(line("A").contains("| 3 | 10 | 0 | 0.600 (0.500–0.700) | 300 (100–600) | 600 (200–1200) |"), "{t}");
         assert!(line("B").contains("| 3 | 10 | 3 | 0.100 | 300 | 600 |"), "{t}");
         assert!(t.contains("hit ratio 0.900 (0.800–1.000)"), "{t}");
+    }
+
+    #[test]
+    fn cpu_columns_show_means_or_a_dash_and_saturated_replays_are_flagged() {
+        let with = |label: &str, cpu: Option<f64>, busy: Option<f64>| Summary { proxy_cpu_us: cpu, cpu_busy: busy, ..row(label, 0.5, 100.0, 0) };
+        let runs = vec![
+            vec![with("PROXIED", Some(300.0), Some(0.5)), with("DIRECT", None, Some(0.95))],
+            vec![with("PROXIED", Some(500.0), Some(0.7)), with("DIRECT", None, Some(0.85))],
+        ];
+        let t = table_runs(&runs, &[]);
+        let line = |l: &str| t.lines().find(|x| x.starts_with(&format!("| {l} |"))).unwrap().to_string();
+        assert!(line("PROXIED").ends_with("| 400 (300–500) | 60 (50–70) |"), "{t}");
+        assert!(line("DIRECT").ends_with("| - | 90 (85–95) |"), "{t}");
+        // The busiest run decides: DIRECT had one run at 95 %, PROXIED none at 90 % or more.
+        let note = t.lines().find(|x| x.starts_with("note:")).expect("saturation note");
+        assert!(note.contains("DIRECT 95 %") && !note.contains("PROXIED"), "{note}");
+
+        let one = table(&[with("PROXIED", Some(250.0), Some(0.4))], None);
+        assert!(one.lines().any(|x| x.starts_with("| PROXIED |") && x.ends_with("| 250 | 40 |")), "{one}");
+        assert!(!one.contains("note:"), "no replay was saturated: {one}");
     }
 
     #[test]

@@ -6,11 +6,13 @@
 //!   port reports ready, reads `/stats`, rewrites the listener (LDS file) for live reconfiguration, and kills Envoy
 //!   on drop;
 //! - [`Upstream`] is a local model-server stand-in that records every request it got and can hold requests;
-//! - [`FeedServer`] serves an endpoint/load snapshot for the filter's feed poller.
+//! - [`FeedServer`] serves an endpoint/load snapshot for the filter's feed poller;
+//! - [`cpu`] reads the CPU time of a process tree and how busy the machine was, for the benchmarks.
 //!
 //! Everything binds to 127.0.0.1 only.
 
 mod config;
+pub mod cpu;
 mod envoy;
 mod feed;
 mod paths;

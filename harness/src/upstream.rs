@@ -1,6 +1,7 @@
 //! A local stand-in for a model server: answers every request with a small OpenAI-style JSON body naming itself,
 //! records what it received (bodies of any size: no server-side body limit, unlike axum's default 2 MB, so body
-//! limits seen in tests are Envoy's), and can hold requests (to build up in-flight load) or delay them, and be killed
+//! limits seen in tests are Envoy's), and can hold requests (to build up in-flight load) or delay them, stream its
+//! answer as server-sent events one token at a time (as a model server streams a completion), and be killed
 //! (listener closed, every open connection dropped mid-request, like a crashed process) and restarted on the
 //! same address.
 
@@ -45,6 +46,9 @@ struct Shared {
     /// `true` while requests are held; handlers wait for it to turn `false`.
     hold: watch::Sender<bool>,
     active: AtomicUsize,
+    /// Streamed answers: events per answer (0: one JSON body) and the pause before each, µs.
+    stream_events: AtomicUsize,
+    stream_gap_us: AtomicU64,
 }
 
 /// A running upstream on 127.0.0.1; the server task is aborted on drop.
@@ -81,6 +85,8 @@ impl Upstream {
             delay_ms: AtomicU64::new(0),
             hold,
             active: AtomicUsize::new(0),
+            stream_events: AtomicUsize::new(0),
+            stream_gap_us: AtomicU64::new(0),
         });
         let app = axum::Router::new().fallback(handle).layer(axum::extract::DefaultBodyLimit::disable()).with_state(shared.clone());
         let task = tokio::spawn(serve(listener, app));
@@ -154,6 +160,14 @@ impl Upstream {
         self.shared.delay_ms.store(d.as_millis() as u64, Ordering::SeqCst);
     }
 
+    /// From now on answers as a stream of `events` server-sent events (`text/event-stream`, one token each, then
+    /// `data: [DONE]`), each written `gap` after the previous one, so that a proxy reads each as its own chunk; 0
+    /// events goes back to one JSON body.
+    pub fn set_stream(&self, events: usize, gap: Duration) {
+        self.shared.stream_gap_us.store(gap.as_micros() as u64, Ordering::SeqCst);
+        self.shared.stream_events.store(events, Ordering::SeqCst);
+    }
+
     /// Holds every request (arrived ones and new ones) until [`Self::release`].
     pub fn hold(&self) {
         self.shared.hold.send_replace(true);
@@ -200,6 +214,24 @@ async fn handle(
     if delay > 0 {
         tokio::time::sleep(Duration::from_millis(delay)).await;
     }
+    let events = s.stream_events.load(Ordering::SeqCst);
+    if events > 0 {
+        let gap = Duration::from_micros(s.stream_gap_us.load(Ordering::SeqCst));
+        let chunks = futures::stream::unfold(0usize, move |i| async move {
+            if i > events {
+                return None;
+            }
+            tokio::time::sleep(gap).await;
+            let event = if i == events {
+                "data: [DONE]\n\n".to_string()
+            } else {
+                r#"data: {"object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"ok"}}]}"#.to_string() + "\n\n"
+            };
+            Some((Ok::<_, std::convert::Infallible>(Bytes::from(event)), i + 1))
+        });
+        let headers = [("content-type", "text/event-stream".to_string()), ("x-upstream", s.addr.to_string())];
+        return (headers, axum::body::Body::from_stream(chunks)).into_response();
+    }
     let body = format!(
         r#"{{"object":"chat.completion","upstream":"{}","choices":[{{"index":0,"message":{{"role":"assistant","content":"ok"}},"finish_reason":"stop"}}]}}"#,
         s.addr
@@ -212,5 +244,27 @@ struct ActiveGuard(Arc<Shared>);
 impl Drop for ActiveGuard {
     fn drop(&mut self) {
         self.0.active.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn streamed_answers_carry_each_event_then_done() {
+        let u = Upstream::start().await.expect("upstream");
+        u.set_stream(3, Duration::from_millis(1));
+        let r = reqwest::Client::new().post(format!("http://{}/v1/chat/completions", u.addr())).body("{}").send().await.expect("send");
+        assert_eq!(r.headers()["content-type"], "text/event-stream");
+        let body = r.text().await.expect("body");
+        let events: Vec<&str> = body.split("\n\n").filter(|e| !e.is_empty()).collect();
+        assert_eq!(events.len(), 4, "{body}");
+        assert!(events[..3].iter().all(|e| e.starts_with("data: {") && e.contains("chat.completion.chunk")), "{body}");
+        assert_eq!(events[3], "data: [DONE]");
+        u.set_stream(0, Duration::ZERO);
+        let r = reqwest::Client::new().post(format!("http://{}/x", u.addr())).send().await.expect("send");
+        assert_eq!(r.headers()["content-type"], "application/json");
+        assert_eq!(u.count(), 2);
     }
 }

@@ -1,11 +1,12 @@
 //! Benchmark (not a test): Envoy with vs without the warmpath filter, same run, same upstreams, 4 KB chat bodies.
 //!
 //! Reports throughput of each config, its ratio to the no-filter baseline, and Envoy's added CPU time per request
-//! (user + system time of the Envoy process from `/proc/<pid>/stat`, measured around each bounded run). All configs
+//! (user + system time of the Envoy process, `warmpath_harness::cpu`, measured around each bounded run). All configs
 //! run side by side and are measured in alternation `--rounds` times; medians are reported.
 //!
 //! `cargo run -p warmpath-harness --release --bin overhead -- [--requests 20000] [--connections 16] [--rounds 5]
-//!  [--filter PREFIX_AWARE] [--filter RANDOM] [--filter STRATEGY=/path/to/variant.wasm] [--feed-interval-ms 200]`
+//!  [--filter PREFIX_AWARE] [--filter RANDOM] [--filter STRATEGY=/path/to/variant.wasm] [--feed-interval-ms 200]
+//!  [--stream-events 100 [--event-gap-us 1000]]`
 //! (needs the release wasm module and `.venv/bin/envoy`). With `--feed-interval-ms`, every filter config is also
 //! measured polling a feed (the harness's feed server, serving the upstreams and taking the index exchange and
 //! the pending sections) at that interval: the cost of the feed in the gateway's own CPU.
@@ -18,9 +19,10 @@ use clap::Parser;
 use serde_json::json;
 use warmpath_core::feed::{FeedEndpoint, FeedSnapshot};
 use warmpath_harness::{filter_wasm, EnvoyConfig, EnvoyProcess, FeedCluster, FeedServer, Upstream};
+use warmpath_harness::cpu::tree_cpu_seconds;
 
 #[derive(Parser)]
-#[command(about = "Envoy + warmpath filter overhead vs plain Envoy (4 KB chat bodies)")]
+#[command(about = "Envoy + warmpath filter overhead vs plain Envoy (4 KB chat bodies, JSON or streamed answers)")]
 struct Args {
     /// Requests per measured run (bounded).
     #[arg(long, default_value_t = 20_000)]
@@ -44,6 +46,14 @@ struct Args {
     /// Envoy worker threads.
     #[arg(long, default_value_t = 2)]
     concurrency: u32,
+    /// Answer every request as a stream of this many server-sent events (tokens) instead of one JSON body: the
+    /// filter is called for every chunk of a response, as for a streamed completion.
+    #[arg(long, default_value_t = 0)]
+    stream_events: usize,
+    /// With `--stream-events`, the pause before each event, µs (long enough that Envoy reads each event as its
+    /// own chunk, as it does a model server's tokens).
+    #[arg(long, default_value_t = 1000)]
+    event_gap_us: u64,
     /// Also measure every filter config polling a feed every this many ms (the exchange runs on every tick: this or
     /// the filter's tick with a feed, whichever is shorter).
     #[arg(long, value_parser = clap::value_parser!(u64).range(10..=60_000))]
@@ -51,17 +61,6 @@ struct Args {
     /// Wall-clock cap per run in seconds.
     #[arg(long, default_value_t = 60)]
     max_seconds: u64,
-}
-
-/// Envoy process CPU time (user + system) in seconds, from /proc/<pid>/stat (fields 14 and 15, clock ticks).
-fn cpu_seconds(pid: u32) -> Result<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    let after = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
-    let f: Vec<&str> = after.split_whitespace().collect();
-    // After "pid (comm)", field 3 is at index 0, so utime (14) is index 11 and stime (15) index 12.
-    let (u, s): (f64, f64) = (f[11].parse()?, f[12].parse()?);
-    // Linux USER_HZ is 100 on every mainstream configuration.
-    Ok((u + s) / 100.0)
 }
 
 fn bodies(n: usize, size: usize) -> Vec<Arc<Vec<u8>>> {
@@ -91,7 +90,7 @@ async fn run(envoy: &EnvoyProcess, bodies: &[Arc<Vec<u8>>], args: &Args) -> Resu
     }
     let per_conn = args.requests / args.connections;
     let deadline = Instant::now() + Duration::from_secs(args.max_seconds);
-    let cpu0 = cpu_seconds(envoy.pid())?;
+    let cpu0 = tree_cpu_seconds(envoy.pid())?;
     let start = Instant::now();
     let mut tasks = Vec::new();
     for c in 0..args.connections {
@@ -118,7 +117,7 @@ async fn run(envoy: &EnvoyProcess, bodies: &[Arc<Vec<u8>>], args: &Args) -> Resu
         done += t.await??;
     }
     let wall = start.elapsed().as_secs_f64();
-    let cpu = cpu_seconds(envoy.pid())? - cpu0;
+    let cpu = tree_cpu_seconds(envoy.pid())? - cpu0;
     Ok(RunResult { rps: done as f64 / wall, cpu_us_per_req: cpu * 1e6 / done as f64 })
 }
 
@@ -131,6 +130,9 @@ fn median(mut v: Vec<f64>) -> f64 {
 async fn main() -> Result<()> {
     let args = Args::parse();
     let upstreams = Upstream::start_many(3).await?;
+    for u in &upstreams {
+        u.set_stream(args.stream_events, Duration::from_micros(args.event_gap_us));
+    }
     let addrs: Vec<_> = upstreams.iter().map(Upstream::addr).collect();
     let bodies = bodies(args.prompts, args.body_bytes);
     // Config 0 is the baseline (same listener and cluster, no wasm filter); all Envoys run for the whole session
@@ -214,8 +216,12 @@ async fn main() -> Result<()> {
         }
     }
     println!();
+    let answers = match args.stream_events {
+        0 => "JSON answers".to_string(),
+        n => format!("answers streamed as {n} events {} µs apart", args.event_gap_us),
+    };
     println!(
-        "medians of {} alternating rounds × {} requests, {} connections, {} distinct ~{} B chat bodies, 3 upstreams, Envoy --concurrency {}",
+        "medians of {} alternating rounds × {} requests, {} connections, {} distinct ~{} B chat bodies, {answers}, 3 upstreams, Envoy --concurrency {}",
         args.rounds, args.requests, args.connections, args.prompts, args.body_bytes, args.concurrency
     );
     Ok(())

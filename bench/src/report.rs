@@ -224,7 +224,7 @@ pub fn table_runs(runs: &[Vec<Summary>], pooled: &[f64]) -> String {
             mean_range_opt(&rows.iter().map(|r| r.proxy_cpu_us).collect::<Vec<_>>(), 0),
             mean_range_opt(&rows.iter().map(|r| r.cpu_busy.map(|b| b * 100.0)).collect::<Vec<_>>(), 0),
         );
-        let max_busy = rows.iter().filter_map(|r| r.cpu_busy).fold(None, |m: Option<f64>, b| Some(m.map_or(b, |m| m.max(b))));
+        let max_busy = rows.iter().filter_map(|r| r.cpu_busy).reduce(f64::max);
         busiest.push((r.label.as_str(), max_busy));
     }
     if !pooled.is_empty() {

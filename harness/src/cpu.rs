@@ -16,27 +16,21 @@ use procfs::{ticks_per_second, CpuTime, CurrentSI, KernelStats};
 /// already exited and were reaped are in their parent's `cutime`/`cstime`, which is not added: what is measured is
 /// the live process tree, sampled before and after a run.
 pub fn tree_cpu_seconds(pid: u32) -> Result<f64> {
-    let ticks = ticks_per_second() as f64;
+    let per_second = ticks_per_second() as f64;
     let root = i32::try_from(pid).context("pid out of range")?;
     let stat = Process::new(root).with_context(|| format!("process {pid}"))?.stat()?;
+    // (pid, parent, CPU ticks) of every process, read once, then a walk down from `root`.
+    let procs: Vec<(i32, i32, u64)> =
+        all_processes()?.flatten().filter_map(|p| p.stat().ok()).map(|s| (s.pid, s.ppid, s.utime + s.stime)).collect();
     let mut total = stat.utime + stat.stime;
-    // (pid, parent) of every process, then a walk down from `root`.
-    let mut parents: Vec<(i32, i32)> = Vec::new();
-    for p in all_processes()?.flatten() {
-        if let Ok(s) = p.stat() {
-            parents.push((s.pid, s.ppid));
-        }
-    }
     let mut frontier = vec![root];
     while let Some(parent) = frontier.pop() {
-        for &(child, _) in parents.iter().filter(|(c, pp)| *pp == parent && *c != root) {
-            if let Ok(s) = Process::new(child).and_then(|p| p.stat()) {
-                total += s.utime + s.stime;
-                frontier.push(child);
-            }
+        for &(child, _, t) in procs.iter().filter(|(c, pp, _)| *pp == parent && *c != root) {
+            total += t;
+            frontier.push(child);
         }
     }
-    Ok(total as f64 / ticks)
+    Ok(total as f64 / per_second)
 }
 
 /// One reading of the machine's CPU counters (all cores, since boot, in clock ticks).

@@ -21,6 +21,9 @@ async fn prefix_aware_beats_random_on_hit_ratio_through_envoy() {
     assert!(hp > hr, "PREFIX_AWARE hit ratio {hp:.3} must exceed RANDOM {hr:.3}");
     // The filter really decided: its decision counters are in Envoy's stats.
     assert!(prefix.filter_stats.iter().any(|(_, v)| *v > 0), "filter stats: {:?}", prefix.filter_stats);
+    // The Envoy that proxied the requests is the process whose CPU time is counted, and the machine was busy.
+    assert!(prefix.proxy_cpu_s.is_some_and(|c| c > 0.0), "proxy CPU {:?}", prefix.proxy_cpu_s);
+    assert!(prefix.machine_busy.is_some_and(|b| b > 0.0 && b <= 1.0), "busy share {:?}", prefix.machine_busy);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -76,4 +79,6 @@ async fn a_client_side_pick_goes_straight_to_its_server_without_the_hop() {
     let run = run_strategy(&Strategy::parse("SGLANG_CACHE_AWARE").unwrap(), &reqs, &s).await.expect("direct run");
     assert_eq!(run.path, "direct");
     assert_balanced(&run);
+    // No proxy on the path: nothing to count.
+    assert_eq!(run.proxy_cpu_s, None);
 }

@@ -20,6 +20,8 @@ async fn real_peers_answer_every_request_and_smg_reuses_repeated_prefixes() {
         assert_eq!(run.path, strategy.path(s.client_hop));
         assert!(!run.via_envoy);
         assert_balanced(&run);
+        // The peer's own process did the proxying, so its CPU time is counted.
+        assert!(run.proxy_cpu_s.is_some_and(|c| c > 0.0), "{name}: proxy CPU {:?}", run.proxy_cpu_s);
         let cached = run.outcomes.iter().filter(|o| o.usage.prompt_tokens_details.cached_tokens > 0).count();
         eprintln!("{name}: {cached} of {} requests hit the cache, hit ratio {:.3}", run.outcomes.len(), Summary::of(&run).hit_ratio);
         if name == "SMG_CACHE_AWARE" {

@@ -22,7 +22,8 @@ struct Shared {
     body: Mutex<String>,
     /// Snapshots served at a given path instead of `body` (several feeds behind one server).
     by_path: Mutex<HashMap<String, String>>,
-    hits: AtomicU64,
+    /// Snapshot requests (GET) answered, per path.
+    hits_by_path: Mutex<HashMap<String, u64>>,
     /// The index exchange's record log of each feed path.
     logs: Mutex<HashMap<String, RecordLog>>,
     /// Answer the index exchange (else 404).
@@ -51,7 +52,7 @@ impl FeedServer {
         let shared = Arc::new(Shared {
             body: Mutex::new(snapshot_json),
             by_path: Mutex::new(HashMap::new()),
-            hits: AtomicU64::new(0),
+            hits_by_path: Mutex::new(HashMap::new()),
             logs: Mutex::new(HashMap::new()),
             exchange: AtomicBool::new(true),
             pending: AtomicBool::new(true),
@@ -94,7 +95,12 @@ impl FeedServer {
 
     /// How many snapshot requests (GET) the feed answered so far.
     pub fn hits(&self) -> u64 {
-        self.shared.hits.load(Ordering::SeqCst)
+        self.shared.hits_by_path.lock().map(|m| m.values().sum()).unwrap_or(0)
+    }
+
+    /// How many snapshot requests (GET) of `path` the feed answered so far.
+    pub fn hits_at(&self, path: &str) -> u64 {
+        self.shared.hits_by_path.lock().map(|m| m.get(path).copied().unwrap_or(0)).unwrap_or(0)
     }
 
     /// Keeps (`true`, the default) or refuses with 404 the gateway leg of the index exchange.
@@ -168,7 +174,9 @@ async fn answer(State(s): State<Arc<Shared>>, method: Method, uri: Uri, headers:
             Err(e) => (StatusCode::BAD_REQUEST, e).into_response(),
         };
     }
-    s.hits.fetch_add(1, Ordering::SeqCst);
+    if let Ok(mut m) = s.hits_by_path.lock() {
+        *m.entry(uri.path().to_string()).or_default() += 1;
+    }
     let at_path = s.by_path.lock().ok().and_then(|m| m.get(uri.path()).cloned());
     let body = at_path.unwrap_or_else(|| s.body.lock().map(|b| b.clone()).unwrap_or_default());
     ([("content-type", "application/json")], body).into_response()

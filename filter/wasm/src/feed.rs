@@ -112,6 +112,8 @@ pub struct FeedPoller {
     takes_pending_key: String,
     /// Token of the index exchange call in flight.
     index_pending: Option<u32>,
+    /// True when this VM held the lease at its last tick.
+    polling: bool,
     /// Ticks per snapshot poll (`feed.interval_ms` over the tick period, rounded up).
     ticks_per_poll: u64,
     /// Ticks this VM held the lease, counted to poll the snapshot every `ticks_per_poll`.
@@ -134,6 +136,7 @@ impl FeedPoller {
             remote_pending_key: remote_pending_key(&settings),
             takes_pending_key: format!("{TAKES_PENDING_KEY}{feed}"),
             index_pending: None,
+            polling: false,
             ticks_per_poll: settings.interval_ms.div_ceil(tick_ms).max(1),
             ticks: 0,
             next_poll: 0,
@@ -146,12 +149,23 @@ impl FeedPoller {
         }
     }
 
+    /// Stops polling for a configuration that a newer one superseded (see `root::FilterRoot`): forgets the calls
+    /// in flight, whose answers are then ignored, and gives up the lease, so the newer configuration's poller of the
+    /// same feed takes over on its next tick. Idempotent; [`FeedPoller::on_tick`] resumes polling.
+    pub fn abandon(&mut self) {
+        if self.pending.take().is_some() | self.index_pending.take().is_some() | self.polling {
+            shared::release_lease(&self.lease_key, self.owner);
+        }
+        self.polling = false;
+    }
+
     /// Applies a newer published snapshot, then polls if this VM holds (or takes) the lease, and reports this
     /// Envoy's index records to the feed.
     pub fn on_tick(&mut self, now_ms: u64, router: &Rc<RefCell<Router>>, exchange: &Exchange, metrics: &Metrics) {
         self.apply_published(router, metrics);
         let ttl = self.settings.interval_ms.saturating_mul(LEASE_INTERVALS);
         let polling = shared::take_lease(&self.lease_key, self.owner, now_ms, ttl);
+        self.polling = polling;
         exchange.collect(polling);
         if !polling {
             return;

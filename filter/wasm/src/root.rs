@@ -34,6 +34,9 @@ thread_local! {
     // This VM's membership in the index exchange of each plugin (`exchange`), like the router one per plugin.
     static EXCHANGES: RefCell<HashMap<String, Rc<Exchange>>> = RefCell::new(HashMap::new());
     static RNG: RefCell<u64> = const { RefCell::new(0) };
+    // The configured root contexts of each plugin in this VM, in the order of their last configuration: the last one
+    // is in force (`FilterRoot::in_force`).
+    static CONFIGURED: RefCell<HashMap<String, Vec<u32>>> = RefCell::new(HashMap::new());
     // Endpoints whose in-flight gauge this VM has reported (see `refresh_gauges`).
     static REPORTED: RefCell<std::collections::BTreeSet<String>> = const { RefCell::new(std::collections::BTreeSet::new()) };
 }
@@ -85,8 +88,21 @@ pub struct Shared {
 }
 
 /// The root context of one VM and plugin configuration.
+///
+/// Envoy keeps a superseded configuration's root context, with its tick, while connections of the listener it
+/// served drain (up to the drain time, 600 s by default). Only the plugin's newest configuration in the VM polls the
+/// feed, renews the exchange and reports gauges: the superseded one shares the plugin's router, and its feed poller
+/// would put its own feed's endpoints back on every new version of that feed. It still flushes the counters of the
+/// requests it handles, and if the newer configuration goes first (its listener removed), it comes back in force
+/// with its own settings.
 pub struct FilterRoot {
     context_id: u32,
+    /// The Envoy `plugin_name` of the configuration in force (empty until configured).
+    plugin: String,
+    /// This root context's own settings (`None` until configured), put back in force when it takes over again.
+    settings: Option<Settings>,
+    /// Whether this root context was in force at its last tick.
+    was_in_force: bool,
     shared: Option<Rc<Shared>>,
     feed: Option<FeedPoller>,
 }
@@ -94,7 +110,21 @@ pub struct FilterRoot {
 impl FilterRoot {
     /// A root context not yet configured.
     pub fn new(context_id: u32) -> Self {
-        FilterRoot { context_id, shared: None, feed: None }
+        FilterRoot { context_id, plugin: String::new(), settings: None, was_in_force: false, shared: None, feed: None }
+    }
+
+    /// True when this is the newest configured root context of its plugin in this VM.
+    fn in_force(&self) -> bool {
+        CONFIGURED.with(|c| c.borrow().get(&self.plugin).and_then(|ids| ids.last()) == Some(&self.context_id))
+    }
+
+    /// Records this root context as its plugin's newest configuration.
+    fn take_force(&self) {
+        CONFIGURED.with(|c| {
+            let mut c = c.borrow_mut();
+            c.values_mut().for_each(|ids| ids.retain(|&id| id != self.context_id));
+            c.entry(self.plugin.clone()).or_default().push(self.context_id);
+        });
     }
 
     fn refresh_gauges(&self) {
@@ -133,9 +163,26 @@ impl FilterRoot {
     }
 }
 
+impl Drop for FilterRoot {
+    // Envoy deletes a root context when its configuration's last user goes (`proxy_on_delete`, which drops it): an
+    // older configuration still draining comes back in force.
+    fn drop(&mut self) {
+        let _ = CONFIGURED.try_with(|c| {
+            if let Ok(mut c) = c.try_borrow_mut() {
+                c.values_mut().for_each(|ids| ids.retain(|&id| id != self.context_id));
+            }
+        });
+    }
+}
+
 impl Context for FilterRoot {
     fn on_http_call_response(&mut self, token_id: u32, _num_headers: usize, body_size: usize, _num_trailers: usize) {
+        let in_force = self.in_force();
         if let (Some(feed), Some(shared)) = (self.feed.as_mut(), self.shared.as_ref()) {
+            // A call sent before a newer configuration arrived: its answer is the old feed's.
+            if !in_force {
+                return feed.abandon();
+            }
             feed.on_response(token_id, body_size, &shared.router, &shared.exchange, &shared.metrics);
         }
     }
@@ -185,6 +232,9 @@ impl RootContext for FilterRoot {
             e
         });
         self.feed = settings.feed.clone().map(|f| FeedPoller::new(f, self.context_id, tick));
+        self.plugin = plugin.clone();
+        self.take_force();
+        self.was_in_force = true;
         let _ = hostcalls::set_tick_period(tick);
         info!(
             "configured plugin={plugin} strategy={} endpoints={} prefix_length={} block_size={} concurrency_threshold={} max_body_bytes={} feed={} upstream_clusters={}",
@@ -204,18 +254,37 @@ impl RootContext for FilterRoot {
             .as_ref()
             .map(|f| (feed::remote_pending_key(f), feed::remote_pending_max_age(f, tick)));
         self.shared = Some(Rc::new(Shared { router, exchange, metrics, remote_pending, keyless }));
+        self.settings = Some(settings);
         true
     }
 
     fn on_tick(&mut self) {
+        let in_force = self.in_force();
+        if in_force && !self.was_in_force {
+            // The newer configuration went away while this one still serves: its settings are in force again.
+            if let (Some(shared), Some(settings)) = (&self.shared, &self.settings) {
+                if let Ok(mut router) = shared.router.try_borrow_mut() {
+                    router.reconfigure(settings.clone());
+                }
+            }
+        }
+        self.was_in_force = in_force;
         if let (Some(feed), Some(shared)) = (self.feed.as_mut(), self.shared.as_ref()) {
-            feed.on_tick(now_ms(), &shared.router, &shared.exchange, &shared.metrics);
+            if in_force {
+                feed.on_tick(now_ms(), &shared.router, &shared.exchange, &shared.metrics);
+            } else {
+                feed.abandon();
+            }
         }
         if let Some(shared) = &self.shared {
-            shared.exchange.renew(now_ms());
+            if in_force {
+                shared.exchange.renew(now_ms());
+            }
             shared.metrics.flush();
         }
-        self.refresh_gauges();
+        if in_force {
+            self.refresh_gauges();
+        }
     }
 
     fn on_queue_ready(&mut self, queue_id: u32) {
@@ -236,5 +305,34 @@ impl RootContext for FilterRoot {
 
     fn get_type(&self) -> Option<ContextType> {
         Some(ContextType::HttpContext)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn configured(context_id: u32, plugin: &str) -> FilterRoot {
+        let mut r = FilterRoot::new(context_id);
+        r.plugin = plugin.to_string();
+        r.take_force();
+        r
+    }
+
+    #[test]
+    fn the_newest_configuration_of_a_plugin_is_in_force_until_it_goes() {
+        let old = configured(1, "p");
+        let other = configured(2, "q");
+        assert!(old.in_force() && other.in_force(), "one configuration per plugin: each in force");
+        let new = configured(3, "p");
+        assert!(!old.in_force() && new.in_force() && other.in_force());
+        drop(new);
+        assert!(old.in_force(), "the older configuration takes over when the newer goes first");
+        let newer = configured(4, "p");
+        assert!(!old.in_force());
+        // Envoy configures an existing root context again when a configuration comes back (an LDS revert).
+        old.take_force();
+        assert!(old.in_force() && !newer.in_force());
+        assert!(!FilterRoot::new(5).in_force(), "an unconfigured root context is never in force");
     }
 }

@@ -1,7 +1,7 @@
 //! State shared by every VM (each Envoy worker's and the two that route nothing) through proxy-wasm shared data: two counters per
 //! endpoint ([`Counter`]: requests in flight, and pending prefill work in bytes of prompt text), the other gateways'
 //! pending prefill work as the feed reported it ([`store_remote`], written only by the feed poller) and the feed
-//! poller's lease. This is the only compare-and-swap code in the filter.
+//! poller's lease ([`take_lease`], [`release_lease`]). This is the only compare-and-swap code in the filter.
 //!
 //! Each counter lives under one key (`warmpath.in_flight`, `warmpath.pending_prefill`) as a small table of entries
 //! (`warmpath_core::exchange::push_count`'s layout, which the gateway leg of the index exchange also carries, see
@@ -163,29 +163,54 @@ pub fn add_to(counter: Counter, address: &str, delta: i32, read: Option<Table>) 
 /// our compare-and-swap write wins; false otherwise (someone else holds it, or another VM won the race).
 pub fn take_lease(key: &str, owner: u64, now_ms: u64, ttl_ms: u64) -> bool {
     let Ok((bytes, cas)) = hostcalls::get_shared_data(key) else { return false };
-    let (holder, expiry) = match bytes.as_deref() {
-        Some(b) if b.len() == 16 => {
-            let mut h = [0u8; 8];
-            let mut e = [0u8; 8];
-            h.copy_from_slice(&b[..8]);
-            e.copy_from_slice(&b[8..]);
-            (u64::from_le_bytes(h), u64::from_le_bytes(e))
-        }
-        _ => (0, 0),
-    };
+    let (holder, expiry) = lease(bytes.as_deref());
     if holder != owner && expiry > now_ms {
         return false;
     }
+    hostcalls::set_shared_data(key, Some(&lease_value(owner, now_ms.saturating_add(ttl_ms))), cas).is_ok()
+}
+
+/// Gives up the lease under `key` if `owner` holds it, so that another VM takes it on its next try instead of after
+/// the lease ran out. A lost race means someone else wrote it: nothing to give up.
+pub fn release_lease(key: &str, owner: u64) {
+    let Ok((bytes, cas)) = hostcalls::get_shared_data(key) else { return };
+    if lease(bytes.as_deref()).0 == owner {
+        let _ = hostcalls::set_shared_data(key, Some(&lease_value(0, 0)), cas);
+    }
+}
+
+/// A lease value's holder and expiry (`(0, 0)`: free, or not a lease).
+fn lease(bytes: Option<&[u8]>) -> (u64, u64) {
+    match bytes {
+        Some(b) if b.len() == 16 => {
+            let holder = u64::from_le_bytes(b[..8].try_into().expect("8 bytes"));
+            let expiry = u64::from_le_bytes(b[8..].try_into().expect("8 bytes"));
+            (holder, expiry)
+        }
+        _ => (0, 0),
+    }
+}
+
+/// The value of a lease held by `owner` until `expiry` (ms since the epoch).
+fn lease_value(owner: u64, expiry: u64) -> [u8; 16] {
     let mut v = [0u8; 16];
     v[..8].copy_from_slice(&owner.to_le_bytes());
-    v[8..].copy_from_slice(&now_ms.saturating_add(ttl_ms).to_le_bytes());
-    hostcalls::set_shared_data(key, Some(&v), cas).is_ok()
+    v[8..].copy_from_slice(&expiry.to_le_bytes());
+    v
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+
+    #[test]
+    fn a_lease_value_reads_back_and_anything_else_is_free() {
+        assert_eq!(lease(Some(&lease_value(7, 1_000))), (7, 1_000));
+        assert_eq!(lease(Some(&lease_value(0, 0))), (0, 0), "a released lease is free");
+        assert_eq!(lease(None), (0, 0));
+        assert_eq!(lease(Some(&[1, 2, 3])), (0, 0), "not a lease");
+    }
 
     fn table(bytes: Vec<u8>) -> Table {
         Table { counter: Some(Counter::InFlight), bytes, cas: None }

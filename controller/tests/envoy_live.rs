@@ -34,6 +34,7 @@ use warmpath_controller::feed::store::FeedStore;
 use warmpath_controller::feed::FeedEndpoint;
 use warmpath_controller::render::{override_host_lb_policy, WasmModule};
 use warmpath_controller::routing::DESTINATION_HEADER;
+use warmpath_envoy_config::type_url;
 use warmpath_harness::{filter_wasm, free_port, EnvoyProcess, Upstream};
 use warmpath_core::headers::ORIGINAL_DST_HEADER;
 use warmpath_envoy_config::STRIP_FILTER_NAME;
@@ -245,7 +246,7 @@ fn with_ports(bootstrap: &Value, port: u16, admin: u16) -> Value {
 
 /// An operation on one xDS listener or on its route configuration (both named after the Gateway listener).
 fn is_listener_op(p: &Value) -> bool {
-    p["type"] == "type.googleapis.com/envoy.config.listener.v3.Listener" || p["type"] == "type.googleapis.com/envoy.config.route.v3.RouteConfiguration"
+    p["type"] == type_url::LISTENER || p["type"] == type_url::ROUTE_CONFIGURATION
 }
 
 /// A system prompt of about `len` characters, distinct per `seed`.
@@ -387,7 +388,7 @@ async fn istio_rendering_with_an_unfetchable_module_does_not_let_the_client_choo
     let pool: Vec<SocketAddr> = started.iter().map(Upstream::addr).collect();
 
     let mut http_filters = vec![json!({"name": "envoy.filters.http.router", "typed_config": {
-        "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}})];
+        "@type": type_url::ROUTER}})];
     let mut backend = None;
     let mut module_cluster = None;
     for p in patches {
@@ -422,7 +423,7 @@ async fn istio_rendering_with_an_unfetchable_module_does_not_let_the_client_choo
         "filter_chains": [{"filters": [{
             "name": "envoy.filters.network.http_connection_manager",
             "typed_config": {
-                "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+                "@type": type_url::HTTP_CONNECTION_MANAGER,
                 "stat_prefix": "http",
                 "route_config": {"name": "r", "virtual_hosts": [{"name": "v", "domains": ["*"], "routes": routes}]},
                 "http_filters": http_filters,

@@ -22,7 +22,7 @@ mod common;
 use common::envoy_gateway::{apply_patch_policy, enable_on_route, envoy_gateway_filter, hcm, EG_WASM_CACHE_URI};
 use serde_json::{json, Value};
 use warmpath_controller::render::WasmModule;
-use warmpath_envoy_config::STRIP_FILTER_NAME;
+use warmpath_envoy_config::{type_url, STRIP_FILTER_NAME};
 
 fn merge(base: &mut Value, patch: &Value) {
     match (base, patch) {
@@ -102,11 +102,11 @@ fn listener_with(wasm_filter: &Value) -> Value {
         "default_filter_chain": {"filters": [{
             "name": "envoy.filters.network.http_connection_manager",
             "typed_config": {
-                "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+                "@type": type_url::HTTP_CONNECTION_MANAGER,
                 "stat_prefix": "http",
                 "route_config": {"name": "r", "virtual_hosts": [{"name": "v", "domains": ["*"], "routes": []}]},
                 "http_filters": [wasm_filter, {"name": "envoy.filters.http.router", "typed_config": {
-                    "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}],
+                    "@type": type_url::ROUTER}}],
             }
         }]}
     })
@@ -116,7 +116,7 @@ fn listener_with(wasm_filter: &Value) -> Value {
 /// fetched through, into a real Envoy.
 fn validate_wasm_filter(filter: &Value, module_cluster: Value) {
     let config = &filter["typed_config"]["config"];
-    assert_eq!(filter["typed_config"]["@type"], "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm");
+    assert_eq!(filter["typed_config"]["@type"], type_url::WASM);
     assert_eq!(config["allow_on_headers_stop_iteration"], true, "without it Envoy ignores the headers-callback pause (PREFIX_AWARE hangs)");
     assert_eq!(config["failure_policy"], "FAIL_OPEN");
     assert_eq!(config["vm_config"]["runtime"], "envoy.wasm.runtime.v8");
@@ -162,7 +162,7 @@ async fn envoy_gateway_patches_apply_to_envoy_gateway_shaped_listeners() {
         json!({"name": HTTPS, "address": {"socket_address": {"address": "127.0.0.1", "port_value": 0}},
             "per_connection_buffer_limit_bytes": warmpath_envoy_config::ENVOY_GATEWAY_LISTENER_BUFFER_LIMIT_BYTES,
             "listener_filters": [{"name": "envoy.filters.listener.tls_inspector", "typed_config": {
-                "@type": "type.googleapis.com/envoy.extensions.filters.listener.tls_inspector.v3.TlsInspector"}}],
+                "@type": type_url::TLS_INSPECTOR}}],
             "filter_chains": [
                 {"filter_chain_match": {"server_names": ["a.example.com"]}, "filters": [hcm(HTTPS, &filters, routes.clone())]},
                 {"filter_chain_match": {"server_names": ["b.example.com"]}, "filters": [hcm(HTTPS_B, &filters, routes.clone())]},
@@ -201,8 +201,8 @@ async fn envoy_gateway_patches_apply_to_envoy_gateway_shaped_listeners() {
         let patches = epps[0]["spec"]["jsonPatches"].as_array().unwrap();
         patches.iter().filter(|p| p["type"] == ty).map(|p| p["name"].as_str().unwrap()).collect()
     };
-    assert_eq!(names("type.googleapis.com/envoy.config.listener.v3.Listener"), [HTTP, HTTP, HTTPS, HTTPS]);
-    assert_eq!(names("type.googleapis.com/envoy.config.route.v3.RouteConfiguration"), [HTTP, HTTPS, HTTPS_B]);
+    assert_eq!(names(type_url::LISTENER), [HTTP, HTTP, HTTPS, HTTPS]);
+    assert_eq!(names(type_url::ROUTE_CONFIGURATION), [HTTP, HTTPS, HTTPS_B]);
 
     for c in clusters.iter_mut() {
         c["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]["socket_address"]["address"] = "localhost".into();

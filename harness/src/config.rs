@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{json, Value};
 use warmpath_envoy_config as envoy_config;
+use warmpath_envoy_config::type_url;
 
 /// Prefix under which Envoy exports the filter's proxy-wasm metrics in `/stats` (`wasmcustom.` + the metric name
 /// defined by the filter, which starts with `warmpath.`).
@@ -263,7 +264,7 @@ impl EnvoyConfig {
                 "filters": [{
                     "name": "envoy.filters.network.http_connection_manager",
                     "typed_config": {
-                        "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+                        "@type": type_url::HTTP_CONNECTION_MANAGER,
                         "stat_prefix": "warmpath",
                         "codec_type": "AUTO",
                         "route_config": {
@@ -330,7 +331,7 @@ impl EnvoyConfig {
     /// The LDS discovery response holding [`Self::listener`].
     pub fn lds_document(&self) -> Value {
         let mut listener = self.listener();
-        listener["@type"] = "type.googleapis.com/envoy.config.listener.v3.Listener".into();
+        listener["@type"] = type_url::LISTENER.into();
         json!({ "version_info": "0", "resources": [listener] })
     }
 }

@@ -48,6 +48,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference}
 use kube::core::{ApiResource, DynamicObject};
 use serde_json::{json, Value};
 use warmpath_envoy_config as envoy_config;
+// The `EnvoyPatchPolicy` resource types of the xDS objects patched.
+use warmpath_envoy_config::type_url::{CLUSTER, LISTENER, ROUTE_CONFIGURATION};
 
 use crate::foreign;
 use crate::routing::{FeedTarget, RoutingIntent, DESTINATION_HEADER};
@@ -359,13 +361,6 @@ fn render_envoy_gateway(input: &RenderInput<'_>, config: &Value, feed: &FeedTarg
     }
     out
 }
-
-/// `EnvoyPatchPolicy` resource type of an xDS cluster.
-const CLUSTER: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
-/// `EnvoyPatchPolicy` resource type of an xDS listener.
-const LISTENER: &str = "type.googleapis.com/envoy.config.listener.v3.Listener";
-/// `EnvoyPatchPolicy` resource type of an xDS route configuration.
-const ROUTE_CONFIGURATION: &str = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration";
 
 /// An `EnvoyPatchPolicy` operation adding `value` at `path` under every match of `json_path` (RFC 9535) in the
 /// xDS resource of type `ty` named `name`.

@@ -4,6 +4,7 @@
 //! RFC 6901 pointers, operation `path` appended, RFC 6902 patch).
 
 use serde_json::{json, Value};
+use warmpath_envoy_config::type_url;
 
 /// Where Envoy Gateway's wasm cache serves the first module of a policy (it fetches `code.http.url`
 /// itself and hands Envoy this URL on its `wasm_cluster`).
@@ -22,12 +23,12 @@ pub fn envoy_gateway_filter(eep: &Value, module_uri: &str) -> Value {
         "name": warmpath_controller::render::envoy_gateway_wasm_filter_name(ns, name),
         "disabled": true,
         "typed_config": {
-            "@type": "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm",
+            "@type": type_url::WASM,
             "config": {
                 "name": wasm["name"],
                 "root_id": wasm["rootID"],
                 "fail_open": wasm["failOpen"],
-                "configuration": {"@type": "type.googleapis.com/google.protobuf.StringValue", "value": wasm["config"].to_string()},
+                "configuration": {"@type": type_url::STRING_VALUE, "value": wasm["config"].to_string()},
                 "vm_config": {
                     "vm_id": format!("envoyextensionpolicy/{ns}/{name}/wasm/0"),
                     "runtime": "envoy.wasm.runtime.v8",
@@ -44,7 +45,7 @@ pub fn envoy_gateway_filter(eep: &Value, module_uri: &str) -> Value {
 /// The `typed_per_filter_config` entry with which Envoy Gateway enables the (listener-disabled)
 /// filter named `filter` on the routes of the policy's HTTPRoute.
 pub fn enable_on_route(filter: &str) -> Value {
-    json!({filter: {"@type": "type.googleapis.com/envoy.config.route.v3.FilterConfig", "config": {}}})
+    json!({filter: {"@type": type_url::FILTER_CONFIG, "config": {}}})
 }
 
 /// An HTTP connection manager running `filters` then the router, with one virtual host (`*`)
@@ -53,11 +54,11 @@ pub fn enable_on_route(filter: &str) -> Value {
 pub fn hcm(route_config: &str, filters: &[Value], routes: Vec<Value>) -> Value {
     let mut http_filters = filters.to_vec();
     http_filters.push(json!({"name": "envoy.filters.http.router", "typed_config": {
-        "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}));
+        "@type": type_url::ROUTER}}));
     json!({
         "name": "envoy.filters.network.http_connection_manager",
         "typed_config": {
-            "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+            "@type": type_url::HTTP_CONNECTION_MANAGER,
             "stat_prefix": "http",
             "route_config": {"name": route_config, "virtual_hosts": [{"name": "v", "domains": ["*"], "routes": routes}]},
             "http_filters": http_filters,
@@ -78,15 +79,15 @@ pub fn apply_patch_policy(epp: &Value, listeners: &mut [Value], clusters: &mut V
     for p in epp["spec"]["jsonPatches"].as_array().unwrap() {
         let op = &p["operation"];
         match p["type"].as_str().unwrap() {
-            "type.googleapis.com/envoy.config.cluster.v3.Cluster" => {
+            type_url::CLUSTER => {
                 assert_eq!((op["op"].as_str(), op["path"].as_str()), (Some("add"), Some("")));
                 clusters.push(op["value"].clone());
             }
-            "type.googleapis.com/envoy.config.listener.v3.Listener" => {
+            type_url::LISTENER => {
                 let l = listeners.iter_mut().find(|l| l["name"] == p["name"]).ok_or(format!("no listener {}", p["name"]))?;
                 applied += apply_operation(op, l, &p["name"])?;
             }
-            "type.googleapis.com/envoy.config.route.v3.RouteConfiguration" => {
+            type_url::ROUTE_CONFIGURATION => {
                 let q = serde_json_path::JsonPath::parse("$..route_config").unwrap();
                 let mut found = 0;
                 for l in listeners.iter_mut() {

@@ -19,6 +19,40 @@
 use serde_json::{json, Value};
 use warmpath_core::headers::{CLIENT_DESTINATION_HEADERS, DESTINATION_HEADER};
 
+/// The `@type` URLs of the Envoy v3 messages warmpath writes or looks for (fragments here, the bootstraps, Envoy
+/// Gateway patch types, Istio `EnvoyFilter`s and the tests that read rendered objects back).
+pub mod type_url {
+    /// `envoy.config.listener.v3.Listener` (also an Envoy Gateway patch type).
+    pub const LISTENER: &str = "type.googleapis.com/envoy.config.listener.v3.Listener";
+    /// `envoy.config.route.v3.RouteConfiguration` (also an Envoy Gateway patch type).
+    pub const ROUTE_CONFIGURATION: &str = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration";
+    /// `envoy.config.cluster.v3.Cluster` (also an Envoy Gateway patch type).
+    pub const CLUSTER: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
+    /// A route's per-filter config that only enables a filter disabled on the listener.
+    pub const FILTER_CONFIG: &str = "type.googleapis.com/envoy.config.route.v3.FilterConfig";
+    /// The HTTP connection manager network filter.
+    pub const HTTP_CONNECTION_MANAGER: &str =
+        "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager";
+    /// The router HTTP filter.
+    pub const ROUTER: &str = "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router";
+    /// The wasm HTTP filter.
+    pub const WASM: &str = "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm";
+    /// The native header mutation HTTP filter.
+    pub const HEADER_MUTATION: &str = "type.googleapis.com/envoy.extensions.filters.http.header_mutation.v3.HeaderMutation";
+    /// The TLS inspector listener filter.
+    pub const TLS_INSPECTOR: &str = "type.googleapis.com/envoy.extensions.filters.listener.tls_inspector.v3.TlsInspector";
+    /// The `override_host` load-balancing policy.
+    pub const OVERRIDE_HOST: &str =
+        "type.googleapis.com/envoy.extensions.load_balancing_policies.override_host.v3.OverrideHost";
+    /// The least-request load-balancing policy.
+    pub const LEAST_REQUEST: &str =
+        "type.googleapis.com/envoy.extensions.load_balancing_policies.least_request.v3.LeastRequest";
+    /// The `previous_hosts` retry host predicate.
+    pub const PREVIOUS_HOSTS: &str = "type.googleapis.com/envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate";
+    /// `google.protobuf.StringValue` (the wasm filter's plugin configuration).
+    pub const STRING_VALUE: &str = "type.googleapis.com/google.protobuf.StringValue";
+}
+
 /// Envoy HTTP filter name of [`strip_client_destination_headers`] (Envoy does not require unique filter names,
 /// but a fixed name lets a configuration check find it).
 pub const STRIP_FILTER_NAME: &str = "warmpath.strip_client_destination";
@@ -33,7 +67,7 @@ pub fn strip_client_destination_headers() -> Value {
     json!({
         "name": STRIP_FILTER_NAME,
         "typed_config": {
-            "@type": "type.googleapis.com/envoy.extensions.filters.http.header_mutation.v3.HeaderMutation",
+            "@type": type_url::HEADER_MUTATION,
             "mutations": { "request_mutations": removals },
         },
     })
@@ -92,12 +126,12 @@ pub fn wasm_http_filter(f: &WasmFilter<'_>) -> Value {
     json!({
         "name": f.filter_name,
         "typed_config": {
-            "@type": "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm",
+            "@type": type_url::WASM,
             "config": {
                 "name": f.plugin_name,
                 "root_id": "warmpath",
                 "vm_config": { "vm_id": "warmpath", "runtime": "envoy.wasm.runtime.v8", "code": code },
-                "configuration": { "@type": "type.googleapis.com/google.protobuf.StringValue", "value": f.configuration },
+                "configuration": { "@type": type_url::STRING_VALUE, "value": f.configuration },
                 "failure_policy": if f.fail_open { "FAIL_OPEN" } else { "FAIL_CLOSED" },
                 "allow_on_headers_stop_iteration": true,
             },
@@ -109,7 +143,7 @@ pub fn wasm_http_filter(f: &WasmFilter<'_>) -> Value {
 pub fn router_filter() -> Value {
     json!({
         "name": "envoy.filters.http.router",
-        "typed_config": { "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router" },
+        "typed_config": { "@type": type_url::ROUTER },
     })
 }
 
@@ -120,12 +154,12 @@ pub fn override_host_lb_policy() -> Value {
     json!({ "policies": [{ "typed_extension_config": {
         "name": "envoy.load_balancing_policies.override_host",
         "typed_config": {
-            "@type": "type.googleapis.com/envoy.extensions.load_balancing_policies.override_host.v3.OverrideHost",
+            "@type": type_url::OVERRIDE_HOST,
             "override_host_sources": [{ "header": DESTINATION_HEADER }],
             "fallback_policy": { "policies": [{ "typed_extension_config": {
                 "name": "envoy.load_balancing_policies.least_request",
                 "typed_config": {
-                    "@type": "type.googleapis.com/envoy.extensions.load_balancing_policies.least_request.v3.LeastRequest",
+                    "@type": type_url::LEAST_REQUEST,
                 },
             } }] },
         },
@@ -148,7 +182,7 @@ pub fn retry_policy() -> Value {
         "num_retries": RETRIES,
         "retry_host_predicate": [{
             "name": "envoy.retry_host_predicates.previous_hosts",
-            "typed_config": { "@type": "type.googleapis.com/envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate" },
+            "typed_config": { "@type": type_url::PREVIOUS_HOSTS },
         }],
         // Re-pick up to this many times when the predicate rejects a host (the fallback may pick the same one).
         "host_selection_retry_max_attempts": 5,

@@ -14,6 +14,7 @@ use warmpath_controller::conditions;
 use warmpath_controller::crd::routing_policy::InferenceRoutingPolicy;
 use warmpath_controller::gateway::{route_annotations, routing_policy};
 use warmpath_controller::reconcile::Context;
+use warmpath_envoy_config::type_url;
 
 const NS: &str = "llm";
 const GW_NS: &str = "gateways";
@@ -59,7 +60,7 @@ fn wasm_plugin_config(o: &DynamicObject) -> serde_json::Value {
         .find(|p| p["applyTo"] == "HTTP_FILTER" && p["patch"]["operation"] == "INSERT_BEFORE")
         .map(|p| &p["patch"]["value"])
         .expect("a wasm HTTP filter patch");
-    assert_eq!(filter["typed_config"]["@type"], "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm");
+    assert_eq!(filter["typed_config"]["@type"], type_url::WASM);
     filter["typed_config"]["config"].clone()
 }
 
@@ -128,7 +129,7 @@ async fn envoy_gateway_create_switch_restart_delete() {
     // Then, in that listener's route configuration, room for the bodies the filter holds on the routes it runs on.
     let route_patch = &epp.data["spec"]["jsonPatches"][3];
     assert_eq!((route_patch["type"].as_str(), route_patch["name"].as_str()),
-        (Some("type.googleapis.com/envoy.config.route.v3.RouteConfiguration"), Some("gateways/inference-gw/http")));
+        (Some(type_url::ROUTE_CONFIGURATION), Some("gateways/inference-gw/http")));
     assert_eq!(
         route_patch["operation"]["jsonPath"],
         "$..routes[?@.typed_per_filter_config['envoy.filters.http.wasm/envoyextensionpolicy/llm/warmpath-chat/wasm/0']]"
@@ -405,15 +406,14 @@ async fn envoy_gateway_patches_the_xds_listener_of_each_attached_port() {
         }
         let epp = epp.unwrap();
         let names = |ty: &str| -> Vec<String> {
-            let ty = format!("type.googleapis.com/envoy.config.{ty}");
             let patches = epp.data["spec"]["jsonPatches"].as_array().unwrap();
-            patches.iter().filter(|p| p["type"] == ty.as_str()).map(|p| p["name"].as_str().unwrap().to_string()).collect()
+            patches.iter().filter(|p| p["type"] == ty).map(|p| p["name"].as_str().unwrap().to_string()).collect()
         };
         // Per listener: the native header strip, then the option on the wasm filter.
         let want: Vec<&str> = want.iter().flat_map(|n| [*n, *n]).collect();
-        assert_eq!(names("listener.v3.Listener"), want, "{section:?} {port:?}");
+        assert_eq!(names(type_url::LISTENER), want, "{section:?} {port:?}");
         // Per route configuration: the body limit on the routes the filter runs on.
-        assert_eq!(names("route.v3.RouteConfiguration"), want_routes, "{section:?} {port:?}");
+        assert_eq!(names(type_url::ROUTE_CONFIGURATION), want_routes, "{section:?} {port:?}");
     }
 }
 
@@ -456,13 +456,12 @@ async fn one_policy_on_several_routes_of_one_gateway() {
             ]);
             let epp = get_owned(&client, "EnvoyPatchPolicy", GW_NS, "warmpath-feed-policy-llm-multi").await.unwrap();
             let patches = epp.data["spec"]["jsonPatches"].as_array().unwrap();
-            let clusters = patches.iter().filter(|p| p["type"] == "type.googleapis.com/envoy.config.cluster.v3.Cluster").count();
-            let on = |kind: &str| {
-                let ty = format!("type.googleapis.com/envoy.config.{kind}");
-                patches.iter().filter(move |p| p["type"] == ty.as_str()).filter_map(|p| p["operation"]["jsonPath"].as_str()).filter(|p| p.contains("/wasm/0"))
+            let clusters = patches.iter().filter(|p| p["type"] == type_url::CLUSTER).count();
+            let on = |ty: &'static str| {
+                patches.iter().filter(move |p| p["type"] == ty).filter_map(|p| p["operation"]["jsonPath"].as_str()).filter(|p| p.contains("/wasm/0"))
             };
-            let paths: Vec<&str> = on("listener.v3.Listener").collect();
-            let routes: Vec<&str> = on("route.v3.RouteConfiguration").collect();
+            let paths: Vec<&str> = on(type_url::LISTENER).collect();
+            let routes: Vec<&str> = on(type_url::ROUTE_CONFIGURATION).collect();
             assert!(routes.len() == 2 && routes[0].contains("/llm/warmpath-chat/wasm/0") && routes[1].contains("/llm/warmpath-chat-v2/wasm/0"),
                 "the body limit on each route's routes: {routes:?}");
             let strips = patches.iter().filter(|p| p["operation"]["path"] == "/0").count();

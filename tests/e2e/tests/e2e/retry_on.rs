@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
+use warmpath_envoy_config::type_url;
 use warmpath_harness::{filter_wasm, EnvoyConfig, Upstream};
 
 use crate::common::{prompt, Rig};
@@ -19,7 +20,7 @@ fn istio_default_retry_policy() -> Value {
         "retriable_status_codes": [503],
         "retry_host_predicate": [{
             "name": "envoy.retry_host_predicates.previous_hosts",
-            "typed_config": { "@type": "type.googleapis.com/envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate" },
+            "typed_config": { "@type": type_url::PREVIOUS_HOSTS },
         }],
         "host_selection_retry_max_attempts": 5,
     })

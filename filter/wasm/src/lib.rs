@@ -11,7 +11,8 @@
 //! - `shared`: the only compare-and-swap code: in-flight counters per endpoint in proxy-wasm shared data;
 //! - `metrics`: the proxy-wasm metrics Envoy exports;
 //! - `feed`: the endpoint/load feed poller;
-//! - `exchange`: one prefix index per Envoy: each VM's index records sent to the others over shared queues.
+//! - `exchange`: one prefix index per Envoy: each VM's index records appended to a log in shared data, which the
+//!   others read before their next pick.
 //!
 //! Build: `cargo build -p warmpath-filter --target wasm32-wasip1 --release` →
 //! `target/wasm32-wasip1/release/warmpath_filter.wasm`. Configuration reference: `docs/filter.md`.

@@ -23,9 +23,9 @@
 //! | `warmpath.feed.failures.<cause>` | counter | failed polls: `dispatch` (call not sent), `unreachable` (no response), `status` (non-200, including Envoy's 503 for an unreachable feed), `invalid` (document refused), `index` (the index exchange with the other gateways failed: not sent, non-200, no cursor, malformed records) |
 //! | `warmpath.feed.applied` | counter | snapshot applications (per VM) |
 //! | `warmpath.feed.version` | gauge | version of the last applied snapshot |
-//! | `warmpath.index_exchange.sent` | counter | index records sent to the other VMs of this Envoy (one per peer and request; `exchange`) |
-//! | `warmpath.index_exchange.applied` | counter | index records received from other VMs and applied |
-//! | `warmpath.index_exchange.dropped` | counter | index records lost: malformed, the host refused to enqueue them, or more than the feed takes in one report |
+//! | `warmpath.index_exchange.sent` | counter | index records appended to the log for the other VMs of this Envoy (one per request routed; `exchange`) |
+//! | `warmpath.index_exchange.applied` | counter | index records of other VMs read from the log and applied |
+//! | `warmpath.index_exchange.dropped` | counter | index records lost: malformed, overwritten in the log before this VM read them, refused by the host, or more than the feed takes in one report |
 //! | `warmpath.index_exchange.reported` | counter | index records this Envoy reported to the feed for the other gateways (`feed`) |
 //! | `warmpath.index_exchange.received` | counter | index records of other gateways received from the feed and applied |
 //!

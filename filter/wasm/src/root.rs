@@ -223,13 +223,8 @@ impl RootContext for FilterRoot {
         let tick = settings.feed.as_ref().map_or(DEFAULT_TICK, |f| Duration::from_millis(f.interval_ms).min(FEED_TICK));
         let exchange = EXCHANGES.with(|x| {
             let mut x = x.borrow_mut();
-            if let Some(e) = x.get(&plugin) {
-                e.rebind(tick);
-                return e.clone();
-            }
-            let e = Rc::new(Exchange::join(&plugin, random_u64(u64::from(self.context_id)), now_ms(), tick));
-            x.insert(plugin.clone(), e.clone());
-            e
+            let e = x.entry(plugin.clone()).or_insert_with(|| Rc::new(Exchange::join(&plugin, random_u64(u64::from(self.context_id)))));
+            e.clone()
         });
         self.feed = settings.feed.clone().map(|f| FeedPoller::new(f, self.context_id, tick));
         self.plugin = plugin.clone();
@@ -278,23 +273,14 @@ impl RootContext for FilterRoot {
         }
         if let Some(shared) = &self.shared {
             if in_force {
-                shared.exchange.renew(now_ms());
+                if let Ok(mut router) = shared.router.try_borrow_mut() {
+                    shared.exchange.on_tick(&mut router, &shared.metrics);
+                }
             }
             shared.metrics.flush();
         }
         if in_force {
             self.refresh_gauges();
-        }
-    }
-
-    fn on_queue_ready(&mut self, queue_id: u32) {
-        let Some(shared) = &self.shared else { return };
-        if !shared.exchange.owns(queue_id) {
-            return;
-        }
-        // A request being routed in this VM holds the router; its pick drains the queue itself.
-        if let Ok(mut router) = shared.router.try_borrow_mut() {
-            shared.exchange.drain(&mut router, &shared.metrics);
         }
     }
 

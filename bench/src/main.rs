@@ -302,6 +302,9 @@ fn write_outputs(
     if let Err(e) = plot::load_per_endpoint(&out.join("load_per_endpoint.png"), runs) {
         eprintln!("plot load_per_endpoint.png failed: {e}");
     }
-    eprintln!("wrote {}/{{table.md,summary.csv,requests.csv,endpoints.csv,ttft_cdf.png,load_per_endpoint.png}}", out.display());
+    eprintln!(
+        "wrote {}/{{table.md,summary.csv,requests.csv,endpoints.csv,filter_stats.csv,ttft_cdf.png,load_per_endpoint.png}}",
+        out.display()
+    );
     Ok(())
 }

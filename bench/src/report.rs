@@ -239,7 +239,8 @@ pub fn table_runs(runs: &[Vec<Summary>], pooled: &[f64]) -> String {
     s
 }
 
-/// Writes `summary.csv`, `requests.csv` and `endpoints.csv` into `dir`.
+/// Writes `summary.csv`, `requests.csv`, `endpoints.csv` and `filter_stats.csv` (the filter's counters and gauges as
+/// Envoy reported them at the end of each replay, summed over the gateways) into `dir`.
 pub fn write_csv(dir: &Path, runs: &[StrategyRun], rows: &[Summary]) -> anyhow::Result<()> {
     std::fs::create_dir_all(dir)?;
     let mut w = csv::Writer::from_path(dir.join("summary.csv"))?;
@@ -303,6 +304,14 @@ pub fn write_csv(dir: &Path, runs: &[StrategyRun], rows: &[Summary]) -> anyhow::
                 format!("{}", m.prefix_queries),
                 format!("{}", m.prefix_hits),
             ])?;
+        }
+    }
+    w.flush()?;
+    let mut w = csv::Writer::from_path(dir.join("filter_stats.csv"))?;
+    w.write_record(["strategy", "stat", "value"])?;
+    for run in runs {
+        for (k, v) in &run.filter_stats {
+            w.write_record([run.label.as_str(), k.as_str(), &v.to_string()])?;
         }
     }
     w.flush()?;

@@ -24,6 +24,20 @@ async fn prefix_aware_beats_random_on_hit_ratio_through_envoy() {
     // The Envoy that proxied the requests is the process whose CPU time is counted, and the machine was busy.
     assert!(prefix.proxy_cpu_s.is_some_and(|c| c > 0.0), "proxy CPU {:?}", prefix.proxy_cpu_s);
     assert!(prefix.machine_busy.is_some_and(|b| b > 0.0 && b <= 1.0), "busy share {:?}", prefix.machine_busy);
+    // The outputs carry the filter's counters: one decision per request, and the workers' records exchanged.
+    let out = tempfile::tempdir().expect("tempdir");
+    let runs = [random, prefix];
+    let rows: Vec<Summary> = runs.iter().map(Summary::of).collect();
+    warmpath_bench::report::write_csv(out.path(), &runs, &rows).expect("outputs");
+    let mut stats = csv::Reader::from_path(out.path().join("filter_stats.csv")).expect("filter_stats.csv");
+    let stats: Vec<(String, String, u64)> =
+        stats.records().map(|r| r.expect("row")).map(|r| (r[0].to_string(), r[1].to_string(), r[2].parse().expect("value"))).collect();
+    let sum = |strategy: &str, part: &str| -> u64 {
+        stats.iter().filter(|(s, k, _)| s == strategy && k.contains(part)).map(|(_, _, v)| v).sum()
+    };
+    assert_eq!(sum("PREFIX_AWARE", ".decisions.prefix_aware."), reqs.len() as u64, "{stats:?}");
+    assert_eq!(sum("RANDOM", ".decisions.random."), reqs.len() as u64, "{stats:?}");
+    assert!(sum("PREFIX_AWARE", "index_exchange.sent") > 0, "{stats:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

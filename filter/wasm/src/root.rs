@@ -91,7 +91,7 @@ pub struct Shared {
 ///
 /// Envoy keeps a superseded configuration's root context, with its tick, while connections of the listener it
 /// served drain (up to the drain time, 600 s by default). Only the plugin's newest configuration in the VM polls the
-/// feed, renews the exchange and reports gauges: the superseded one shares the plugin's router, and its feed poller
+/// feed, reads the exchange's log on its tick and reports gauges: the superseded one shares the plugin's router, and its feed poller
 /// would put its own feed's endpoints back on every new version of that feed. It still flushes the counters of the
 /// requests it handles, and if the newer configuration goes first (its listener removed), it comes back in force
 /// with its own settings.

@@ -103,9 +103,9 @@ fn parse_slot(v: &[u8]) -> Option<(u64, u64, Kind, &[u8])> {
 
 /// What a reader at `next` does with a slot read for sequence number `next`.
 #[derive(Debug, PartialEq, Eq)]
-enum Slot {
-    /// The record `next`: apply it (unless this VM wrote it) and go on.
-    Record,
+enum Slot<'a> {
+    /// The record `next`, by its writer, with its kind and records: apply it (unless this VM wrote it) and go on.
+    Record(u64, Kind, &'a [u8]),
     /// Still an older record (`next` was reserved but not written yet, or never written): stop, read it later.
     NotYet,
     /// A newer record overwrote it: `next` is lost; go on.
@@ -113,9 +113,9 @@ enum Slot {
 }
 
 /// Classifies the slot value `v` (`None`: the entry does not exist yet) read for sequence number `next`.
-fn classify(v: Option<&[u8]>, next: u64) -> Slot {
+fn classify(v: Option<&[u8]>, next: u64) -> Slot<'_> {
     match v.and_then(parse_slot) {
-        Some((seq, ..)) if seq == next => Slot::Record,
+        Some((seq, writer, kind, records)) if seq == next => Slot::Record(writer, kind, records),
         Some((seq, ..)) if seq > next => Slot::Overwritten,
         // An empty or foreign value: treat as not written (a writer writes every reserved slot).
         _ => Slot::NotYet,
@@ -138,6 +138,8 @@ fn start(cursor: Option<u64>, head: u64) -> (u64, u64) {
 pub struct Exchange {
     /// Key prefix of the plugin's log.
     log: String,
+    /// Key of the log's head (`<log>.head`).
+    head_key: String,
     /// This VM's writer id (random, never 0).
     writer: u64,
     /// The sequence number this VM has read the log up to (`None`: never read).
@@ -153,21 +155,19 @@ impl Exchange {
     /// value). Creates the log's head if it does not exist yet (called at configure time, before traffic: Envoy
     /// ignores the compare-and-swap token when it creates a key, so the head must exist before writers race on it).
     pub fn join(plugin: &str, unique: u64) -> Exchange {
+        let log = format!("warmpath.index_log.{plugin}");
         let x = Exchange {
-            log: format!("warmpath.index_log.{plugin}"),
+            head_key: format!("{log}.head"),
+            log,
             writer: unique | 1,
             cursor: Cell::new(None),
             routes: Cell::new(false),
             collected: RefCell::new(None),
         };
-        if let Ok((None, _)) = hostcalls::get_shared_data(&x.head_key()) {
-            let _ = hostcalls::set_shared_data(&x.head_key(), Some(&0u64.to_le_bytes()), None);
+        if let Ok((None, _)) = hostcalls::get_shared_data(&x.head_key) {
+            let _ = hostcalls::set_shared_data(&x.head_key, Some(&0u64.to_le_bytes()), None);
         }
         x
-    }
-
-    fn head_key(&self) -> String {
-        format!("{}.head", self.log)
     }
 
     fn slot_key(&self, seq: u64) -> String {
@@ -176,7 +176,7 @@ impl Exchange {
 
     /// The log's head and its CAS token (`None` on a host error).
     fn head(&self) -> Option<(u64, Option<u32>)> {
-        let (bytes, cas) = hostcalls::get_shared_data(&self.head_key()).ok()?;
+        let (bytes, cas) = hostcalls::get_shared_data(&self.head_key).ok()?;
         let head = bytes.and_then(|b| Some(u64::from_le_bytes(b.get(..8)?.try_into().ok()?))).unwrap_or(0);
         Some((head, cas))
     }
@@ -224,7 +224,7 @@ impl Exchange {
     fn append(&self, records: &[u8], kind: Kind, metrics: &Metrics) {
         for _ in 0..MAX_CAS_ATTEMPTS {
             let Some((head, cas)) = self.head() else { break };
-            match hostcalls::set_shared_data(&self.head_key(), Some(&(head + 1).to_le_bytes()), cas) {
+            match hostcalls::set_shared_data(&self.head_key, Some(&(head + 1).to_le_bytes()), cas) {
                 Ok(()) => {
                     let v = slot_value(head, self.writer, kind, records);
                     match hostcalls::set_shared_data(&self.slot_key(head), Some(&v), None) {
@@ -262,8 +262,7 @@ impl Exchange {
             match classify(value.as_deref(), next) {
                 Slot::NotYet if head - next <= GIVE_UP_AFTER => break,
                 Slot::NotYet | Slot::Overwritten => dropped += 1,
-                Slot::Record => {
-                    let (_, writer, kind, records) = parse_slot(value.as_deref().unwrap_or_default()).expect("classified");
+                Slot::Record(writer, kind, records) => {
                     if writer != self.writer {
                         match router.learn(records) {
                             Ok(n) => {
@@ -306,7 +305,7 @@ mod tests {
     #[test]
     fn a_reader_applies_its_slot_waits_for_an_unwritten_one_and_skips_an_overwritten_one() {
         let own = |seq| slot_value(seq, 1, Kind::Own, b"r");
-        assert_eq!(classify(Some(&own(5)), 5), Slot::Record);
+        assert_eq!(classify(Some(&own(5)), 5), Slot::Record(1, Kind::Own, &b"r"[..]));
         assert_eq!(classify(Some(&own(5 - 1)), 5), Slot::NotYet, "reserved, not written yet");
         assert_eq!(classify(None, 5), Slot::NotYet, "never written");
         assert_eq!(classify(Some(&[]), 5), Slot::NotYet);

@@ -91,8 +91,8 @@ pub struct Shared {
 ///
 /// Envoy keeps a superseded configuration's root context, with its tick, while connections of the listener it
 /// served drain (up to the drain time, 600 s by default). Only the plugin's newest configuration in the VM polls the
-/// feed, reads the exchange's log on its tick and reports gauges: the superseded one shares the plugin's router, and its feed poller
-/// would put its own feed's endpoints back on every new version of that feed. It still flushes the counters of the
+/// feed, reads the exchange's log on its tick and reports gauges: the superseded one shares the plugin's router,
+/// and its feed poller would put its own feed's endpoints back on every new version of that feed. It still flushes the counters of the
 /// requests it handles, and if the newer configuration goes first (its listener removed), it comes back in force
 /// with its own settings.
 pub struct FilterRoot {
@@ -122,7 +122,7 @@ impl FilterRoot {
     fn take_force(&self) {
         CONFIGURED.with(|c| {
             let mut c = c.borrow_mut();
-            c.values_mut().for_each(|ids| ids.retain(|&id| id != self.context_id));
+            forget(&mut c, self.context_id);
             c.entry(self.plugin.clone()).or_default().push(self.context_id);
         });
     }
@@ -169,10 +169,15 @@ impl Drop for FilterRoot {
     fn drop(&mut self) {
         let _ = CONFIGURED.try_with(|c| {
             if let Ok(mut c) = c.try_borrow_mut() {
-                c.values_mut().for_each(|ids| ids.retain(|&id| id != self.context_id));
+                forget(&mut c, self.context_id);
             }
         });
     }
+}
+
+/// Takes root context `context_id` out of the configured ones of every plugin.
+fn forget(configured: &mut HashMap<String, Vec<u32>>, context_id: u32) {
+    configured.values_mut().for_each(|ids| ids.retain(|&id| id != context_id));
 }
 
 impl Context for FilterRoot {

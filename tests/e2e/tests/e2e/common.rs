@@ -1,5 +1,6 @@
 //! Shared setup: N upstreams + Envoy with the filter, and request helpers.
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use serde_json::{json, Value};
@@ -44,15 +45,26 @@ impl Rig {
             EnvoyProcess::start(cfg, workers).await
         }
         .expect("envoy starts");
-        let client = reqwest::Client::builder().timeout(Duration::from_secs(20)).build().expect("client");
-        Rig { upstreams, envoy, client }
+        Rig { upstreams, envoy, client: client() }
     }
 
     /// An Envoy started from `cfg` (with [`CONCURRENCY`] workers) in front of `upstreams`, and a client.
     pub async fn launch(upstreams: Vec<Upstream>, cfg: EnvoyConfig) -> Rig {
         let envoy = EnvoyProcess::start(cfg, CONCURRENCY).await.expect("envoy");
-        let client = reqwest::Client::builder().timeout(Duration::from_secs(20)).build().expect("client");
-        Rig { upstreams, envoy, client }
+        Rig { upstreams, envoy, client: client() }
+    }
+
+    /// Like [`Rig::launch`] with the listener served from an LDS file (for live reconfiguration).
+    pub async fn launch_dynamic(upstreams: Vec<Upstream>, cfg: EnvoyConfig) -> Rig {
+        let envoy = EnvoyProcess::start_dynamic(cfg, CONCURRENCY).await.expect("envoy");
+        Rig { upstreams, envoy, client: client() }
+    }
+
+    /// Indexes of the upstreams that received requests since the last call, then clears their counts.
+    pub fn used(&self) -> BTreeSet<usize> {
+        let s = self.upstreams.iter().enumerate().filter(|(_, u)| u.count() > 0).map(|(i, _)| i).collect();
+        self.upstreams.iter().for_each(Upstream::clear);
+        s
     }
 
     /// The Envoy config for these upstreams with plugin config `extra`, with the rig headers (Envoy tells the test
@@ -109,6 +121,11 @@ impl Rig {
         }
         s
     }
+}
+
+/// The HTTP client of every rig (20 s timeout per request).
+fn client() -> reqwest::Client {
+    reqwest::Client::builder().timeout(Duration::from_secs(20)).build().expect("client")
 }
 
 /// `body` as a stream of 64 KiB pieces, which reqwest sends with chunked transfer encoding: no declared length.

@@ -31,13 +31,6 @@ async fn wait_version(rig: &Rig, version: u64) -> Stats {
     s
 }
 
-/// Upstreams that received requests in `rig` since the last `clear`, then clears.
-fn used(rig: &Rig) -> BTreeSet<usize> {
-    let s = rig.upstreams.iter().enumerate().filter(|(_, u)| u.count() > 0).map(|(i, _)| i).collect();
-    rig.upstreams.iter().for_each(Upstream::clear);
-    s
-}
-
 /// An Envoy in front of `upstreams` whose filter (plugin configuration `plugin`) polls `feed` through the
 /// `warmpath_feed` cluster; `plugin` names its own `endpoints` (empty: the feed's).
 async fn feed_rig(upstreams: Vec<Upstream>, feed: &FeedServer, plugin: serde_json::Value) -> Rig {
@@ -64,7 +57,7 @@ async fn feed_drives_endpoints_and_survives_outages() {
 
     // v1: three endpoints.
     wait_version(&rig, 1).await;
-    used(&rig);
+    rig.used();
     let mut home = Vec::new();
     for i in 0..30 {
         let r = rig.chat(&prompt(&format!("feed {i}"), 2000)).await;
@@ -72,7 +65,7 @@ async fn feed_drives_endpoints_and_survives_outages() {
         assert_ne!(r.reason(), "fail_open", "{r:?}");
         home.push(r.upstream);
     }
-    assert_eq!(used(&rig), BTreeSet::from([0, 1, 2]), "v1 routes over A, B, C only");
+    assert_eq!(rig.used(), BTreeSet::from([0, 1, 2]), "v1 routes over A, B, C only");
 
     // One poller per Envoy, not one per VM: over ~2 s the feed sees about one request per interval.
     let (hits0, t0) = (feed.hits(), Instant::now());
@@ -89,20 +82,20 @@ async fn feed_drives_endpoints_and_survives_outages() {
         stayed += usize::from(r.upstream == *h);
     }
     assert!(stayed >= 18, "only {stayed}/30 prefixes kept their upstream after adding one endpoint");
-    used(&rig);
+    rig.used();
     for i in 0..60 {
         assert_eq!(rig.chat(&prompt(&format!("feed new {i}"), 2000)).await.status, 200);
     }
-    assert!(used(&rig).contains(&3), "the added endpoint D got no traffic");
+    assert!(rig.used().contains(&3), "the added endpoint D got no traffic");
 
     // v3: B removed.
     feed.set_snapshot(snapshot(3, &[(a[0], None), (a[2], None), (a[3], None)]));
     wait_version(&rig, 3).await;
-    used(&rig);
+    rig.used();
     for i in 0..40 {
         assert_eq!(rig.chat(&prompt(&format!("feed {i}"), 2000)).await.status, 200);
     }
-    assert!(!used(&rig).contains(&1), "removed endpoint B still gets traffic");
+    assert!(!rig.used().contains(&1), "removed endpoint B still gets traffic");
 
     // Feed down: failures are counted, the last good snapshot (A, C, D) keeps routing.
     feed.stop().await;
@@ -117,7 +110,7 @@ async fn feed_drives_endpoints_and_survives_outages() {
         assert_eq!(r.status, 200);
         assert_ne!(r.reason(), "fail_open");
     }
-    let during = used(&rig);
+    let during = rig.used();
     assert!(!during.contains(&1) && !during.is_empty(), "outage routing used {during:?}");
 
     // Feed back with v4 = A, B where A reports a deep queue: the overload guard (threshold 10) sends all to B.
@@ -125,11 +118,11 @@ async fn feed_drives_endpoints_and_survives_outages() {
     feed.set_snapshot(snapshot(4, &[(a[0], Some(busy)), (a[1], None)]));
     feed.restart().await.expect("feed restart");
     wait_version(&rig, 4).await;
-    used(&rig);
+    rig.used();
     for i in 0..20 {
         assert_eq!(rig.chat(&prompt(&format!("after {i}"), 2000)).await.status, 200);
     }
-    assert_eq!(used(&rig), BTreeSet::from([1]), "server load did not steer traffic away from the busy endpoint");
+    assert_eq!(rig.used(), BTreeSet::from([1]), "server load did not steer traffic away from the busy endpoint");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -191,7 +184,7 @@ async fn two_plugins_keep_their_own_feeds_server_loads() {
     let s = rig.stats_until(|s| s.filter("feed.applied") >= 2 * vms).await;
     assert!(s.filter("feed.applied") >= 2 * vms, "feeds not applied; log:\n{}", rig.envoy.log());
     tokio::time::sleep(Duration::from_millis(3 * INTERVAL_MS)).await;
-    used(&rig);
+    rig.used();
     for i in 0..30 {
         for (_, prefix, _, _) in pools {
             let body = json!({"model": "m", "messages": [{"role": "user", "content": prompt(&format!("loads {i}"), 500)}]});
@@ -220,7 +213,7 @@ async fn a_full_kv_cache_report_keeps_its_traffic() {
     let feed = FeedServer::start(snapshot(1, &[(a[0], Some(full)), (a[1], Some(roomy))])).await.expect("feed");
     let rig = feed_rig(upstreams, &feed, prefix_aware_fed()).await;
     wait_version(&rig, 1).await;
-    used(&rig);
+    rig.used();
 
     let mut first = Vec::new();
     for i in 0..40 {

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use serde_json::json;
 use warmpath_core::feed::{FeedEndpoint, FeedSnapshot};
-use warmpath_harness::{EnvoyProcess, FeedCluster, FeedServer, Upstream};
+use warmpath_harness::{FeedCluster, FeedServer, Upstream};
 
 use crate::common::{prompt, Rig, CONCURRENCY};
 
@@ -98,23 +98,17 @@ async fn a_moved_feed_replaces_the_old_one() {
         // Envoy's cluster knows all four hosts (as EDS would); the filter picks only among the feed's endpoints.
         Rig::config(upstreams, plugin).with_feed(FeedCluster { name: "warmpath_feed".into(), address: feed.addr() })
     };
-    let envoy = EnvoyProcess::start_dynamic(config(&upstreams, OLD), CONCURRENCY).await.expect("envoy");
-    let client = reqwest::Client::builder().timeout(Duration::from_secs(20)).build().expect("client");
-    let mut rig = Rig { upstreams, envoy, client };
+    let cfg = config(&upstreams, OLD);
+    let mut rig = Rig::launch_dynamic(upstreams, cfg).await;
     let vms = u64::from(CONCURRENCY);
     let s = rig.stats_until(|s| s.filter("feed.applied") >= vms).await;
     assert!(s.filter("feed.applied") >= vms, "old feed not applied; log:\n{}", rig.envoy.log());
     tokio::time::sleep(Duration::from_millis(3 * INTERVAL_MS)).await;
-    let used = |rig: &Rig| -> BTreeSet<usize> {
-        let s = rig.upstreams.iter().enumerate().filter(|(_, u)| u.count() > 0).map(|(i, _)| i).collect();
-        rig.upstreams.iter().for_each(Upstream::clear);
-        s
-    };
-    used(&rig);
+    rig.used();
     for i in 0..10 {
         assert_eq!(rig.chat(&prompt(&format!("old {i}"), 500)).await.status, 200);
     }
-    assert_eq!(used(&rig), BTreeSet::from([0, 1]), "the old feed's endpoints");
+    assert_eq!(rig.used(), BTreeSet::from([0, 1]), "the old feed's endpoints");
 
     let applied = rig.envoy.stats().await.expect("stats").filter("feed.applied");
     assert!(rig.envoy.update_listener(config(&rig.upstreams, NEW)).await.expect("lds update"), "{}", rig.envoy.log());
@@ -125,13 +119,13 @@ async fn a_moved_feed_replaces_the_old_one() {
     let old_polls = feed.hits_at(OLD);
     // The old feed lives on and changes, as a feed carrying server loads does on every poll.
     feed.set_snapshot_at(OLD, snapshot(2, &a[..2]));
-    used(&rig);
+    rig.used();
     // Spread over ten intervals, so that any tick of the old configuration would fall between them.
     for i in 0..40 {
         assert_eq!(rig.chat(&prompt(&format!("new {i}"), 500)).await.status, 200);
         tokio::time::sleep(Duration::from_millis(INTERVAL_MS / 4)).await;
     }
-    let hosts = used(&rig);
+    let hosts = rig.used();
     let polled = feed.hits_at(OLD) - old_polls;
     assert_eq!(hosts, BTreeSet::from([2, 3]), "after the update only the new feed's endpoints may serve");
     assert_eq!(polled, 0, "the superseded configuration kept polling the old feed");
@@ -162,9 +156,8 @@ async fn a_new_feed_interval_takes_effect() {
             (feed.hits_at(PATH) - h0, t0.elapsed().as_millis() as u64)
         }
     };
-    let envoy = EnvoyProcess::start_dynamic(config(&upstreams, 100), CONCURRENCY).await.expect("envoy");
-    let client = reqwest::Client::builder().timeout(Duration::from_secs(20)).build().expect("client");
-    let mut rig = Rig { upstreams, envoy, client };
+    let cfg = config(&upstreams, 100);
+    let mut rig = Rig::launch_dynamic(upstreams, cfg).await;
     let s = rig.stats_until(|s| s.filter("feed.applied") >= 1).await;
     assert!(s.filter("feed.applied") >= 1, "feed not applied; log:\n{}", rig.envoy.log());
     let (before, ms) = polls_in(1500).await;

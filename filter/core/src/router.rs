@@ -24,6 +24,9 @@ pub struct Router {
     /// Some entry of `server_loads` is set.
     has_server_loads: bool,
     ids: HashMap<String, u32>,
+    /// Position in `endpoints` of each current address: the per-request lookups by address (loads read from shared
+    /// tables, index records from other routers) cost one hash lookup each instead of a scan of the endpoints.
+    positions: HashMap<String, usize>,
     next_id: u32,
     policy: Box<dyn Policy>,
     /// Position of the endpoint the last [`Router::route`] call's policy picked (`None` after a fail-open pick or
@@ -35,7 +38,7 @@ impl Router {
     /// A router for `settings` with `settings.endpoints` as the endpoint set and an empty prefix index.
     pub fn new(settings: Settings) -> Router {
         let policy = policy::create(&settings);
-        let mut r = Router { endpoints: Vec::new(), server_loads: Vec::new(), has_server_loads: false, ids: HashMap::new(), next_id: 0, policy, settings, last_pick: None };
+        let mut r = Router { endpoints: Vec::new(), server_loads: Vec::new(), has_server_loads: false, ids: HashMap::new(), positions: HashMap::new(), next_id: 0, policy, settings, last_pick: None };
         let eps = r.settings.endpoints.clone();
         r.install_endpoints(eps);
         r
@@ -49,6 +52,11 @@ impl Router {
     /// Current endpoints; `loads` passed to [`Router::route`] are parallel to this slice.
     pub fn endpoints(&self) -> &[Endpoint] {
         &self.endpoints
+    }
+
+    /// Position of `address` (normalised, as [`Endpoint::address`]) in [`Router::endpoints`], if it is one.
+    pub fn position(&self, address: &str) -> Option<usize> {
+        self.positions.get(address).copied()
     }
 
     /// Name of the active policy (metrics label).
@@ -123,6 +131,7 @@ impl Router {
                 Endpoint { address: a, id }
             })
             .collect();
+        self.positions = self.endpoints.iter().enumerate().map(|(i, e)| (e.address.clone(), i)).collect();
         self.settings.endpoints = self.endpoints.iter().map(|e| e.address.clone()).collect();
         self.policy.on_endpoints_changed(&self.endpoints);
     }
@@ -199,8 +208,8 @@ impl Router {
             if rec.block_size as usize != self.settings.block_size {
                 continue;
             }
-            let Some(e) = self.endpoints.iter().find(|e| e.address == rec.address) else { continue };
-            self.policy.learn(&rec.chain, e.id);
+            let Some(i) = self.position(rec.address) else { continue };
+            self.policy.learn(&rec.chain, self.endpoints[i].id);
             applied += 1;
         }
         Ok(applied)

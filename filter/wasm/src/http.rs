@@ -185,13 +185,15 @@ impl FilterHttp {
             .as_ref()
             .filter(|_| prefix_aware)
             .map(|(key, age)| shared::Table::read_remote(key, now_ms(), *age));
-        let loads: Vec<EndpointLoad> = router
-            .endpoints()
-            .iter()
-            .map(|e| {
-                let own = pending.as_ref().map_or(0, |p| p.get(&e.address));
-                let others = remote.as_ref().map_or(0, |r| r.get(&e.address));
-                EndpointLoad { in_flight: table.get(&e.address), pending_prefill: own.saturating_add(others), server: None }
+        let in_flight = table.per_endpoint(&router);
+        let own = pending.as_ref().map(|p| p.per_endpoint(&router));
+        let others = remote.as_ref().map(|r| r.per_endpoint(&router));
+        let at = |counts: &Option<Vec<u32>>, i: usize| counts.as_ref().map_or(0, |c| c[i]);
+        let loads: Vec<EndpointLoad> = (0..in_flight.len())
+            .map(|i| EndpointLoad {
+                in_flight: in_flight[i],
+                pending_prefill: at(&own, i).saturating_add(at(&others, i)),
+                server: None,
             })
             .collect();
         let input = PickInput { key, random: random_u64(u64::from(self.context_id)), body_len: self.body_len, ..PickInput::default() };

@@ -14,8 +14,8 @@
 //! | `warmpath.requests_skipped_other_cluster` | counter | requests left alone because their upstream cluster (`xds.cluster_name`) is not in this instance's `upstream_clusters` (or unknown) |
 //! | `warmpath.matched_prefix.<bucket>` | counter | prefix-aware picks by matched prefix length (characters; bytes for raw bodies): `none`, `le_1k`, `le_4k`, `le_16k`, `gt_16k` |
 //! | `warmpath.matched_prefix_chars_total` | counter | sum of matched prefix lengths, so the mean is total / matched picks |
-//! | `warmpath.in_flight.<IP>_<port>` | gauge | the shared in-flight counter of each endpoint, refreshed every tick |
-//! | `warmpath.pending_prefill.<IP>_<port>` | gauge | this Envoy's pending prefill work on each endpoint (bytes), refreshed every tick |
+//! | `warmpath.in_flight.<IP>_<port>` | gauge | the shared in-flight counter of each endpoint, refreshed every tick (written when it changed, [`EndpointGauges`]) |
+//! | `warmpath.pending_prefill.<IP>_<port>` | gauge | this Envoy's pending prefill work on each endpoint (bytes), refreshed every tick like the in-flight gauge |
 //! | `warmpath.remote_pending_prefill.<IP>_<port>` | gauge | with a feed: the other gateways' pending prefill work on each endpoint (bytes), as the feed last reported it |
 //! | `warmpath.endpoints` | gauge | endpoints the router currently picks from |
 //! | `warmpath.cas_failures` | counter | in-flight updates the host kept refusing |
@@ -173,9 +173,102 @@ fn endpoint_gauge_name(prefix: &str, address: &str) -> String {
     format!("{prefix}{}", warmpath_core::endpoint::stat_token(address))
 }
 
+/// The gauges kept per endpoint, in the order of [`EndpointGauges::update`]'s values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EndpointGauge {
+    InFlight = 0,
+    PendingPrefill = 1,
+    RemotePendingPrefill = 2,
+}
+
+impl EndpointGauge {
+    /// The gauge's name for `address`.
+    pub fn name(self, address: &str) -> String {
+        match self {
+            EndpointGauge::InFlight => in_flight_gauge_name(address),
+            EndpointGauge::PendingPrefill => pending_prefill_gauge_name(address),
+            EndpointGauge::RemotePendingPrefill => remote_pending_prefill_gauge_name(address),
+        }
+    }
+}
+
+/// What one VM last wrote to the endpoint gauges of one plugin, so that a tick writes only the gauges whose value
+/// changed. Every VM writes the same Envoy gauges from the same shared counts, so a value another VM wrote last is
+/// corrected at that VM's next tick. Writing every gauge on every tick of every VM cost an idle Envoy about 5 % of
+/// a core at 1,000 endpoints (BENCHMARKS.md §4).
+#[derive(Debug, Default)]
+pub struct EndpointGauges {
+    last: HashMap<String, [u32; 3]>,
+}
+
+impl EndpointGauges {
+    /// The gauge writes that bring the gauges to `current` (each endpoint's address with its in-flight count,
+    /// pending prefill and the other gateways' pending prefill; the last is written only when `remote` is true).
+    /// Addresses written before that are no longer current keep their in-flight gauge following
+    /// `left_in_flight(address)` until it reads 0, then are forgotten: a gauge must not freeze at its last value.
+    pub fn update<'a>(
+        &mut self,
+        current: impl Iterator<Item = (&'a str, [u32; 3])>,
+        remote: bool,
+        left_in_flight: impl Fn(&str) -> u32,
+    ) -> Vec<(EndpointGauge, String, u32)> {
+        let gauges = [EndpointGauge::InFlight, EndpointGauge::PendingPrefill, EndpointGauge::RemotePendingPrefill];
+        let mut writes = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        for (address, now) in current {
+            seen.insert(address);
+            let before = self.last.get(address).copied();
+            if before == Some(now) {
+                continue;
+            }
+            for g in gauges.iter().take(if remote { 3 } else { 2 }) {
+                let k = *g as usize;
+                if before.is_none_or(|b| b[k] != now[k]) {
+                    writes.push((*g, address.to_string(), now[k]));
+                }
+            }
+            self.last.insert(address.to_string(), now);
+        }
+        self.last.retain(|address, last| {
+            if seen.contains(address.as_str()) {
+                return true;
+            }
+            let n = left_in_flight(address);
+            if n != last[0] {
+                writes.push((EndpointGauge::InFlight, address.clone(), n));
+                last[0] = n;
+            }
+            n > 0
+        });
+        writes
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_changed_gauges_are_written_and_a_left_endpoint_follows_its_count_to_zero() {
+        let mut book = EndpointGauges::default();
+        let (a, b) = ("127.0.0.1:1", "127.0.0.1:2");
+        let none = |_: &str| 0;
+        let w = book.update([(a, [1, 10, 0]), (b, [0, 0, 0])].into_iter(), false, none);
+        assert_eq!(w.len(), 4, "the first tick writes every gauge: {w:?}");
+        assert!(book.update([(a, [1, 10, 0]), (b, [0, 0, 0])].into_iter(), false, none).is_empty(), "nothing changed");
+        let w = book.update([(a, [0, 10, 0]), (b, [0, 0, 0])].into_iter(), false, none);
+        assert_eq!(w, vec![(EndpointGauge::InFlight, a.to_string(), 0)], "only the changed gauge");
+        let only_a = || [(a, [0, 10, 7])].into_iter();
+        let w = book.update(only_a(), true, |_| 2);
+        assert_eq!(
+            w,
+            vec![(EndpointGauge::RemotePendingPrefill, a.to_string(), 7), (EndpointGauge::InFlight, b.to_string(), 2)],
+            "a's remote gauge is new; b left with 2 requests still in flight"
+        );
+        assert!(book.update(only_a(), true, |_| 2).is_empty(), "b's count did not change");
+        assert_eq!(book.update(only_a(), true, |_| 0), vec![(EndpointGauge::InFlight, b.to_string(), 0)]);
+        assert!(book.update(only_a(), true, |_| 5).is_empty(), "b read 0 once and was forgotten");
+    }
 
     #[test]
     fn gauge_names_are_single_tokens() {

@@ -37,8 +37,9 @@ thread_local! {
     // The configured root contexts of each plugin in this VM, in the order of their last configuration: the last one
     // is in force (`FilterRoot::in_force`).
     static CONFIGURED: RefCell<HashMap<String, Vec<u32>>> = RefCell::new(HashMap::new());
-    // Endpoints whose in-flight gauge this VM has reported (see `refresh_gauges`).
-    static REPORTED: RefCell<std::collections::BTreeSet<String>> = const { RefCell::new(std::collections::BTreeSet::new()) };
+    // What this VM last wrote to the endpoint gauges of each plugin (`refresh_gauges`). Per VM and plugin, not per
+    // root context: after an LDS update the new configuration goes on following the endpoints the old one reported.
+    static GAUGES: RefCell<HashMap<String, metrics::EndpointGauges>> = RefCell::new(HashMap::new());
 }
 
 /// Milliseconds since the Unix epoch from the host clock (0 if the host refuses).
@@ -127,6 +128,7 @@ impl FilterRoot {
         });
     }
 
+    /// Reports the endpoint count and the gauges of each endpoint whose value changed ([`metrics::EndpointGauges`]).
     fn refresh_gauges(&self) {
         let Some(shared) = &self.shared else { return };
         let Ok(router) = shared.router.try_borrow() else { return };
@@ -135,31 +137,18 @@ impl FilterRoot {
         let table = shared::Table::read();
         let pending = shared::Table::read_of(shared::Counter::PendingPrefill);
         let remote = shared.remote_pending.as_ref().map(|(key, age)| shared::Table::read_remote(key, now_ms(), *age));
-        for e in endpoints {
-            shared.metrics.gauge(&metrics::in_flight_gauge_name(&e.address), u64::from(table.get(&e.address)));
-            shared
-                .metrics
-                .gauge(&metrics::pending_prefill_gauge_name(&e.address), u64::from(pending.get(&e.address)));
-            if let Some(remote) = &remote {
-                let name = metrics::remote_pending_prefill_gauge_name(&e.address);
-                shared.metrics.gauge(&name, u64::from(remote.get(&e.address)));
-            }
-        }
-        // Endpoints that left (an LDS update or the feed removed them) keep their shared count reported until it is
-        // 0, then drop out: a gauge must not freeze at its last value. The count is the shared one, so every plugin
-        // instance of the VM reports the same value.
-        REPORTED.with(|reported| {
-            let mut reported = reported.borrow_mut();
-            reported.retain(|a| {
-                if endpoints.iter().any(|e| &e.address == a) {
-                    return true;
-                }
-                let n = table.get(a);
-                shared.metrics.gauge(&metrics::in_flight_gauge_name(a), u64::from(n));
-                n > 0
-            });
-            reported.extend(endpoints.iter().map(|e| e.address.clone()));
+        let (in_flight, own) = (table.per_endpoint(&router), pending.per_endpoint(&router));
+        let others = remote.as_ref().map(|r| r.per_endpoint(&router));
+        let current = endpoints
+            .iter()
+            .enumerate()
+            .map(|(i, e)| (e.address.as_str(), [in_flight[i], own[i], others.as_ref().map_or(0, |o| o[i])]));
+        let writes = GAUGES.with(|g| {
+            g.borrow_mut().entry(self.plugin.clone()).or_default().update(current, others.is_some(), |a| table.get(a))
         });
+        for (gauge, address, value) in writes {
+            shared.metrics.gauge(&gauge.name(&address), u64::from(value));
+        }
     }
 }
 

@@ -16,6 +16,7 @@
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::Status;
 use warmpath_core::exchange::{counts, push_count};
+use warmpath_core::Router;
 
 /// A per-endpoint counter shared by every worker.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -88,6 +89,19 @@ impl Table {
     /// In-flight count of `address` (0 when absent).
     pub fn get(&self, address: &str) -> u32 {
         self.entries().find(|(a, _)| *a == address.as_bytes()).map(|(_, c)| c).unwrap_or(0)
+    }
+
+    /// The count of each of `router`'s endpoints, by position (0 when absent). One hash lookup per entry of the
+    /// table (the endpoints with work outstanding), not a scan of the table per endpoint: at 1,000 endpoints the
+    /// scans cost more Envoy CPU per request than the rest of the decision.
+    pub fn per_endpoint(&self, router: &Router) -> Vec<u32> {
+        let mut out = vec![0u32; router.endpoints().len()];
+        for (a, c) in self.entries() {
+            if let Some(i) = std::str::from_utf8(a).ok().and_then(|a| router.position(a)) {
+                out[i] = out[i].saturating_add(c);
+            }
+        }
+        out
     }
 
     /// The table with `delta` added to `address` (saturating), zero entries dropped; `None` for an address longer
@@ -233,6 +247,20 @@ mod tests {
         let t = table(b);
         assert_eq!(t.entries().count(), 1, "zero entry pruned");
         assert_eq!(t.get("127.0.0.1:1"), 2);
+    }
+
+    #[test]
+    fn per_endpoint_counts_follow_the_router_s_positions() {
+        let settings = warmpath_core::Settings {
+            endpoints: vec!["127.0.0.1:1".into(), "127.0.0.1:2".into(), "127.0.0.1:3".into()],
+            ..warmpath_core::Settings::default()
+        };
+        let router = Router::new(settings);
+        let (b, _) = table(Vec::new()).with_delta("127.0.0.1:3", 4).expect("fits");
+        let (b, _) = table(b).with_delta("127.0.0.1:9", 7).expect("fits");
+        let (b, _) = table(b).with_delta("127.0.0.1:1", 1).expect("fits");
+        assert_eq!(table(b).per_endpoint(&router), vec![1, 0, 4], "an address not in the set is left out");
+        assert_eq!(table(vec![200, 1, 2]).per_endpoint(&router), vec![0, 0, 0], "garbage reads as empty");
     }
 
     #[test]

@@ -5,7 +5,7 @@
 //! run side by side and are measured in alternation `--rounds` times; medians are reported.
 //!
 //! `cargo run -p warmpath-harness --release --bin overhead -- [--requests 20000] [--connections 16] [--rounds 5]
-//!  [--filter PREFIX_AWARE] [--filter RANDOM] [--filter STRATEGY=/path/to/variant.wasm] [--feed-interval-ms 200]
+//!  [--filter PREFIX_AWARE] [--filter RANDOM] [--filter STRATEGY=/path/to/variant.wasm] [--endpoints 3] [--feed-interval-ms 200]
 //!  [--stream-events 100 [--event-gap-us 1000]]`
 //! (needs the release wasm module and `.venv/bin/envoy`). With `--feed-interval-ms`, every filter config is also
 //! measured polling a feed (the harness's feed server, serving the upstreams and taking the index exchange and
@@ -58,6 +58,10 @@ struct Args {
     /// the filter's tick with a feed, whichever is shorter).
     #[arg(long, value_parser = clap::value_parser!(u64).range(10..=60_000))]
     feed_interval_ms: Option<u64>,
+    /// Upstream servers, every one an endpoint of the cluster and of the filter (the filter's per-request work
+    /// that grows with the endpoint count: reading each endpoint's load, the least-loaded search).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=4096))]
+    endpoints: u64,
     /// Wall-clock cap per run in seconds.
     #[arg(long, default_value_t = 60)]
     max_seconds: u64,
@@ -129,7 +133,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> Result<()> {
     let args = Args::parse();
-    let upstreams = Upstream::start_many(3).await?;
+    let upstreams = Upstream::start_many(args.endpoints as usize).await?;
     for u in &upstreams {
         u.set_stream(args.stream_events, Duration::from_micros(args.event_gap_us));
     }
@@ -221,8 +225,8 @@ async fn main() -> Result<()> {
         n => format!("answers streamed as {n} events {} µs apart", args.event_gap_us),
     };
     println!(
-        "medians of {} alternating rounds × {} requests, {} connections, {} distinct ~{} B chat bodies, {answers}, 3 upstreams, Envoy --concurrency {}",
-        args.rounds, args.requests, args.connections, args.prompts, args.body_bytes, args.concurrency
+        "medians of {} alternating rounds × {} requests, {} connections, {} distinct ~{} B chat bodies, {answers}, {} upstreams, Envoy --concurrency {}",
+        args.rounds, args.requests, args.connections, args.prompts, args.body_bytes, args.endpoints, args.concurrency
     );
     Ok(())
 }

@@ -162,6 +162,20 @@ fn endpoint_set_change_keeps_index_and_drops_removed_lazily() {
 }
 
 #[test]
+fn an_address_position_follows_the_endpoint_set() {
+    let mut r = Router::new(settings(4));
+    for (i, e) in r.endpoints().iter().enumerate() {
+        assert_eq!(r.position(&e.address), Some(i));
+    }
+    r.set_endpoints(vec![addrs(4)[3].clone(), addrs(4)[0].clone()]).unwrap();
+    assert_eq!(r.position("127.0.0.1:8003"), Some(0), "reordered");
+    assert_eq!(r.position("127.0.0.1:8000"), Some(1));
+    assert_eq!(r.position("127.0.0.1:8001"), None, "removed, although its id is remembered");
+    r.set_endpoints(vec!["[0:0::1]:80".into()]).unwrap();
+    assert_eq!(r.position("[::1]:80"), Some(0), "by the normalised address");
+}
+
+#[test]
 fn tenants_are_placed_independently() {
     let mut r = Router::new(settings(4));
     let mut same = 0;

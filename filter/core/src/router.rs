@@ -1,6 +1,6 @@
 //! [`Router`]: settings + endpoint set + policy (with its prefix index) behind one entry point.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use crate::config::{normalize_address, Settings, Strategy};
 use crate::error::ConfigError;
@@ -71,13 +71,14 @@ impl Router {
     /// Errors: [`ConfigError::Invalid`] naming the first address that is not `IP:port`; the set is then unchanged.
     pub fn set_endpoints(&mut self, addresses: Vec<String>) -> Result<(), ConfigError> {
         let mut normalized = Vec::with_capacity(addresses.len());
+        let mut seen = HashSet::with_capacity(addresses.len());
         for (i, a) in addresses.iter().enumerate() {
             let n = normalize_address(a).ok_or_else(|| ConfigError::Invalid {
                 field: format!("endpoints[{i}]"),
                 value: crate::config::shown(a, 100),
                 reason: crate::config::ADDRESS_RULE,
             })?;
-            if !normalized.contains(&n) {
+            if seen.insert(n.clone()) {
                 normalized.push(n);
             }
         }
@@ -92,6 +93,14 @@ impl Router {
     ///
     /// Errors: as [`Router::set_endpoints`]; the set and the loads are then unchanged.
     pub fn set_feed_endpoints(&mut self, endpoints: Vec<(String, Option<ServerLoad>)>) -> Result<(), ConfigError> {
+        // Most snapshots of a feed that reports loads only change the loads: keep the endpoint set as it is (the
+        // addresses compared as given: a feed's are already normalised, and any other form takes the full path).
+        if endpoints.len() == self.endpoints.len() && endpoints.iter().zip(&self.endpoints).all(|((a, _), e)| *a == e.address)
+        {
+            self.server_loads = endpoints.into_iter().map(|(_, l)| l).collect();
+            self.has_server_loads = self.server_loads.iter().any(Option::is_some);
+            return Ok(());
+        }
         let loads: HashMap<String, ServerLoad> = endpoints
             .iter()
             .filter_map(|(a, l)| Some((normalize_address(a)?, (*l)?)))
@@ -109,7 +118,8 @@ impl Router {
 
     fn install_endpoints(&mut self, addresses: Vec<String>) {
         if self.ids.len() > addresses.len() + REMEMBERED_ADDRESSES {
-            self.ids.retain(|a, _| addresses.contains(a));
+            let keep: HashSet<&String> = addresses.iter().collect();
+            self.ids.retain(|a, _| keep.contains(a));
         }
         let old_loads: HashMap<&str, ServerLoad> = self
             .endpoints

@@ -5,7 +5,7 @@
 //! run side by side and are measured in alternation `--rounds` times; medians are reported.
 //!
 //! `cargo run -p warmpath-harness --release --bin overhead -- [--requests 20000] [--connections 16] [--rounds 5]
-//!  [--filter PREFIX_AWARE] [--filter RANDOM] [--filter STRATEGY=/path/to/variant.wasm] [--endpoints 3] [--feed-interval-ms 200]
+//!  [--filter PREFIX_AWARE] [--filter RANDOM] [--filter STRATEGY=/path/to/variant.wasm] [--endpoints 3] [--feed-interval-ms 200 [--feed-loads]]
 //!  [--stream-events 100 [--event-gap-us 1000]]`
 //! (needs the release wasm module and `.venv/bin/envoy`). With `--feed-interval-ms`, every filter config is also
 //! measured polling a feed (the harness's feed server, serving the upstreams and taking the index exchange and
@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Result};
 use clap::Parser;
 use serde_json::json;
-use warmpath_core::feed::{FeedEndpoint, FeedSnapshot};
+use warmpath_core::feed::{FeedEndpoint, FeedLoad, FeedSnapshot};
 use warmpath_harness::{filter_wasm, EnvoyConfig, EnvoyProcess, FeedCluster, FeedServer, Upstream};
 use warmpath_harness::cpu::tree_cpu_seconds;
 
@@ -58,6 +58,11 @@ struct Args {
     /// the filter's tick with a feed, whichever is shorter).
     #[arg(long, value_parser = clap::value_parser!(u64).range(10..=60_000))]
     feed_interval_ms: Option<u64>,
+    /// With `--feed-interval-ms`, the feed publishes a new version with a load for every endpoint at that interval,
+    /// as the controller's feed does while it scrapes the servers' metrics: every VM then applies a new snapshot
+    /// at every poll.
+    #[arg(long, requires = "feed_interval_ms")]
+    feed_loads: bool,
     /// Upstream servers, every one an endpoint of the cluster and of the filter (the filter's per-request work
     /// that grows with the endpoint count: reading each endpoint's load, the least-loaded search).
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=4096))]
@@ -65,6 +70,29 @@ struct Args {
     /// Wall-clock cap per run in seconds.
     #[arg(long, default_value_t = 60)]
     max_seconds: u64,
+}
+
+/// Publishes a new snapshot version every `every`, each endpoint with a load that changes from one version to the
+/// next, until the feed server is dropped.
+async fn publish_loads(feed: std::sync::Weak<FeedServer>, addrs: Vec<std::net::SocketAddr>, every: Duration) {
+    let mut version = 1u64;
+    loop {
+        tokio::time::sleep(every).await;
+        let Some(feed) = feed.upgrade() else { return };
+        version += 1;
+        let endpoints = addrs
+            .iter()
+            .enumerate()
+            .map(|(i, a)| {
+                let n = (version as usize + i) % 8;
+                let load = FeedLoad { waiting: n as u32 / 2, running: n as u32, kv_cache_usage: n as f32 / 8.0 };
+                FeedEndpoint { address: a.to_string(), load: Some(load) }
+            })
+            .collect();
+        if let Ok(json) = serde_json::to_string(&FeedSnapshot { version, endpoints }) {
+            feed.set_snapshot(json);
+        }
+    }
 }
 
 fn bodies(n: usize, size: usize) -> Vec<Arc<Vec<u8>>> {
@@ -149,6 +177,10 @@ async fn main() -> Result<()> {
             let server = FeedServer::start(serde_json::to_string(&FeedSnapshot { version: 1, endpoints })?).await?;
             server.set_index_exchange(true);
             server.set_pending_exchange(true);
+            let server = Arc::new(server);
+            if args.feed_loads {
+                tokio::spawn(publish_loads(Arc::downgrade(&server), addrs.clone(), Duration::from_millis(interval_ms)));
+            }
             Some((server, interval_ms))
         }
         None => None,

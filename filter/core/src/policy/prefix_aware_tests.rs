@@ -173,6 +173,32 @@ fn an_address_position_follows_the_endpoint_set() {
     assert_eq!(r.position("127.0.0.1:8001"), None, "removed, although its id is remembered");
     r.set_endpoints(vec!["[0:0::1]:80".into()]).unwrap();
     assert_eq!(r.position("[::1]:80"), Some(0), "by the normalised address");
+    r.set_endpoints(vec![addrs(3)[2].clone(), addrs(3)[0].clone(), "127.0.0.1:8002".into(), addrs(3)[0].clone()]).unwrap();
+    let kept: Vec<&str> = r.endpoints().iter().map(|e| e.address.as_str()).collect();
+    assert_eq!(kept, ["127.0.0.1:8002", "127.0.0.1:8000"], "duplicates dropped, first places kept");
+}
+
+#[test]
+fn a_feed_snapshot_of_the_same_endpoints_replaces_only_their_loads() {
+    let mut r = Router::new(settings(3));
+    let load = |waiting| Some(crate::ServerLoad { waiting, running: 0, kv_cache_usage: 0.0 });
+    let snapshot = |w: [u32; 3]| addrs(3).into_iter().zip(w).map(|(a, w)| (a, load(w))).collect::<Vec<_>>();
+    r.set_feed_endpoints(snapshot([1, 2, 3])).unwrap();
+    let ids: Vec<u32> = r.endpoints().iter().map(|e| e.id).collect();
+    r.set_feed_endpoints(snapshot([4, 5, 6])).unwrap();
+    let waiting: Vec<u32> = (0..3).map(|i| r.server_load(i).expect("load").waiting).collect();
+    assert_eq!(waiting, [4, 5, 6]);
+    assert_eq!(r.endpoints().iter().map(|e| e.id).collect::<Vec<_>>(), ids);
+    let mut reordered = snapshot([7, 8, 9]);
+    reordered.swap(0, 2);
+    r.set_feed_endpoints(reordered).unwrap();
+    assert_eq!(r.endpoints()[0].address, "127.0.0.1:8002", "a new order is a new endpoint list");
+    assert_eq!((r.server_load(0).expect("load").waiting, r.server_load(2).expect("load").waiting), (9, 7));
+    r.set_feed_endpoints(vec![("[0:0::1]:80".into(), load(1)), ("[::1]:80".into(), None)]).unwrap();
+    assert_eq!(r.endpoints().len(), 1, "another spelling of one address is normalised and counted once");
+    assert_eq!((r.endpoints()[0].address.as_str(), r.server_load(0).map(|l| l.waiting)), ("[::1]:80", Some(1)));
+    assert!(r.set_feed_endpoints(vec![("nope".into(), None)]).is_err());
+    assert_eq!(r.endpoints().len(), 1, "a bad snapshot leaves the set as it was");
 }
 
 #[test]

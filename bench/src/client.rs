@@ -4,8 +4,8 @@
 use std::time::Instant;
 
 use serde::Deserialize;
-use warmpath_sim::api::Usage;
 use warmpath_core::headers::DESTINATION_HEADER;
+use warmpath_sim::api::Usage;
 use warmpath_sim::ENDPOINT_HEADER;
 
 /// What happened to one request. Times are wall-clock milliseconds.

@@ -12,17 +12,17 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use tokio::task::JoinSet;
-use warmpath_core::Settings;
 use warmpath_core::feed::{FeedEndpoint, FeedSnapshot};
-use warmpath_harness::{filter_wasm, EnvoyConfig, EnvoyProcess, FeedCluster, FeedServer, FILTER_STAT_PREFIX};
+use warmpath_core::Settings;
 use warmpath_harness::cpu::{tree_cpu_seconds, MachineCpu};
+use warmpath_harness::{filter_wasm, EnvoyConfig, EnvoyProcess, FeedCluster, FeedServer, FILTER_STAT_PREFIX};
 use warmpath_sim::{SimConfig, SimServer};
 
 use crate::baselines::Baseline;
 use crate::client::{send, Destination, Outcome};
 use crate::kvcost::{CostKind, CostRouter};
-use crate::peers::{Peer, PeerProcess};
 use crate::loads::{scrape, ServerMetrics};
+use crate::peers::{Peer, PeerProcess};
 use crate::router::ClientRouter;
 use crate::workload::Request;
 
@@ -328,7 +328,10 @@ pub async fn run_strategy(strategy: &Strategy, reqs: &[Request], s: &RunSettings
                 f.set_pending_exchange(s.pending_exchange);
                 let interval_ms = feed_interval_ms(s.sim.latency.time_scale);
                 if let Some(o) = extra.as_object_mut() {
-                    o.insert("feed".into(), json!({"cluster": FEED_CLUSTER, "path": FEED_PATH, "interval_ms": interval_ms}));
+                    o.insert(
+                        "feed".into(),
+                        json!({"cluster": FEED_CLUSTER, "path": FEED_PATH, "interval_ms": interval_ms}),
+                    );
                 }
                 feed_cluster = Some(FeedCluster { name: FEED_CLUSTER.into(), address: f.addr() });
                 let scrape = Duration::from_millis(load_scrape_ms(s.sim.latency.time_scale));
@@ -366,7 +369,8 @@ pub async fn run_strategy(strategy: &Strategy, reqs: &[Request], s: &RunSettings
 
     let client = reqwest::Client::builder().pool_max_idle_per_host(256).build()?;
     let scale = s.sim.latency.time_scale;
-    let proxy_pids: Vec<u32> = envoys.iter().map(EnvoyProcess::pid).chain(peer.as_ref().map(PeerProcess::pid)).collect();
+    let proxy_pids: Vec<u32> =
+        envoys.iter().map(EnvoyProcess::pid).chain(peer.as_ref().map(PeerProcess::pid)).collect();
     let cpu_before = CpuReading::take(&proxy_pids);
     let start = Instant::now();
     let mut tasks: JoinSet<Outcome> = JoinSet::new();
@@ -522,11 +526,8 @@ struct CpuReading {
 impl CpuReading {
     /// Reads the CPU time of the process trees of `pids` (none: no proxy on the path) and the machine's counters.
     fn take(pids: &[u32]) -> CpuReading {
-        let proxies = if pids.is_empty() {
-            None
-        } else {
-            pids.iter().map(|&p| tree_cpu_seconds(p).ok()).sum::<Option<f64>>()
-        };
+        let proxies =
+            if pids.is_empty() { None } else { pids.iter().map(|&p| tree_cpu_seconds(p).ok()).sum::<Option<f64>>() };
         CpuReading { proxies, machine: MachineCpu::sample().ok() }
     }
 

@@ -92,7 +92,13 @@ pub struct WorkerView {
 
 /// Dynamo's cost of sending a `prompt_tokens`-token prompt to a worker in state `w`, in blocks of `block_tokens`,
 /// with the decode term weighted by `decode_weight` (Dynamo: 1).
-pub fn cost(prefill_load_scale: f64, decode_weight: f64, prompt_tokens: u64, block_tokens: usize, w: &WorkerView) -> f64 {
+pub fn cost(
+    prefill_load_scale: f64,
+    decode_weight: f64,
+    prompt_tokens: u64,
+    block_tokens: usize,
+    w: &WorkerView,
+) -> f64 {
     let bt = block_tokens.max(1) as u64;
     let cached = w.overlap_blocks as u64 * bt;
     let prefill_tokens = (w.active_prefill_tokens + prompt_tokens).saturating_sub(cached);
@@ -211,7 +217,13 @@ impl Drop for Ticket<'_> {
 impl CostRouter {
     /// A router over `addresses` (`IP:port`); `probes` are the servers' state handles in the same order (read by
     /// [`CostKind::Oracle`] only). `time_scale` converts wall time to simulated time for the index TTL.
-    pub fn new(kind: CostKind, addresses: Vec<String>, probes: Vec<SimProbe>, block_tokens: usize, time_scale: f64) -> Self {
+    pub fn new(
+        kind: CostKind,
+        addresses: Vec<String>,
+        probes: Vec<SimProbe>,
+        block_tokens: usize,
+        time_scale: f64,
+    ) -> Self {
         Self {
             kind,
             history: Mutex::new(addresses.iter().map(|_| WorkerHistory::default()).collect()),
@@ -350,7 +362,12 @@ mod tests {
     /// watched while it runs.
     async fn two_servers() -> (Vec<warmpath_sim::SimServer>, CostRouter, CostRouter) {
         let cfg = warmpath_sim::SimConfig {
-            latency: warmpath_sim::LatencyProfile { prefill_ms_per_token: 1.0, overhead_ms: 0.0, itl_ms: 1.0, ..Default::default() },
+            latency: warmpath_sim::LatencyProfile {
+                prefill_ms_per_token: 1.0,
+                overhead_ms: 0.0,
+                itl_ms: 1.0,
+                ..Default::default()
+            },
             ..Default::default()
         };
         let mut servers = Vec::new();

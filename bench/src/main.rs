@@ -8,7 +8,9 @@ use anyhow::Context;
 use clap::Parser;
 use serde_json::Value;
 use tokio::signal::unix::{signal, SignalKind};
-use warmpath_bench::harness::{check_filter_extra, feed_interval_note, run_strategy, ClientHop, RunSettings, Spread, Strategy};
+use warmpath_bench::harness::{
+    check_filter_extra, feed_interval_note, run_strategy, ClientHop, RunSettings, Spread, Strategy,
+};
 use warmpath_bench::report::{table, table_runs, write_csv, Summary};
 use warmpath_bench::workload::{generate, window, GenParams, Request, WorkloadKind};
 use warmpath_bench::{plot, pooled, trace};
@@ -187,7 +189,9 @@ async fn run(a: Args) -> anyhow::Result<()> {
                 }
             };
             if n * a.runs > len && a.runs > 1 {
-                eprintln!("trace: {len} usable requests, fewer than --runs × --requests: runs start at evenly spaced offsets");
+                eprintln!(
+                    "trace: {len} usable requests, fewer than --runs × --requests: runs start at evenly spaced offsets"
+                );
             }
             let mut w = Vec::new();
             for k in 0..a.runs {

@@ -59,7 +59,12 @@ impl Peer {
         a.push("--worker-urls".into());
         a.extend(workers.iter().map(|w| format!("http://{w}")));
         a.extend(["--policy".into(), "cache_aware".into()]);
-        a.extend(["--prometheus-host".into(), "127.0.0.1".into(), "--prometheus-port".into(), metrics_port.to_string()]);
+        a.extend([
+            "--prometheus-host".into(),
+            "127.0.0.1".into(),
+            "--prometheus-port".into(),
+            metrics_port.to_string(),
+        ]);
         a
     }
 
@@ -115,7 +120,13 @@ impl PeerProcess {
         start_on_picked_ports(|| Ok(Self::start_on(peer, workers, model, timeout, (pick()?, pick()?)))).await
     }
 
-    async fn start_on(peer: Peer, workers: &[SocketAddr], model: &str, timeout: Duration, (port, metrics_port): (u16, u16)) -> Result<Self> {
+    async fn start_on(
+        peer: Peer,
+        workers: &[SocketAddr],
+        model: &str,
+        timeout: Duration,
+        (port, metrics_port): (u16, u16),
+    ) -> Result<Self> {
         let bin = peer.binary_path()?;
         let dir = tempfile::Builder::new().prefix("warmpath-peer-").tempdir()?;
         let log_path = dir.path().join(format!("{}.log", peer.binary()));
@@ -211,9 +222,10 @@ mod tests {
         let sim = warmpath_sim::SimServer::start(cfg, "127.0.0.1:0".parse().unwrap()).await.expect("sim");
         // The first listener port is taken; every other pick is free.
         let mut ports = warmpath_harness::TakenFirst::new().expect("bind");
-        let p = PeerProcess::start_picking(Peer::Smg, &[sim.addr()], &model, Duration::from_secs(60), &mut || ports.pick())
-            .await
-            .expect("started");
+        let p =
+            PeerProcess::start_picking(Peer::Smg, &[sim.addr()], &model, Duration::from_secs(60), &mut || ports.pick())
+                .await
+                .expect("started");
         assert_ne!(p.port, ports.port());
         assert_eq!(ports.picks, 4, "two ports for each of two starts");
         drop(p);

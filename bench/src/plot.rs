@@ -29,11 +29,7 @@ pub fn ttft_cdf(path: &Path, runs: &[StrategyRun]) -> anyhow::Result<()> {
             (r.label.clone(), v)
         })
         .collect();
-    let xmax = series
-        .iter()
-        .map(|(_, v)| percentile(&mut v.clone(), 0.99))
-        .fold(1.0_f64, f64::max)
-        * 1.05;
+    let xmax = series.iter().map(|(_, v)| percentile(&mut v.clone(), 0.99)).fold(1.0_f64, f64::max) * 1.05;
     let root = BitMapBackend::new(path, (1000, 620)).into_drawing_area();
     root.fill(&WHITE)?;
     let mut chart = ChartBuilder::on(&root)
@@ -52,7 +48,12 @@ pub fn ttft_cdf(path: &Path, runs: &[StrategyRun]) -> anyhow::Result<()> {
             .label(label.clone())
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
     }
-    chart.configure_series_labels().position(SeriesLabelPosition::LowerRight).background_style(WHITE.mix(0.8)).border_style(BLACK).draw()?;
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::LowerRight)
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()?;
     root.present()?;
     Ok(())
 }
@@ -80,21 +81,42 @@ pub fn load_per_endpoint(path: &Path, runs: &[StrategyRun]) -> anyhow::Result<()
         .y_label_area_size(55)
         .build_cartesian_2d(0.0..width, 0.0..ymax)?;
     let per = (endpoints + 1) as f64;
-    chart.configure_mesh().disable_x_mesh().x_labels(0).x_desc("strategies (one bar per endpoint)").y_desc("share of requests").draw()?;
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .x_labels(0)
+        .x_desc("strategies (one bar per endpoint)")
+        .y_desc("share of requests")
+        .draw()?;
     for (g, r) in runs.iter().enumerate() {
         let total: f64 = r.servers.iter().map(|(_, m)| m.requests).sum::<f64>().max(1.0);
         for (e, (_, m)) in r.servers.iter().enumerate() {
             let x0 = g as f64 * per + e as f64 + 0.5;
             let color = COLORS[e % COLORS.len()];
-            chart.draw_series(std::iter::once(Rectangle::new([(x0, 0.0), (x0 + 0.9, m.requests / total)], color.filled())))?;
+            chart.draw_series(std::iter::once(Rectangle::new(
+                [(x0, 0.0), (x0 + 0.9, m.requests / total)],
+                color.filled(),
+            )))?;
         }
         // Strategy name above its group, alternating heights so long names do not overlap.
         let y = ymax * if g % 2 == 0 { 0.97 } else { 0.92 };
-        chart.draw_series(std::iter::once(Text::new(r.label.clone(), (g as f64 * per + 0.5, y), ("sans-serif", 14))))?;
+        chart.draw_series(std::iter::once(Text::new(
+            r.label.clone(),
+            (g as f64 * per + 0.5, y),
+            ("sans-serif", 14),
+        )))?;
     }
     let fair = 1.0 / endpoints as f64;
-    chart.draw_series(LineSeries::new([(0.0, fair), (width, fair)], BLACK.stroke_width(1)))?.label("fair share").legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK));
-    chart.configure_series_labels().position(SeriesLabelPosition::UpperRight).background_style(WHITE.mix(0.8)).border_style(BLACK).draw()?;
+    chart
+        .draw_series(LineSeries::new([(0.0, fair), (width, fair)], BLACK.stroke_width(1)))?
+        .label("fair share")
+        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK));
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperRight)
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()?;
     root.present()?;
     Ok(())
 }

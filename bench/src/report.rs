@@ -86,7 +86,10 @@ impl Summary {
             server_requests: total as u64,
             client_ok: ok.len(),
             misrouted: ok.iter().filter(|o| o.picked.is_some() && o.picked != o.endpoint).count(),
-            proxy_cpu_us: run.proxy_cpu_s.filter(|_| !run.outcomes.is_empty()).map(|c| c * 1e6 / run.outcomes.len() as f64),
+            proxy_cpu_us: run
+                .proxy_cpu_s
+                .filter(|_| !run.outcomes.is_empty())
+                .map(|c| c * 1e6 / run.outcomes.len() as f64),
             cpu_busy: run.machine_busy,
         }
     }
@@ -245,9 +248,22 @@ pub fn write_csv(dir: &Path, runs: &[StrategyRun], rows: &[Summary]) -> anyhow::
     std::fs::create_dir_all(dir)?;
     let mut w = csv::Writer::from_path(dir.join("summary.csv"))?;
     w.write_record([
-        "strategy", "path", "requests", "errors", "hit_ratio", "ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms",
-        "e2e_p50_ms", "e2e_p99_ms", "max_share", "overflow", "throughput_rps", "server_requests",
-        "proxy_cpu_us_per_request", "machine_cpu_busy",
+        "strategy",
+        "path",
+        "requests",
+        "errors",
+        "hit_ratio",
+        "ttft_p50_ms",
+        "ttft_p90_ms",
+        "ttft_p99_ms",
+        "e2e_p50_ms",
+        "e2e_p99_ms",
+        "max_share",
+        "overflow",
+        "throughput_rps",
+        "server_requests",
+        "proxy_cpu_us_per_request",
+        "machine_cpu_busy",
     ])?;
     for r in rows {
         w.write_record([
@@ -272,7 +288,17 @@ pub fn write_csv(dir: &Path, runs: &[StrategyRun], rows: &[Summary]) -> anyhow::
     w.flush()?;
     let mut w = csv::Writer::from_path(dir.join("requests.csv"))?;
     w.write_record([
-        "strategy", "id", "sent_ms", "ok", "status", "ttft_ms", "e2e_ms", "prompt_tokens", "cached_tokens", "endpoint", "error",
+        "strategy",
+        "id",
+        "sent_ms",
+        "ok",
+        "status",
+        "ttft_ms",
+        "e2e_ms",
+        "prompt_tokens",
+        "cached_tokens",
+        "endpoint",
+        "error",
     ])?;
     for run in runs {
         let sim = |ms: f64| format!("{:.1}", ms / run.time_scale);
@@ -368,7 +394,11 @@ mod tests {
 
     #[test]
     fn cpu_columns_show_means_or_a_dash_and_saturated_replays_are_flagged() {
-        let with = |label: &str, cpu: Option<f64>, busy: Option<f64>| Summary { proxy_cpu_us: cpu, cpu_busy: busy, ..row(label, 0.5, 100.0, 0) };
+        let with = |label: &str, cpu: Option<f64>, busy: Option<f64>| Summary {
+            proxy_cpu_us: cpu,
+            cpu_busy: busy,
+            ..row(label, 0.5, 100.0, 0)
+        };
         let runs = vec![
             vec![with("PROXIED", Some(300.0), Some(0.5)), with("DIRECT", None, Some(0.95))],
             vec![with("PROXIED", Some(500.0), Some(0.7)), with("DIRECT", None, Some(0.85))],

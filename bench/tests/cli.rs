@@ -127,8 +127,18 @@ fn sigterm_stops_envoy_and_removes_its_directory() {
     let out = tempfile::tempdir().unwrap();
     // Long enough (2000 arrivals at 1 req/s, real time) that the first strategy is still running when signalled;
     // the wall budget bounds it if the signal is lost.
-    let args =
-        ["--strategies", "PREFIX_AWARE", "--requests", "2000", "--rate", "1", "--time-scale", "1", "--max-wall-s", "60"];
+    let args = [
+        "--strategies",
+        "PREFIX_AWARE",
+        "--requests",
+        "2000",
+        "--rate",
+        "1",
+        "--time-scale",
+        "1",
+        "--max-wall-s",
+        "60",
+    ];
     let mut guard = Cleanup { bench: bench(&args, out.path()), envoy: None };
     let start = Instant::now();
     let cmdline = loop {
@@ -148,7 +158,8 @@ fn sigterm_stops_envoy_and_removes_its_directory() {
 
     let sent = Command::new("kill").args(["-TERM", &guard.bench.id().to_string()]).status().unwrap();
     assert!(sent.success(), "kill -TERM failed");
-    let status = wait_exit(&mut guard.bench, Duration::from_secs(15)).expect("warmpath-bench running 15 s after SIGTERM");
+    let status =
+        wait_exit(&mut guard.bench, Duration::from_secs(15)).expect("warmpath-bench running 15 s after SIGTERM");
     let start = Instant::now();
     while alive(envoy) && start.elapsed() < Duration::from_secs(10) {
         std::thread::sleep(Duration::from_millis(50));
@@ -161,8 +172,21 @@ fn sigterm_stops_envoy_and_removes_its_directory() {
 #[test]
 fn runs_repeat_the_comparison_and_the_table_shows_each_columns_range() {
     let out = tempfile::tempdir().unwrap();
-    let args = ["--strategies", "SAGEMAKER_PREFIX,ORACLE", "--workload", "rag", "--requests", "12", "--runs", "2",
-        "--time-scale", "0.01", "--max-wall-s", "20", "--check"];
+    let args = [
+        "--strategies",
+        "SAGEMAKER_PREFIX,ORACLE",
+        "--workload",
+        "rag",
+        "--requests",
+        "12",
+        "--runs",
+        "2",
+        "--time-scale",
+        "0.01",
+        "--max-wall-s",
+        "20",
+        "--check",
+    ];
     let mut guard = Cleanup { bench: bench(&args, out.path()), envoy: None };
     let status = wait_exit(&mut guard.bench, Duration::from_secs(60)).expect("warmpath-bench --runs 2 within 60 s");
     let mut stderr = String::new();

@@ -30,8 +30,11 @@ async fn prefix_aware_beats_random_on_hit_ratio_through_envoy() {
     let rows: Vec<Summary> = runs.iter().map(Summary::of).collect();
     warmpath_bench::report::write_csv(out.path(), &runs, &rows).expect("outputs");
     let mut stats = csv::Reader::from_path(out.path().join("filter_stats.csv")).expect("filter_stats.csv");
-    let stats: Vec<(String, String, u64)> =
-        stats.records().map(|r| r.expect("row")).map(|r| (r[0].to_string(), r[1].to_string(), r[2].parse().expect("value"))).collect();
+    let stats: Vec<(String, String, u64)> = stats
+        .records()
+        .map(|r| r.expect("row"))
+        .map(|r| (r[0].to_string(), r[1].to_string(), r[2].parse().expect("value")))
+        .collect();
     let sum = |strategy: &str, part: &str| -> u64 {
         stats.iter().filter(|(s, k, _)| s == strategy && k.contains(part)).map(|(_, _, v)| v).sum()
     };

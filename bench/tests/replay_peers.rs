@@ -23,7 +23,11 @@ async fn real_peers_answer_every_request_and_smg_reuses_repeated_prefixes() {
         // The peer's own process did the proxying, so its CPU time is counted.
         assert!(run.proxy_cpu_s.is_some_and(|c| c > 0.0), "{name}: proxy CPU {:?}", run.proxy_cpu_s);
         let cached = run.outcomes.iter().filter(|o| o.usage.prompt_tokens_details.cached_tokens > 0).count();
-        eprintln!("{name}: {cached} of {} requests hit the cache, hit ratio {:.3}", run.outcomes.len(), Summary::of(&run).hit_ratio);
+        eprintln!(
+            "{name}: {cached} of {} requests hit the cache, hit ratio {:.3}",
+            run.outcomes.len(),
+            Summary::of(&run).hit_ratio
+        );
         if name == "SMG_CACHE_AWARE" {
             // Six documents over 40 requests: at most six first reads can miss if the router follows the prefix.
             assert!(cached >= 20, "smg cache_aware must send repeated prefixes where they are cached: {cached} hits");

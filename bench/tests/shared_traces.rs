@@ -14,7 +14,11 @@ fn mooncake_and_azure_traces_load_without_bad_lines() {
     assert_eq!(m.bad_lines, 0, "{:?}", m.errors);
     // The trace's multi-turn structure shows up as byte-identical 512-token (2,048-byte) leading blocks.
     let prompts: Vec<String> = m.requests.iter().map(|r| r.server_prompt()).collect();
-    let shared = prompts.iter().enumerate().filter(|(i, p)| prompts[..*i].iter().any(|q| q.len() >= 2048 && p.len() >= 2048 && q[..2048] == p[..2048])).count();
+    let shared = prompts
+        .iter()
+        .enumerate()
+        .filter(|(i, p)| prompts[..*i].iter().any(|q| q.len() >= 2048 && p.len() >= 2048 && q[..2048] == p[..2048]))
+        .count();
     assert!(shared > 0, "some requests share a leading block");
     assert!(m.requests.windows(2).all(|w| w[0].at_ms <= w[1].at_ms));
     for f in ["AzureLLMInferenceTrace_conv.csv", "AzureLLMInferenceTrace_code.csv"] {

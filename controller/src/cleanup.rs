@@ -27,8 +27,8 @@ use crate::crd::image_cache::{self, ImageCache};
 use crate::crd::inference_endpoint::{self, InferenceEndpoint};
 use crate::crd::model_cache::{self, ModelCache};
 use crate::crd::routing_policy::InferenceRoutingPolicy;
-use crate::leader::Elector;
 use crate::gateway::{program, route_annotations, routing_policy};
+use crate::leader::Elector;
 use crate::reconcile::{finalizers, Context};
 use crate::render::LABEL_OWNER_UID;
 use crate::Result;
@@ -73,11 +73,13 @@ pub async fn remove_all(ctx: &Context) -> Result<Report> {
         if let Some(uid) = policy.uid() {
             report.objects_deleted += program::sweep(ctx, &uid, &none).await?;
         }
-        let api: Api<InferenceRoutingPolicy> = Api::namespaced(ctx.client.clone(), &policy.namespace().unwrap_or_default());
+        let api: Api<InferenceRoutingPolicy> =
+            Api::namespaced(ctx.client.clone(), &policy.namespace().unwrap_or_default());
         finalizers::remove(&api, &policy, routing_policy::FINALIZER).await?;
         report.policies_released += 1;
     }
-    report.cache_objects_released += release_finalizers::<InferenceEndpoint>(ctx, inference_endpoint::FINALIZER).await?
+    report.cache_objects_released += release_finalizers::<InferenceEndpoint>(ctx, inference_endpoint::FINALIZER)
+        .await?
         + release_finalizers::<ModelCache>(ctx, model_cache::FINALIZER).await?
         + release_finalizers::<ImageCache>(ctx, image_cache::FINALIZER).await?;
     // Objects whose owner lost its finalizer some other way (edited by hand, an older release).
@@ -89,7 +91,8 @@ pub async fn remove_all(ctx: &Context) -> Result<Report> {
             Err(e) => return Err(e.into()),
         };
         for o in list.items {
-            let api = Api::<DynamicObject>::namespaced_with(ctx.client.clone(), &o.namespace().unwrap_or_default(), &ar);
+            let api =
+                Api::<DynamicObject>::namespaced_with(ctx.client.clone(), &o.namespace().unwrap_or_default(), &ar);
             match api.delete(&o.name_any(), &DeleteParams::default()).await {
                 Ok(_) => report.objects_deleted += 1,
                 Err(kube::Error::Api(e)) if e.code == 404 => {}
@@ -104,7 +107,10 @@ pub async fn remove_all(ctx: &Context) -> Result<Report> {
 /// Returns how many objects carried it.
 async fn release_finalizers<K>(ctx: &Context, finalizer: &str) -> Result<usize>
 where
-    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
 {
     let list = match Api::<K>::all(ctx.client.clone()).list(&ListParams::default()).await {
         Ok(l) => l.items,
@@ -124,12 +130,20 @@ where
 /// replicas (when given), then takes the controller's leader Lease with `elector`, waiting up to
 /// `timeout` for the last leader to release it (on SIGTERM) or for it to expire. Holding the Lease
 /// keeps any replica still terminating from leading again.
-pub async fn stop_controller(client: &Client, namespace: &str, deployment: Option<&str>, elector: &Elector, timeout: Duration) -> anyhow::Result<()> {
+pub async fn stop_controller(
+    client: &Client,
+    namespace: &str,
+    deployment: Option<&str>,
+    elector: &Elector,
+    timeout: Duration,
+) -> anyhow::Result<()> {
     if let Some(name) = deployment {
         let api: Api<Deployment> = Api::namespaced(client.clone(), namespace);
         match api.patch_scale(name, &PatchParams::default(), &Patch::Merge(json!({"spec": {"replicas": 0}}))).await {
             Ok(_) => tracing::info!(deployment = name, "controller scaled to 0"),
-            Err(kube::Error::Api(e)) if e.code == 404 => tracing::info!(deployment = name, "controller Deployment already gone"),
+            Err(kube::Error::Api(e)) if e.code == 404 => {
+                tracing::info!(deployment = name, "controller Deployment already gone")
+            }
             Err(e) => return Err(e.into()),
         }
     }

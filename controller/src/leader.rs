@@ -115,15 +115,25 @@ impl Elector {
             let acquired = spec.acquire_time.map_or(now, |t| t.0);
             self.record(acquired, now, transitions)
         } else {
-            let duration = spec.lease_duration_seconds.map_or(self.settings.lease_duration, |s| Duration::from_secs(s.max(0) as u64));
-            let expires = seen.at.saturating_add(SignedDuration::try_from(duration).unwrap_or(SignedDuration::MAX)).unwrap_or(Timestamp::MAX);
+            let duration = spec
+                .lease_duration_seconds
+                .map_or(self.settings.lease_duration, |s| Duration::from_secs(s.max(0) as u64));
+            let expires = seen
+                .at
+                .saturating_add(SignedDuration::try_from(duration).unwrap_or(SignedDuration::MAX))
+                .unwrap_or(Timestamp::MAX);
             if holder.is_some() && now < expires {
                 return Ok(false);
             }
             self.record(now, now, transitions + 1)
         };
         let updated = Lease { metadata: lease.metadata.clone(), spec: Some(record) };
-        lost_race(self.api.replace(&self.settings.name, &PostParams::default(), &updated).await.map(|l| self.observe(&l, now)))
+        lost_race(
+            self.api
+                .replace(&self.settings.name, &PostParams::default(), &updated)
+                .await
+                .map(|l| self.observe(&l, now)),
+        )
     }
 
     /// Gives the Lease up if we hold it (on shutdown), so the next candidate need not wait for it
@@ -134,9 +144,15 @@ impl Elector {
         if spec.holder_identity.as_deref() != Some(self.settings.identity.as_str()) {
             return Ok(());
         }
-        let released = LeaseSpec { holder_identity: None, lease_duration_seconds: Some(1), renew_time: Some(MicroTime(now)), ..spec };
+        let released = LeaseSpec {
+            holder_identity: None,
+            lease_duration_seconds: Some(1),
+            renew_time: Some(MicroTime(now)),
+            ..spec
+        };
         let updated = Lease { metadata: lease.metadata.clone(), spec: Some(released) };
-        lost_race(self.api.replace(&self.settings.name, &PostParams::default(), &updated).await.map(|_| false)).map(|_| ())
+        lost_race(self.api.replace(&self.settings.name, &PostParams::default(), &updated).await.map(|_| false))
+            .map(|_| ())
     }
 
     /// Deletes the Lease (uninstall clean-up; only once no controller runs).
@@ -169,7 +185,12 @@ impl Elector {
     /// Like [`Self::observe`]; returns the record as now remembered.
     fn observe_record(&self, lease: &Lease, now: Timestamp) -> Observed {
         let spec = lease.spec.clone().unwrap_or_default();
-        let fresh = Observed { holder: spec.holder_identity, renew_time: spec.renew_time.map(|t| t.0), transitions: spec.lease_transitions, at: now };
+        let fresh = Observed {
+            holder: spec.holder_identity,
+            renew_time: spec.renew_time.map(|t| t.0),
+            transitions: spec.lease_transitions,
+            at: now,
+        };
         let mut seen = self.observed.lock().unwrap_or_else(|p| p.into_inner());
         match &*seen {
             Some(old) if Observed { at: old.at, ..fresh.clone() } == *old => old.clone(),
@@ -256,8 +277,12 @@ enum Stopped {
 /// drops that future (stopping every reconciler it drives), unmarks `pod` and campaigns again.
 /// Returns when `work()` completes (shutdown) after releasing the Lease. `on_change` is told each
 /// change (`true`: now leading).
-pub async fn run_while_leading<W, Fut>(elector: &Elector, pod: Option<&LeaderPod>, mut work: W, on_change: impl Fn(bool))
-where
+pub async fn run_while_leading<W, Fut>(
+    elector: &Elector,
+    pod: Option<&LeaderPod>,
+    mut work: W,
+    on_change: impl Fn(bool),
+) where
     W: FnMut() -> Fut,
     Fut: Future<Output = ()>,
 {
@@ -285,7 +310,9 @@ where
             match elector.try_acquire_or_renew(Timestamp::now()).await {
                 Ok(true) => break,
                 Ok(false) => {}
-                Err(e) => tracing::warn!(lease = %s.name, error = %e, "leader election: cannot read or write the Lease"),
+                Err(e) => {
+                    tracing::warn!(lease = %s.name, error = %e, "leader election: cannot read or write the Lease")
+                }
             }
             tokio::time::sleep(s.retry_period).await;
         }

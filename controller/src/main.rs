@@ -45,7 +45,10 @@ fn parse_cluster_domain(s: &str) -> Result<String, String> {
 
 impl Common {
     fn controller(&self) -> ControllerEndpoint {
-        ControllerEndpoint { cluster_domain: self.cluster_domain.clone(), ..ControllerEndpoint::new(&self.service, &self.namespace, self.service_port) }
+        ControllerEndpoint {
+            cluster_domain: self.cluster_domain.clone(),
+            ..ControllerEndpoint::new(&self.service, &self.namespace, self.service_port)
+        }
     }
 }
 
@@ -164,30 +167,48 @@ fn main() -> anyhow::Result<()> {
     let rt = tokio::runtime::Runtime::new()?;
     match cli.cmd {
         Cmd::Crdgen { out } => crdgen(&out),
-        Cmd::Run { common, wasm_file, http_addr, metrics_addr, cache_warming, lease } => rt.block_on(warmpath_controller::run::run(warmpath_controller::run::RunArgs {
-            controller: common.controller(),
-            provider: common.provider,
-            wasm_file,
-            http_addr,
-            metrics_addr,
-            lease: lease.settings(&common.namespace),
-            cache_warming,
-        })),
-        Cmd::Cleanup { common, lease, deployment, timeout_seconds } => rt.block_on(cleanup(common, lease, deployment, timeout_seconds)),
-        Cmd::Render { files, common, wasm_file, wasm_sha256, output } => rt.block_on(render(files, common, wasm_file, wasm_sha256, &output)),
+        Cmd::Run { common, wasm_file, http_addr, metrics_addr, cache_warming, lease } => {
+            rt.block_on(warmpath_controller::run::run(warmpath_controller::run::RunArgs {
+                controller: common.controller(),
+                provider: common.provider,
+                wasm_file,
+                http_addr,
+                metrics_addr,
+                lease: lease.settings(&common.namespace),
+                cache_warming,
+            }))
+        }
+        Cmd::Cleanup { common, lease, deployment, timeout_seconds } => {
+            rt.block_on(cleanup(common, lease, deployment, timeout_seconds))
+        }
+        Cmd::Render { files, common, wasm_file, wasm_sha256, output } => {
+            rt.block_on(render(files, common, wasm_file, wasm_sha256, &output))
+        }
         Cmd::Feed { listen, key, endpoints, file, metrics_path, interval_ms } => {
             rt.block_on(feed(listen, key, endpoints, file, metrics_path, interval_ms))
         }
     }
 }
 
-async fn cleanup(common: Common, lease: LeaseArgs, deployment: Option<String>, timeout_seconds: u64) -> anyhow::Result<()> {
+async fn cleanup(
+    common: Common,
+    lease: LeaseArgs,
+    deployment: Option<String>,
+    timeout_seconds: u64,
+) -> anyhow::Result<()> {
     use warmpath_controller::{cleanup, leader};
     let client = kube::Client::try_default().await?;
     let mut settings = lease.settings(&common.namespace);
     settings.identity = format!("{}-cleanup", settings.identity);
     let elector = leader::Elector::new(client.clone(), settings);
-    cleanup::stop_controller(&client, &common.namespace, deployment.as_deref(), &elector, Duration::from_secs(timeout_seconds)).await?;
+    cleanup::stop_controller(
+        &client,
+        &common.namespace,
+        deployment.as_deref(),
+        &elector,
+        Duration::from_secs(timeout_seconds),
+    )
+    .await?;
     let config = ControllerConfig { provider: Provider::parse(&common.provider), ..ControllerConfig::default() };
     let report = cleanup::remove_all(&warmpath_controller::reconcile::Context::new(client, config)).await?;
     // The Lease is the controller's runtime object, not the chart's: nobody else deletes it.
@@ -213,22 +234,36 @@ fn crdgen(out: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn render(files: Vec<PathBuf>, common: Common, wasm_file: Option<PathBuf>, wasm_sha256: Option<String>, output: &str) -> anyhow::Result<()> {
+async fn render(
+    files: Vec<PathBuf>,
+    common: Common,
+    wasm_file: Option<PathBuf>,
+    wasm_sha256: Option<String>,
+    output: &str,
+) -> anyhow::Result<()> {
     let mut manifests = vec![];
     for f in &files {
         let text = std::fs::read_to_string(f).map_err(|e| anyhow::anyhow!("{}: {e}", f.display()))?;
-        manifests.extend(warmpath_controller::offline::parse_manifests(&text).map_err(|e| anyhow::anyhow!("{}: {e}", f.display()))?);
+        manifests.extend(
+            warmpath_controller::offline::parse_manifests(&text)
+                .map_err(|e| anyhow::anyhow!("{}: {e}", f.display()))?,
+        );
     }
     let (sha256, path) = match (wasm_sha256, wasm_file) {
         (Some(s), _) => {
-            anyhow::ensure!(s.len() == 64 && s.bytes().all(|b| b.is_ascii_hexdigit()), "--wasm-sha256 must be 64 hex characters");
+            anyhow::ensure!(
+                s.len() == 64 && s.bytes().all(|b| b.is_ascii_hexdigit()),
+                "--wasm-sha256 must be 64 hex characters"
+            );
             let s = s.to_ascii_lowercase();
             let path = format!("/wasm/warmpath_filter-{}.wasm", &s[..16]);
             (s, path)
         }
         (None, file) => {
             let file = file.unwrap_or_else(|| PathBuf::from("target/wasm32-wasip1/release/warmpath_filter.wasm"));
-            let bytes = std::fs::read(&file).map_err(|e| anyhow::anyhow!("{}: {e} (build the filter, or pass --wasm-file / --wasm-sha256)", file.display()))?;
+            let bytes = std::fs::read(&file).map_err(|e| {
+                anyhow::anyhow!("{}: {e} (build the filter, or pass --wasm-file / --wasm-sha256)", file.display())
+            })?;
             let blob = server::WasmBlob::new(bytes);
             (blob.sha256.clone(), blob.path())
         }
@@ -260,20 +295,29 @@ async fn render(files: Vec<PathBuf>, common: Common, wasm_file: Option<PathBuf>,
     Ok(())
 }
 
-async fn feed(listen: SocketAddr, key: String, endpoints: Vec<String>, file: Option<PathBuf>, metrics_path: String, interval_ms: u64) -> anyhow::Result<()> {
+async fn feed(
+    listen: SocketAddr,
+    key: String,
+    endpoints: Vec<String>,
+    file: Option<PathBuf>,
+    metrics_path: String,
+    interval_ms: u64,
+) -> anyhow::Result<()> {
     let store = FeedStore::default();
     let listener = tokio::net::TcpListener::bind(listen).await?;
     let addr = listener.local_addr()?;
     let targets: Vec<scrape::Target> = endpoints
         .iter()
         .map(|e| {
-            let a = warmpath_core::config::normalize_address(e).ok_or_else(|| anyhow::anyhow!("endpoint {e:?} is not IP:port"))?;
+            let a = warmpath_core::config::normalize_address(e)
+                .ok_or_else(|| anyhow::anyhow!("endpoint {e:?} is not IP:port"))?;
             Ok(scrape::Target { address: a.clone(), metrics_address: a })
         })
         .collect::<anyhow::Result<_>>()?;
     let http = reqwest::Client::new();
     let refresh = |store: FeedStore| {
-        let (http, targets, file, metrics_path, key) = (http.clone(), targets.clone(), file.clone(), metrics_path.clone(), key.clone());
+        let (http, targets, file, metrics_path, key) =
+            (http.clone(), targets.clone(), file.clone(), metrics_path.clone(), key.clone());
         async move {
             let eps: Result<Vec<FeedEndpoint>, String> = match &file {
                 Some(f) => std::fs::read(f)

@@ -93,6 +93,9 @@ mod tests {
         m.reconcile_error("routing-policy", &crate::Error::InvalidSpec("x".into()));
         let text = m.encode();
         assert!(text.contains(r#"warmpath_reconcile_total{controller="routing-policy",result="ok"} 1"#), "{text}");
-        assert!(text.contains(r#"warmpath_reconcile_errors_total{controller="routing-policy",error="invalid_spec"} 1"#), "{text}");
+        assert!(
+            text.contains(r#"warmpath_reconcile_errors_total{controller="routing-policy",error="invalid_spec"} 1"#),
+            "{text}"
+        );
     }
 }

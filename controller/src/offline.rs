@@ -14,17 +14,17 @@ use kube::core::DynamicObject;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-use crate::gateway::route_annotations::{self, RoutePlan};
-use crate::gateway::unknown_annotations;
-use kube::runtime::events::EventType;
-use crate::gateway::routing_policy::{self, PolicyPlan};
-use crate::gateway::source::{Manifests, Source};
 use crate::crd::image_cache::ImageCache;
 use crate::crd::inference_endpoint::InferenceEndpoint;
 use crate::crd::model_cache::ModelCache;
+use crate::gateway::route_annotations::{self, RoutePlan};
+use crate::gateway::routing_policy::{self, PolicyPlan};
+use crate::gateway::source::{Manifests, Source};
+use crate::gateway::unknown_annotations;
 use crate::reconcile::ControllerConfig;
 use crate::routing::ANNOTATION_STRATEGY;
 use crate::warming::{image_cache, inference_endpoint as ie};
+use kube::runtime::events::EventType;
 use kube::ResourceExt;
 
 /// Result of an offline render.
@@ -130,21 +130,32 @@ pub async fn render(manifests: Vec<Value>, config: ControllerConfig) -> Result<R
     // reconciler would publish for them (Programmed / NotProgrammed with each ancestor's reason, …),
     // as `HTTPRoute ns/name: <type> <reason>: <note>`.
     let mut lines = vec![];
-    for r in m.routes.iter().filter(|r| r.metadata.annotations.as_ref().is_some_and(|a| a.contains_key(ANNOTATION_STRATEGY))) {
+    for r in
+        m.routes.iter().filter(|r| r.metadata.annotations.as_ref().is_some_and(|a| a.contains_key(ANNOTATION_STRATEGY)))
+    {
         let mut event = |type_: EventType, reason: &str, note: String| {
             let type_ = if type_ == EventType::Normal { "Normal" } else { "Warning" };
             let note: String = note.chars().take(1024).collect();
-            lines.push(format!("HTTPRoute {}/{}: {type_} {reason}: {note}", r.namespace().unwrap_or_default(), r.name_any()));
+            lines.push(format!(
+                "HTTPRoute {}/{}: {type_} {reason}: {note}",
+                r.namespace().unwrap_or_default(),
+                r.name_any()
+            ));
         };
         if let Some(msg) = unknown_annotations::message(r.annotations()) {
             event(EventType::Warning, "UnknownAnnotation", msg);
         }
         match route_annotations::plan(r, src, &config, &now).await.map_err(err)? {
-            RoutePlan::Overridden { policy } => event(EventType::Warning, "AnnotationsOverridden", route_annotations::overridden_note(&policy, 0)),
-            RoutePlan::Invalid(msg) => event(EventType::Warning, "InvalidAnnotation", route_annotations::invalid_note(&msg)),
+            RoutePlan::Overridden { policy } => {
+                event(EventType::Warning, "AnnotationsOverridden", route_annotations::overridden_note(&policy, 0))
+            }
+            RoutePlan::Invalid(msg) => {
+                event(EventType::Warning, "InvalidAnnotation", route_annotations::invalid_note(&msg))
+            }
             RoutePlan::NotAnnotated => {}
             RoutePlan::Program { strategy, outcome } => {
-                let (type_, reason, note) = route_annotations::outcome_event(strategy, &outcome.ancestors, outcome.objects.len());
+                let (type_, reason, note) =
+                    route_annotations::outcome_event(strategy, &outcome.ancestors, outcome.objects.len());
                 event(type_, reason, note);
                 out.objects.extend(outcome.objects);
             }
@@ -191,13 +202,20 @@ fn warming_objects(e: &InferenceEndpoint) -> crate::Result<Vec<DynamicObject>> {
         out.push(json(serde_json::to_value(ic))?);
         out.push(json(serde_json::to_value(image_cache::prepull_daemonset(ic)))?);
     }
-    let d = ie::deployment(&e, cache.as_ref().map(|m| m.name_any()).as_deref(), None, image.as_ref().map(|i| i.name_any()).as_deref())?;
+    let d = ie::deployment(
+        &e,
+        cache.as_ref().map(|m| m.name_any()).as_deref(),
+        None,
+        image.as_ref().map(|i| i.name_any()).as_deref(),
+    )?;
     out.push(json(serde_json::to_value(d))?);
     out.push(json(serde_json::to_value(ie::service(&e)?))?);
     if let Some(p) = ie::routing_policy(&e)? {
         out.push(json(serde_json::to_value(p))?);
     }
-    out.into_iter().map(|v| serde_json::from_value::<DynamicObject>(v).map_err(|err| crate::Error::InvalidSpec(err.to_string()))).collect()
+    out.into_iter()
+        .map(|v| serde_json::from_value::<DynamicObject>(v).map_err(|err| crate::Error::InvalidSpec(err.to_string())))
+        .collect()
 }
 
 /// Checks a document of one of warmpath's own kinds (InferenceRoutingPolicy, InferenceEndpoint,
@@ -209,15 +227,22 @@ fn warming_objects(e: &InferenceEndpoint) -> crate::Result<Vec<DynamicObject>> {
 /// Errors: every schema violation (with its JSON path), or the CEL rules that fail.
 pub fn validate_warmpath_object(doc: &Value) -> Result<bool, String> {
     let Some(crd) = crate::crd::all().into_iter().find(|c| {
-        doc["kind"] == c.spec.names.kind.as_str() && doc["apiVersion"] == format!("{}/{}", c.spec.group, c.spec.versions[0].name).as_str()
+        doc["kind"] == c.spec.names.kind.as_str()
+            && doc["apiVersion"] == format!("{}/{}", c.spec.group, c.spec.versions[0].name).as_str()
     }) else {
         return Ok(false);
     };
-    let crd_schema = serde_json::to_value(crd.spec.versions[0].schema.as_ref().and_then(|s| s.open_api_v3_schema.as_ref())).map_err(|e| e.to_string())?;
+    let crd_schema =
+        serde_json::to_value(crd.spec.versions[0].schema.as_ref().and_then(|s| s.open_api_v3_schema.as_ref()))
+            .map_err(|e| e.to_string())?;
     let mut schema = crd_schema.clone();
     to_json_schema(&mut schema);
     // The CRD schema leaves the envelope to the API server.
-    for (k, v) in [("apiVersion", serde_json::json!({"type": "string"})), ("kind", serde_json::json!({"type": "string"})), ("metadata", serde_json::json!({"type": "object"}))] {
+    for (k, v) in [
+        ("apiVersion", serde_json::json!({"type": "string"})),
+        ("kind", serde_json::json!({"type": "string"})),
+        ("metadata", serde_json::json!({"type": "object"})),
+    ] {
         if let Some(props) = schema["properties"].as_object_mut() {
             props.entry(k).or_insert(v);
         }

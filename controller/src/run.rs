@@ -16,8 +16,8 @@ use kube::runtime::{watcher, Controller};
 use kube::{Client, ResourceExt};
 
 use crate::crd::routing_policy::InferenceRoutingPolicy;
-use crate::feed::server::{self, WasmBlob};
 use crate::feed::refresh;
+use crate::feed::server::{self, WasmBlob};
 use crate::gateway::{route_annotations, routing_policy};
 use crate::reconcile::{Context, ControllerConfig};
 use crate::render::{ControllerEndpoint, Provider, WasmModule};
@@ -51,12 +51,16 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     if let Err(e) = Api::<InferenceRoutingPolicy>::all(client.clone()).list(&ListParams::default().limit(1)).await {
         anyhow::bail!("cannot list InferenceRoutingPolicies ({e}); are the CRDs installed? `kubectl apply -f charts/warmpath/crds/` or install the Helm chart");
     }
-    let bytes = std::fs::read(&args.wasm_file).map_err(|e| anyhow::anyhow!("reading wasm module {}: {e}", args.wasm_file.display()))?;
+    let bytes = std::fs::read(&args.wasm_file)
+        .map_err(|e| anyhow::anyhow!("reading wasm module {}: {e}", args.wasm_file.display()))?;
     let blob = WasmBlob::new(bytes);
     let controller = args.controller.clone();
     let config = ControllerConfig {
         provider: Provider::parse(&args.provider),
-        wasm: WasmModule { url: format!("http://{}:{}{}", controller.host(), controller.port, blob.path()), sha256: blob.sha256.clone() },
+        wasm: WasmModule {
+            url: format!("http://{}:{}{}", controller.host(), controller.port, blob.path()),
+            sha256: blob.sha256.clone(),
+        },
         controller,
         live_status: true,
     };
@@ -71,7 +75,8 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     // Only the Lease holder reconciles and feeds. The HTTP servers run on every replica, but the
     // controller Service selects the pod the leader labels (followers hold no feed and would answer 404).
     let elector = crate::leader::Elector::new(client.clone(), args.lease.clone());
-    let pod = crate::leader::LeaderPod::new(client.clone(), &args.lease.namespace, &args.lease.identity, &args.lease.name);
+    let pod =
+        crate::leader::LeaderPod::new(client.clone(), &args.lease.namespace, &args.lease.identity, &args.lease.name);
     let cache_warming = args.cache_warming;
     let leading = crate::leader::run_while_leading(
         &elector,
@@ -80,7 +85,8 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         |now_leading| {
             if !now_leading {
                 // A former leader must not keep serving snapshots nobody refreshes.
-                let keys: Vec<String> = ctx.feed_sources.lock().unwrap_or_else(|p| p.into_inner()).keys().cloned().collect();
+                let keys: Vec<String> =
+                    ctx.feed_sources.lock().unwrap_or_else(|p| p.into_inner()).keys().cloned().collect();
                 keys.iter().for_each(|k| ctx.remove_feed(k));
             }
         },

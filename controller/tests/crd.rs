@@ -15,8 +15,13 @@ fn committed_crds_are_in_sync_with_the_rust_types() {
     for crd in warmpath_controller::crd::all() {
         let name = crd.metadata.name.clone().unwrap();
         let path = dir.join(format!("{name}.yaml"));
-        let committed = std::fs::read_to_string(&path).unwrap_or_else(|_| panic!("{} missing: run `warmpath-controller crdgen`", path.display()));
-        assert_eq!(committed, warmpath_controller::crd::to_yaml(&crd).unwrap(), "{name} is stale: run `cargo run -p warmpath-controller -- crdgen`");
+        let committed = std::fs::read_to_string(&path)
+            .unwrap_or_else(|_| panic!("{} missing: run `warmpath-controller crdgen`", path.display()));
+        assert_eq!(
+            committed,
+            warmpath_controller::crd::to_yaml(&crd).unwrap(),
+            "{name} is stale: run `cargo run -p warmpath-controller -- crdgen`"
+        );
         let parsed: CustomResourceDefinition = serde_yaml::from_str(&committed).unwrap();
         assert_eq!(parsed.spec.group, "warmpath.dev");
     }
@@ -24,13 +29,22 @@ fn committed_crds_are_in_sync_with_the_rust_types() {
 
 #[test]
 fn routing_policy_crd_has_printer_columns_status_and_validation() {
-    let crd: CustomResourceDefinition = serde_json::from_value(serde_json::to_value(<InferenceRoutingPolicy as kube::CustomResourceExt>::crd()).unwrap()).unwrap();
+    let crd: CustomResourceDefinition = serde_json::from_value(
+        serde_json::to_value(<InferenceRoutingPolicy as kube::CustomResourceExt>::crd()).unwrap(),
+    )
+    .unwrap();
     let v = &crd.spec.versions[0];
     let cols: Vec<&str> = v.additional_printer_columns.iter().flatten().map(|c| c.name.as_str()).collect();
     assert_eq!(cols, ["Strategy", "Target", "Accepted", "Age"]);
     assert!(v.subresources.as_ref().and_then(|s| s.status.as_ref()).is_some());
     let text = serde_json::to_string(&crd).unwrap();
-    for needle in ["x-kubernetes-validations", "PREFIX_AWARE", "\"maximum\":65536.0", "\"minimum\":1024.0", "x-kubernetes-list-map-keys"] {
+    for needle in [
+        "x-kubernetes-validations",
+        "PREFIX_AWARE",
+        "\"maximum\":65536.0",
+        "\"minimum\":1024.0",
+        "x-kubernetes-list-map-keys",
+    ] {
         assert!(text.contains(needle), "CRD lacks {needle}");
     }
 }
@@ -50,11 +64,15 @@ fn target() -> serde_json::Value {
 
 #[test]
 fn cel_rules() {
-    assert_eq!(cel(json!({"targetRefs": target(), "strategy": "PREFIX_AWARE", "prefixLength": 4096, "blockSize": 256})), Ok(()));
+    assert_eq!(
+        cel(json!({"targetRefs": target(), "strategy": "PREFIX_AWARE", "prefixLength": 4096, "blockSize": 256})),
+        Ok(())
+    );
     assert_eq!(cel(json!({"targetRefs": target(), "strategy": "RANDOM"})), Ok(()));
     let e = cel(json!({"targetRefs": target(), "strategy": "RANDOM", "prefixLength": 4096})).unwrap_err();
     assert!(e.contains("prefixLength applies only"), "{e}");
-    let e = cel(json!({"targetRefs": target(), "strategy": "PREFIX_AWARE", "prefixLength": 1024, "blockSize": 2048})).unwrap_err();
+    let e = cel(json!({"targetRefs": target(), "strategy": "PREFIX_AWARE", "prefixLength": 1024, "blockSize": 2048}))
+        .unwrap_err();
     assert!(e.contains("blockSize must not exceed"), "{e}");
     let twice = json!([{"group": "gateway.networking.k8s.io", "kind": "HTTPRoute", "name": "a"}, {"group": "gateway.networking.k8s.io", "kind": "HTTPRoute", "name": "a"}]);
     let e = cel(json!({"targetRefs": twice, "strategy": "RANDOM"})).unwrap_err();
@@ -69,8 +87,13 @@ fn cel_rules() {
 /// server cannot accept a value the filter refuses, or refuse one it accepts.
 #[test]
 fn policy_schema_ranges_are_the_filters() {
-    use warmpath_core::config::{BLOCK_SIZE_RANGE, CONCURRENCY_THRESHOLD_RANGE, MAX_HEADER_NAME_BYTES, PREFIX_LENGTH_RANGE};
-    let crd = serde_json::to_value(<warmpath_controller::crd::routing_policy::InferenceRoutingPolicy as kube::CustomResourceExt>::crd()).unwrap();
+    use warmpath_core::config::{
+        BLOCK_SIZE_RANGE, CONCURRENCY_THRESHOLD_RANGE, MAX_HEADER_NAME_BYTES, PREFIX_LENGTH_RANGE,
+    };
+    let crd = serde_json::to_value(
+        <warmpath_controller::crd::routing_policy::InferenceRoutingPolicy as kube::CustomResourceExt>::crd(),
+    )
+    .unwrap();
     let spec = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"];
     let range = |f: &str| (spec[f]["minimum"].as_f64().unwrap() as u64, spec[f]["maximum"].as_f64().unwrap() as u64);
     assert_eq!(range("prefixLength"), PREFIX_LENGTH_RANGE);

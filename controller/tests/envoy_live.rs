@@ -34,10 +34,10 @@ use warmpath_controller::feed::store::FeedStore;
 use warmpath_controller::feed::FeedEndpoint;
 use warmpath_controller::render::{override_host_lb_policy, WasmModule};
 use warmpath_controller::routing::DESTINATION_HEADER;
-use warmpath_envoy_config::type_url;
-use warmpath_harness::{filter_wasm, free_port, EnvoyProcess, Upstream};
 use warmpath_core::headers::ORIGINAL_DST_HEADER;
+use warmpath_envoy_config::type_url;
 use warmpath_envoy_config::STRIP_FILTER_NAME;
+use warmpath_harness::{filter_wasm, free_port, EnvoyProcess, Upstream};
 
 /// Envoy worker threads: with more than one, each worker has its own filter VM (and prefix index).
 const CONCURRENCY: u32 = 2;
@@ -118,7 +118,8 @@ impl Gateway {
         // Envoy Gateway fetches `code.http.url` into its wasm cache and hands Envoy a URL there;
         // here Envoy fetches the module from the controller's server directly (same bytes, and
         // Envoy checks them against the rendered sha256).
-        let module_host = if module_reachable { server } else { SocketAddr::from(([127, 0, 0, 1], free_port().unwrap())) };
+        let module_host =
+            if module_reachable { server } else { SocketAddr::from(([127, 0, 0, 1], free_port().unwrap())) };
         let module_uri = format!("http://{module_host}{}", blob.path());
         let (mut filters, mut routes, mut clusters) = (vec![], vec![], vec![]);
         let (mut pools, mut upstreams) = (BTreeMap::new(), BTreeMap::new());
@@ -157,14 +158,19 @@ impl Gateway {
             // only, so their operations are left out (envoy_validate applies them).
             let mut epp = (*epp).clone();
             let ops = epp["spec"]["jsonPatches"].as_array_mut().unwrap();
-            let before: BTreeSet<String> = ops.iter().filter(|p| is_listener_op(p)).map(|p| p["name"].as_str().unwrap().to_string()).collect();
+            let before: BTreeSet<String> =
+                ops.iter().filter(|p| is_listener_op(p)).map(|p| p["name"].as_str().unwrap().to_string()).collect();
             let https = ["gateways/inference-gateway/https-a", "gateways/inference-gateway/https-b"];
             assert_eq!(before, BTreeSet::from([HTTP_LISTENER.to_string(), https[0].to_string(), https[1].to_string()]));
             ops.retain(|p| !is_listener_op(p) || (listener_patches && p["name"] == HTTP_LISTENER));
             let applied = apply_patch_policy(&epp, &mut listeners, &mut clusters).unwrap();
             // Per policy: the native header strip inserted first, the option set on its wasm filter, and the body
             // limit on its route.
-            assert_eq!(applied, 3 * usize::from(listener_patches), "three operations per policy in the listener and its routes");
+            assert_eq!(
+                applied,
+                3 * usize::from(listener_patches),
+                "three operations per policy in the listener and its routes"
+            );
         }
         let flags: Vec<Value> = listeners[0]["default_filter_chain"]["filters"][0]["typed_config"]["http_filters"]
             .as_array()
@@ -181,12 +187,17 @@ impl Gateway {
 
         // The feed clusters the patches add resolve the controller Service's cluster-local name
         // (STRICT_DNS); here the controller's server is on loopback, so point them there.
-        let feed_clusters: Vec<&mut Value> = clusters.iter_mut().filter(|c| c["name"].as_str().unwrap().starts_with("warmpath-feed/")).collect();
+        let feed_clusters: Vec<&mut Value> =
+            clusters.iter_mut().filter(|c| c["name"].as_str().unwrap().starts_with("warmpath-feed/")).collect();
         assert_eq!(feed_clusters.len(), 2, "one feed cluster per owner");
         for c in feed_clusters {
             assert_eq!(c["type"], "STRICT_DNS");
-            let addr = &mut c["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]["socket_address"];
-            assert_eq!((addr["address"].as_str(), addr["port_value"].as_u64()), (Some(controller.host().as_str()), Some(8080)));
+            let addr =
+                &mut c["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]["socket_address"];
+            assert_eq!(
+                (addr["address"].as_str(), addr["port_value"].as_u64()),
+                (Some(controller.host().as_str()), Some(8080))
+            );
             *addr = json!({"address": "127.0.0.1", "port_value": server.port()});
         }
 
@@ -195,9 +206,13 @@ impl Gateway {
         // filter VM and prefix index).
         let http = reqwest::Client::builder().timeout(REQUEST_TIMEOUT).pool_max_idle_per_host(0).build().unwrap();
         // At most 30 s: the module is fetched from the controller's server and compiled first.
-        let envoy = EnvoyProcess::start_bootstrap(|port, admin| with_ports(&bootstrap, port, admin), CONCURRENCY, Duration::from_secs(30))
-            .await
-            .expect("envoy");
+        let envoy = EnvoyProcess::start_bootstrap(
+            |port, admin| with_ports(&bootstrap, port, admin),
+            CONCURRENCY,
+            Duration::from_secs(30),
+        )
+        .await
+        .expect("envoy");
         Gateway { envoy, http, pools, upstreams }
     }
 
@@ -214,7 +229,8 @@ impl Gateway {
                 let v: Value = r.json().await.unwrap();
                 let upstream: SocketAddr = v["upstream"].as_str().unwrap().parse().unwrap();
                 // Requests are sequential: the upstream's last recorded request is this one.
-                let last = self.upstreams[&upstream].requests().pop().expect("the answering upstream recorded the request");
+                let last =
+                    self.upstreams[&upstream].requests().pop().expect("the answering upstream recorded the request");
                 Some(Answer { upstream, picked: last.header(DESTINATION_HEADER).map(str::to_string) })
             }
             Err(e) if e.is_timeout() => None,
@@ -223,7 +239,11 @@ impl Gateway {
     }
 
     /// Polls the filter's metrics (at most `bound`) until `done` holds; returns the last reading.
-    async fn stats_until(&self, bound: Duration, done: impl Fn(&BTreeMap<String, u64>) -> bool) -> BTreeMap<String, u64> {
+    async fn stats_until(
+        &self,
+        bound: Duration,
+        done: impl Fn(&BTreeMap<String, u64>) -> bool,
+    ) -> BTreeMap<String, u64> {
         let deadline = Instant::now() + bound;
         loop {
             let s = filter_stats(&self.envoy).await;
@@ -272,7 +292,8 @@ async fn envoy_gateway_rendering_routes_real_traffic_in_envoy() {
     // Every filter VM (main thread + each worker, per policy) has applied its feed: each applies
     // on its own tick (the rendered interval is 5 s), so this takes up to two intervals.
     let vms = 2 * (u64::from(CONCURRENCY) + 1);
-    let s = gw.stats_until(Duration::from_secs(15), |s| s.get("warmpath.feed.applied").copied().unwrap_or(0) >= vms).await;
+    let s =
+        gw.stats_until(Duration::from_secs(15), |s| s.get("warmpath.feed.applied").copied().unwrap_or(0) >= vms).await;
     assert!(s.get("warmpath.feed.applied").copied().unwrap_or(0) >= vms, "feeds not applied in every VM: {s:?}");
 
     // (a) PREFIX_AWARE on /chat: the filter holds the headers until the body is in; with the
@@ -295,7 +316,10 @@ async fn envoy_gateway_rendering_routes_real_traffic_in_envoy() {
     }
     // ... across workers: the requests came on new connections, spread over both workers.
     let workers = worker_connections(&gw.envoy).await;
-    assert!(workers.len() == CONCURRENCY as usize && workers.iter().all(|n| *n > 0), "connections per worker: {workers:?}");
+    assert!(
+        workers.len() == CONCURRENCY as usize && workers.iter().all(|n| *n > 0),
+        "connections per worker: {workers:?}"
+    );
 
     // (b) /code: the least-outstanding-requests filter picks among the code pool only.
     let code_requests = 12;
@@ -314,17 +338,23 @@ async fn envoy_gateway_rendering_routes_real_traffic_in_envoy() {
     let other_chat = chat.iter().find(|a| **a != home).unwrap().to_string();
     let body = chat_body(&prompt(&format!("tenant {p}"), 3000), "spoofed");
     for spoof in [code[0].to_string(), other_chat] {
-        let a = gw.post("/chat/v1/chat/completions", &body, &[(DESTINATION_HEADER, &spoof)], REQUEST_TIMEOUT).await.expect("completes");
+        let a = gw
+            .post("/chat/v1/chat/completions", &body, &[(DESTINATION_HEADER, &spoof)], REQUEST_TIMEOUT)
+            .await
+            .expect("completes");
         assert_eq!(a.upstream, home, "client header {spoof} steered the request");
         assert_eq!(a.picked, Some(home.to_string()));
     }
 
     // Each filter decided exactly its own route's requests (flushed on each VM's tick).
     let chat_total = (prefixes * repeats + 2) as u64;
-    let sum = |s: &BTreeMap<String, u64>, prefix: &str| s.iter().filter(|(k, _)| k.starts_with(prefix)).map(|(_, v)| v).sum::<u64>();
+    let sum = |s: &BTreeMap<String, u64>, prefix: &str| {
+        s.iter().filter(|(k, _)| k.starts_with(prefix)).map(|(_, v)| v).sum::<u64>()
+    };
     let s = gw
         .stats_until(Duration::from_secs(12), |s| {
-            sum(s, "warmpath.decisions.prefix_aware.") >= chat_total && sum(s, "warmpath.decisions.least_outstanding_requests.") >= code_requests
+            sum(s, "warmpath.decisions.prefix_aware.") >= chat_total
+                && sum(s, "warmpath.decisions.least_outstanding_requests.") >= code_requests
         })
         .await;
     assert_eq!(sum(&s, "warmpath.decisions.prefix_aware."), chat_total, "{s:?}");
@@ -339,7 +369,8 @@ async fn envoy_gateway_rendering_routes_real_traffic_in_envoy() {
     // (d) A prompt far above the listener's 32 KiB buffer (Envoy Gateway's default) is held, placed and served:
     // the rendered route limit gives the filter room (without it Envoy answers 413).
     let body = chat_body(&prompt("long system prompt", 300 << 10), "question");
-    let a = gw.post("/chat/v1/chat/completions", &body, &[], REQUEST_TIMEOUT).await.expect("a 300 KiB prompt completes");
+    let a =
+        gw.post("/chat/v1/chat/completions", &body, &[], REQUEST_TIMEOUT).await.expect("a 300 KiB prompt completes");
     assert!(chat.contains(&a.upstream), "/chat answered by {} outside the chat pool {chat:?}", a.upstream);
     assert_eq!(a.picked, Some(a.upstream.to_string()), "the filter placed it");
 }
@@ -363,7 +394,10 @@ async fn envoy_gateway_rendering_with_an_unfetchable_module_does_not_let_the_cli
     // No filter ran (module not loaded), yet no upstream saw the client's header, and Envoy's fallback spread
     // the requests instead of sending them all where the client asked.
     assert!(answers.iter().all(|a| a.picked.is_none()), "a client header reached an upstream: {answers:?}");
-    assert!(answers.iter().any(|a| a.upstream.to_string() != target), "every request went where the client asked: {answers:?}");
+    assert!(
+        answers.iter().any(|a| a.upstream.to_string() != target),
+        "every request went where the client asked: {answers:?}"
+    );
     let s = filter_stats(&gw.envoy).await;
     assert_eq!(s.values().sum::<u64>(), 0, "the filter is not running: {s:?}");
 }
@@ -396,9 +430,14 @@ async fn istio_rendering_with_an_unfetchable_module_does_not_let_the_client_choo
         match (p["applyTo"].as_str().unwrap(), p["patch"]["operation"].as_str().unwrap()) {
             ("HTTP_FILTER", "INSERT_FIRST") => http_filters.insert(0, value.clone()),
             ("HTTP_FILTER", "INSERT_BEFORE") => {
-                assert_eq!(p["match"]["listener"]["filterChain"]["filter"]["subFilter"]["name"], "envoy.filters.http.router");
+                assert_eq!(
+                    p["match"]["listener"]["filterChain"]["filter"]["subFilter"]["name"],
+                    "envoy.filters.http.router"
+                );
                 let at = http_filters.len() - 1;
-                module_cluster = value["typed_config"]["config"]["vm_config"]["code"]["remote"]["http_uri"]["cluster"].as_str().map(str::to_string);
+                module_cluster = value["typed_config"]["config"]["vm_config"]["code"]["remote"]["http_uri"]["cluster"]
+                    .as_str()
+                    .map(str::to_string);
                 http_filters.insert(at, value.clone());
             }
             ("CLUSTER", "MERGE") => {
@@ -419,29 +458,36 @@ async fn istio_rendering_with_an_unfetchable_module_does_not_let_the_client_choo
 
     let routes = vec![json!({"match": {"prefix": "/"}, "route": {"cluster": backend_name, "timeout": "10s"}})];
     let listener = json!({"name": "istio-gateway",
-        "address": {"socket_address": {"address": "127.0.0.1", "port_value": 0}},
-        "filter_chains": [{"filters": [{
-            "name": "envoy.filters.network.http_connection_manager",
-            "typed_config": {
-                "@type": type_url::HTTP_CONNECTION_MANAGER,
-                "stat_prefix": "http",
-                "route_config": {"name": "r", "virtual_hosts": [{"name": "v", "domains": ["*"], "routes": routes}]},
-                "http_filters": http_filters,
-            }}]}]});
+    "address": {"socket_address": {"address": "127.0.0.1", "port_value": 0}},
+    "filter_chains": [{"filters": [{
+        "name": "envoy.filters.network.http_connection_manager",
+        "typed_config": {
+            "@type": type_url::HTTP_CONNECTION_MANAGER,
+            "stat_prefix": "http",
+            "route_config": {"name": "r", "virtual_hosts": [{"name": "v", "domains": ["*"], "routes": routes}]},
+            "http_filters": http_filters,
+        }}]}]});
     let bootstrap = json!({
         "static_resources": {"listeners": [listener], "clusters": [backend_cluster, static_cluster(&module_cluster, &[dead], None)]},
     });
     let http = reqwest::Client::builder().timeout(REQUEST_TIMEOUT).pool_max_idle_per_host(0).build().unwrap();
     // At most 30 s: Envoy gives up on the unreachable module first.
-    let envoy = EnvoyProcess::start_bootstrap(|port, admin| with_ports(&bootstrap, port, admin), CONCURRENCY, Duration::from_secs(30))
-        .await
-        .expect("envoy");
+    let envoy = EnvoyProcess::start_bootstrap(
+        |port, admin| with_ports(&bootstrap, port, admin),
+        CONCURRENCY,
+        Duration::from_secs(30),
+    )
+    .await
+    .expect("envoy");
     let upstreams = started.into_iter().map(|u| (u.addr(), u)).collect();
     let gw = Gateway { envoy, http, pools: BTreeMap::from([("backend".to_string(), pool.clone())]), upstreams };
     let target = pool[1].to_string();
     let answers = spoofed(&gw, "/v1/chat/completions", &target, 10).await;
     assert!(answers.iter().all(|a| a.picked.is_none()), "a client header reached an upstream: {answers:?}");
-    assert!(answers.iter().any(|a| a.upstream.to_string() != target), "every request went where the client asked: {answers:?}");
+    assert!(
+        answers.iter().any(|a| a.upstream.to_string() != target),
+        "every request went where the client asked: {answers:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

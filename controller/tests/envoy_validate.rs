@@ -90,7 +90,8 @@ async fn envoy_gateway_feed_cluster_is_valid_envoy_config() {
     let mut cluster = epp["spec"]["jsonPatches"][0]["operation"]["value"].clone();
     // STRICT_DNS would resolve the cluster-local name at start; validate mode does not resolve.
     assert_eq!(cluster["type"], "STRICT_DNS");
-    cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]["socket_address"]["address"] = "localhost".into();
+    cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]["socket_address"]["address"] =
+        "localhost".into();
     validate(vec![cluster]);
 }
 
@@ -117,7 +118,10 @@ fn listener_with(wasm_filter: &Value) -> Value {
 fn validate_wasm_filter(filter: &Value, module_cluster: Value) {
     let config = &filter["typed_config"]["config"];
     assert_eq!(filter["typed_config"]["@type"], type_url::WASM);
-    assert_eq!(config["allow_on_headers_stop_iteration"], true, "without it Envoy ignores the headers-callback pause (PREFIX_AWARE hangs)");
+    assert_eq!(
+        config["allow_on_headers_stop_iteration"], true,
+        "without it Envoy ignores the headers-callback pause (PREFIX_AWARE hangs)"
+    );
     assert_eq!(config["failure_policy"], "FAIL_OPEN");
     assert_eq!(config["vm_config"]["runtime"], "envoy.wasm.runtime.v8");
     assert_eq!(config["vm_config"]["code"]["remote"]["http_uri"]["cluster"], module_cluster["name"]);
@@ -160,17 +164,25 @@ async fn envoy_gateway_patches_apply_to_envoy_gateway_shaped_listeners() {
             "per_connection_buffer_limit_bytes": warmpath_envoy_config::ENVOY_GATEWAY_LISTENER_BUFFER_LIMIT_BYTES,
             "default_filter_chain": {"filters": [hcm(HTTP, &filters, routes.clone())]}}),
         json!({"name": HTTPS, "address": {"socket_address": {"address": "127.0.0.1", "port_value": 0}},
-            "per_connection_buffer_limit_bytes": warmpath_envoy_config::ENVOY_GATEWAY_LISTENER_BUFFER_LIMIT_BYTES,
-            "listener_filters": [{"name": "envoy.filters.listener.tls_inspector", "typed_config": {
-                "@type": type_url::TLS_INSPECTOR}}],
-            "filter_chains": [
-                {"filter_chain_match": {"server_names": ["a.example.com"]}, "filters": [hcm(HTTPS, &filters, routes.clone())]},
-                {"filter_chain_match": {"server_names": ["b.example.com"]}, "filters": [hcm(HTTPS_B, &filters, routes.clone())]},
-            ]}),
+        "per_connection_buffer_limit_bytes": warmpath_envoy_config::ENVOY_GATEWAY_LISTENER_BUFFER_LIMIT_BYTES,
+        "listener_filters": [{"name": "envoy.filters.listener.tls_inspector", "typed_config": {
+            "@type": type_url::TLS_INSPECTOR}}],
+        "filter_chains": [
+            {"filter_chain_match": {"server_names": ["a.example.com"]}, "filters": [hcm(HTTPS, &filters, routes.clone())]},
+            {"filter_chain_match": {"server_names": ["b.example.com"]}, "filters": [hcm(HTTPS_B, &filters, routes.clone())]},
+        ]}),
     ];
     let flags = |listeners: &[Value], name: &str| -> Vec<Value> {
         let q = serde_json_path::JsonPath::parse(&format!("$..http_filters[?@.name == '{name}']")).unwrap();
-        listeners.iter().flat_map(|l| q.query(l).all().into_iter().map(|f| f["typed_config"]["config"]["allow_on_headers_stop_iteration"].clone())).collect()
+        listeners
+            .iter()
+            .flat_map(|l| {
+                q.query(l)
+                    .all()
+                    .into_iter()
+                    .map(|f| f["typed_config"]["config"]["allow_on_headers_stop_iteration"].clone())
+            })
+            .collect()
     };
     let mut clusters = vec![];
     // One policy's patch reaches its own filter in all three chains, and leaves the other's alone.
@@ -187,7 +199,10 @@ async fn envoy_gateway_patches_apply_to_envoy_gateway_shaped_listeners() {
     // The body limit is on the policy's own route in every route configuration, not on the other's.
     let limits = |listeners: &[Value], name: &str| -> Vec<Value> {
         let q = serde_json_path::JsonPath::parse(&format!("$..routes[?@.typed_per_filter_config['{name}']]")).unwrap();
-        listeners.iter().flat_map(|l| q.query(l).all().into_iter().map(|r| r["request_body_buffer_limit"].clone())).collect()
+        listeners
+            .iter()
+            .flat_map(|l| q.query(l).all().into_iter().map(|r| r["request_body_buffer_limit"].clone()))
+            .collect()
     };
     let limit = json!(warmpath_envoy_config::ROUTE_BODY_BUFFER_LIMIT_BYTES);
     assert_eq!(limits(&listeners, &names[mine]), vec![limit.clone(); 3]);
@@ -205,7 +220,8 @@ async fn envoy_gateway_patches_apply_to_envoy_gateway_shaped_listeners() {
     assert_eq!(names(type_url::ROUTE_CONFIGURATION), [HTTP, HTTPS, HTTPS_B]);
 
     for c in clusters.iter_mut() {
-        c["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]["socket_address"]["address"] = "localhost".into();
+        c["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]["socket_address"]["address"] =
+            "localhost".into();
     }
     clusters.dedup_by(|a, b| a["name"] == b["name"]);
     for name in ["wasm_cluster", "backend"] {
@@ -221,7 +237,10 @@ async fn istio_wasm_filter_is_valid_envoy_config() {
     let patches = ef["spec"]["configPatches"].as_array().unwrap();
     let strip = patches.iter().find(|p| p["patch"]["operation"] == "INSERT_FIRST").expect("the native strip, first");
     assert_eq!(strip["patch"]["value"], warmpath_envoy_config::strip_client_destination_headers());
-    let http = patches.iter().find(|p| p["applyTo"] == "HTTP_FILTER" && p["patch"]["operation"] == "INSERT_BEFORE").expect("wasm patch");
+    let http = patches
+        .iter()
+        .find(|p| p["applyTo"] == "HTTP_FILTER" && p["patch"]["operation"] == "INSERT_BEFORE")
+        .expect("wasm patch");
     let filter = &http["patch"]["value"];
     // Istio pushes the controller Service's outbound cluster; a static stand-in with its name.
     let name = filter["typed_config"]["config"]["vm_config"]["code"]["remote"]["http_uri"]["cluster"].clone();
@@ -245,7 +264,12 @@ fn envoy_refuses_a_broken_override_host_policy() {
 async fn envoy_refuses_a_broken_wasm_filter() {
     let objs = rendered("istio-annotated.yaml").await;
     let ef = objs.iter().find(|o| o["kind"] == "EnvoyFilter").expect("EnvoyFilter rendered");
-    let http = ef["spec"]["configPatches"].as_array().unwrap().iter().find(|p| p["patch"]["operation"] == "INSERT_BEFORE").unwrap();
+    let http = ef["spec"]["configPatches"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["patch"]["operation"] == "INSERT_BEFORE")
+        .unwrap();
     let mut filter = http["patch"]["value"].clone();
     filter["typed_config"]["config"]["allow_on_headers_stop_iteratoin"] = json!(true);
     let name = filter["typed_config"]["config"]["vm_config"]["code"]["remote"]["http_uri"]["cluster"].clone();

@@ -84,8 +84,11 @@ fn the_binary_prints_the_same_objects() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let stdout = String::from_utf8(out.stdout).unwrap();
     let stderr = String::from_utf8(out.stderr).unwrap();
-    let status: Vec<String> =
-        stderr.lines().filter(|l| l.starts_with("InferenceRoutingPolicy ") || l.starts_with("HTTPRoute ")).map(String::from).collect();
+    let status: Vec<String> = stderr
+        .lines()
+        .filter(|l| l.starts_with("InferenceRoutingPolicy ") || l.starts_with("HTTPRoute "))
+        .map(String::from)
+        .collect();
     let want = std::fs::read_to_string(case.with_extension("expected.yaml")).unwrap();
     assert_eq!(golden_text(&stdout, &status), want);
 }
@@ -95,12 +98,18 @@ fn the_binary_prints_the_same_objects() {
 /// route's events — and exits non-zero.
 #[test]
 fn render_of_a_route_alone_says_why_nothing_was_rendered() {
-    let text = std::fs::read_to_string(cases().into_iter().find(|c| c.ends_with("docs-annotated-route.yaml")).unwrap()).unwrap();
+    let text = std::fs::read_to_string(cases().into_iter().find(|c| c.ends_with("docs-annotated-route.yaml")).unwrap())
+        .unwrap();
     let route = text.split("\n---\n").find(|d| d.contains("kind: HTTPRoute")).expect("the case has the route");
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("route.yaml");
     std::fs::write(&file, route).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_warmpath-controller")).args(["render", "-f"]).arg(&file).args(["--wasm-sha256", SHA]).output().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_warmpath-controller"))
+        .args(["render", "-f"])
+        .arg(&file)
+        .args(["--wasm-sha256", SHA])
+        .output()
+        .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "exit 0 with nothing rendered; stderr: {stderr}");
     assert!(out.stdout.is_empty(), "{}", String::from_utf8_lossy(&out.stdout));
@@ -115,10 +124,20 @@ fn render_refuses_bad_yaml_and_bad_sha() {
     let dir = tempfile::tempdir().unwrap();
     let bad = dir.path().join("bad.yaml");
     std::fs::write(&bad, "kind: [unclosed").unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_warmpath-controller")).args(["render", "-f"]).arg(&bad).args(["--wasm-sha256", SHA]).output().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_warmpath-controller"))
+        .args(["render", "-f"])
+        .arg(&bad)
+        .args(["--wasm-sha256", SHA])
+        .output()
+        .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("YAML"), "{}", String::from_utf8_lossy(&out.stderr));
-    let out = Command::new(env!("CARGO_BIN_EXE_warmpath-controller")).args(["render", "-f"]).arg(&cases()[0]).args(["--wasm-sha256", "xyz"]).output().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_warmpath-controller"))
+        .args(["render", "-f"])
+        .arg(&cases()[0])
+        .args(["--wasm-sha256", "xyz"])
+        .output()
+        .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("64 hex"));
 }
@@ -148,7 +167,12 @@ fn render_refuses_endpoints_the_api_server_would_refuse() {
         let dir = tempfile::tempdir().unwrap();
         let f = dir.path().join("ie.yaml");
         std::fs::write(&f, text).unwrap();
-        let out = Command::new(env!("CARGO_BIN_EXE_warmpath-controller")).args(["render", "-f"]).arg(&f).args(["--wasm-sha256", SHA]).output().unwrap();
+        let out = Command::new(env!("CARGO_BIN_EXE_warmpath-controller"))
+            .args(["render", "-f"])
+            .arg(&f)
+            .args(["--wasm-sha256", SHA])
+            .output()
+            .unwrap();
         (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
     };
     let (ok, err) = render(&good);
@@ -156,9 +180,19 @@ fn render_refuses_endpoints_the_api_server_would_refuse() {
     for (what, from, to, needle) in [
         ("negative replicas", "replicas: 2", "replicas: -5", "replicas"),
         ("port out of range", "port: 8000", "port: 70000", "port"),
-        ("relative hostPath", "weightsCache: {enabled: true}", "weightsCache: {enabled: true, hostPath: models}", "hostPath"),
+        (
+            "relative hostPath",
+            "weightsCache: {enabled: true}",
+            "weightsCache: {enabled: true, hostPath: models}",
+            "hostPath",
+        ),
         ("unknown key", "replicas: 2", "replicas: 2\n  replica: 3", "replica"),
-        ("two sources", "    huggingFace:", "    http: {url: \"https://h/m.gguf\"}\n    huggingFace:", "exactly one of s3, http, huggingFace, volume"),
+        (
+            "two sources",
+            "    huggingFace:",
+            "    http: {url: \"https://h/m.gguf\"}\n    huggingFace:",
+            "exactly one of s3, http, huggingFace, volume",
+        ),
         ("non-hex sha256", "replicas: 2", "replicas: 2\n  sha256: {model.safetensors: nothex}", "sha256"),
     ] {
         assert!(good.contains(from), "{what}: fixture changed");
@@ -172,22 +206,38 @@ fn render_refuses_endpoints_the_api_server_would_refuse() {
 /// from the types (the strategy enum in its one spelling, ranges, unknown fields) and its CEL rules.
 #[test]
 fn render_refuses_policies_the_api_server_would_refuse() {
-    let good = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/testdata/render/envoy-gateway.yaml")).unwrap();
+    let good =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/testdata/render/envoy-gateway.yaml")).unwrap();
     let render = |text: &str| {
         let dir = tempfile::tempdir().unwrap();
         let f = dir.path().join("p.yaml");
         std::fs::write(&f, text).unwrap();
-        let out = Command::new(env!("CARGO_BIN_EXE_warmpath-controller")).args(["render", "-f"]).arg(&f).args(["--wasm-sha256", SHA]).output().unwrap();
+        let out = Command::new(env!("CARGO_BIN_EXE_warmpath-controller"))
+            .args(["render", "-f"])
+            .arg(&f)
+            .args(["--wasm-sha256", SHA])
+            .output()
+            .unwrap();
         (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
     };
     let (ok, err) = render(&good);
     assert!(ok, "{err}");
     for (what, from, to, needle) in [
-        ("another spelling of the strategy", "strategy: PREFIX_AWARE", "strategy: prefix-aware", r#"/spec/strategy: "prefix-aware" is not one of "RANDOM", "LEAST_OUTSTANDING_REQUESTS" or "PREFIX_AWARE""#),
+        (
+            "another spelling of the strategy",
+            "strategy: PREFIX_AWARE",
+            "strategy: prefix-aware",
+            r#"/spec/strategy: "prefix-aware" is not one of "RANDOM", "LEAST_OUTSTANDING_REQUESTS" or "PREFIX_AWARE""#,
+        ),
         ("prefixLength out of range", "prefixLength: 4096", "prefixLength: 100", "/spec/prefixLength"),
         ("unknown field", "prefixLength: 4096", "prefixLenght: 4096", "prefixLenght"),
         ("wrong type", "intervalSeconds: 2", "intervalSeconds: soon", "/spec/load/intervalSeconds"),
-        ("CEL rule", "strategy: PREFIX_AWARE", "strategy: RANDOM", "prefixLength applies only to strategy PREFIX_AWARE"),
+        (
+            "CEL rule",
+            "strategy: PREFIX_AWARE",
+            "strategy: RANDOM",
+            "prefixLength applies only to strategy PREFIX_AWARE",
+        ),
         ("bad failureMode", "failureMode: FailClosed", "failureMode: Sometimes", "/spec/failureMode"),
     ] {
         assert!(good.contains(from), "{what}: fixture changed");
@@ -204,18 +254,31 @@ fn render_refuses_policies_the_api_server_would_refuse() {
 fn render_uses_the_configured_cluster_domain() {
     let case = Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/render/istio-annotated.yaml");
     let run = |domain: &str| {
-        Command::new(env!("CARGO_BIN_EXE_warmpath-controller")).args(["render", "-f"]).arg(&case).args(["--wasm-sha256", SHA, "--cluster-domain", domain]).output().unwrap()
+        Command::new(env!("CARGO_BIN_EXE_warmpath-controller"))
+            .args(["render", "-f"])
+            .arg(&case)
+            .args(["--wasm-sha256", SHA, "--cluster-domain", domain])
+            .output()
+            .unwrap()
     };
     let out = run("corp.example");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let stdout = String::from_utf8(out.stdout).unwrap();
     assert!(!stdout.contains("cluster.local"), "{stdout}");
-    for want in ["outbound|30000||sglang-qwen.llm.svc.corp.example", "service: sglang-qwen.llm.svc.corp.example", "http://warmpath-controller.warmpath-system.svc.corp.example:8080/wasm/"] {
+    for want in [
+        "outbound|30000||sglang-qwen.llm.svc.corp.example",
+        "service: sglang-qwen.llm.svc.corp.example",
+        "http://warmpath-controller.warmpath-system.svc.corp.example:8080/wasm/",
+    ] {
         assert!(stdout.contains(want), "{want} missing: {stdout}");
     }
     let out = run("Corp.Example.");
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("is not a DNS name"), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("is not a DNS name"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// docs/quickstart.md's manifests, taken from the page verbatim: `render` programs the annotated
@@ -227,13 +290,37 @@ async fn quickstart_manifests_render_and_program() {
     assert_eq!(blocks.len(), 1, "the quickstart has one manifest block");
     let manifests = warmpath_controller::offline::parse_manifests(blocks[0]).unwrap();
     let out = warmpath_controller::offline::render(manifests, config()).await.unwrap();
-    assert_eq!(out.status, ["HTTPRoute llm/chat: Normal Programmed: strategy PREFIX_AWARE via annotations: 3 object(s)"], "{:?}", out.status);
-    let kinds: Vec<(String, String)> =
-        out.objects.iter().map(|o| (o.types.as_ref().unwrap().kind.clone(), o.metadata.namespace.clone().unwrap())).collect();
-    assert_eq!(kinds, [("BackendTrafficPolicy".into(), "llm".into()), ("EnvoyExtensionPolicy".into(), "llm".into()), ("EnvoyPatchPolicy".into(), "gateways".into())]);
+    assert_eq!(
+        out.status,
+        ["HTTPRoute llm/chat: Normal Programmed: strategy PREFIX_AWARE via annotations: 3 object(s)"],
+        "{:?}",
+        out.status
+    );
+    let kinds: Vec<(String, String)> = out
+        .objects
+        .iter()
+        .map(|o| (o.types.as_ref().unwrap().kind.clone(), o.metadata.namespace.clone().unwrap()))
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            ("BackendTrafficPolicy".into(), "llm".into()),
+            ("EnvoyExtensionPolicy".into(), "llm".into()),
+            ("EnvoyPatchPolicy".into(), "gateways".into())
+        ]
+    );
     let eep = &out.objects[1].data["spec"]["wasm"][0]["config"];
-    assert_eq!((eep["strategy"].as_str(), eep["prefix_length"].as_u64(), eep["debug_header"].as_bool()), (Some("PREFIX_AWARE"), Some(1024), Some(true)));
-    assert_eq!(out.objects[0].data["spec"]["loadBalancer"]["endpointOverride"]["extractFrom"][0]["header"], "x-gateway-destination-endpoint");
+    assert_eq!(
+        (eep["strategy"].as_str(), eep["prefix_length"].as_u64(), eep["debug_header"].as_bool()),
+        (Some("PREFIX_AWARE"), Some(1024), Some(true))
+    );
+    assert_eq!(
+        out.objects[0].data["spec"]["loadBalancer"]["endpointOverride"]["extractFrom"][0]["header"],
+        "x-gateway-destination-endpoint"
+    );
     let patches = out.objects[2].data["spec"]["jsonPatches"].to_string();
-    assert!(patches.contains("allow_on_headers_stop_iteration") && patches.contains("gateways/inference-gateway/http"), "{patches}");
+    assert!(
+        patches.contains("allow_on_headers_stop_iteration") && patches.contains("gateways/inference-gateway/http"),
+        "{patches}"
+    );
 }

@@ -157,7 +157,12 @@ impl EnvoyConfig {
     }
 
     /// Adds a route (path prefix → its own `override_host` cluster) ahead of the catch-all route.
-    pub fn with_pool(mut self, cluster: impl Into<String>, path_prefix: impl Into<String>, upstreams: Vec<SocketAddr>) -> Self {
+    pub fn with_pool(
+        mut self,
+        cluster: impl Into<String>,
+        path_prefix: impl Into<String>,
+        upstreams: Vec<SocketAddr>,
+    ) -> Self {
         self.pools.push(Pool { cluster: cluster.into(), path_prefix: path_prefix.into(), upstreams });
         self
     }
@@ -222,7 +227,9 @@ impl EnvoyConfig {
         let path = path_str(wasm);
         let uri = self.wasm_remote.as_ref().map(|r| format!("http://{}{}", r.address, r.path));
         let code = match (&self.wasm_remote, &uri) {
-            (Some(r), Some(uri)) => envoy_config::WasmCode::Remote { uri, cluster: WASM_MODULE_CLUSTER, sha256: &r.sha256 },
+            (Some(r), Some(uri)) => {
+                envoy_config::WasmCode::Remote { uri, cluster: WASM_MODULE_CLUSTER, sha256: &r.sha256 }
+            }
             _ => envoy_config::WasmCode::Local { path: &path },
         };
         envoy_config::wasm_http_filter(&envoy_config::WasmFilter {
@@ -341,7 +348,13 @@ impl EnvoyConfig {
 /// Outlier detection and a retry budget handle an endpoint that dies (see `warmpath_envoy_config`).
 fn override_host_cluster(name: &str, upstreams: &[SocketAddr]) -> Value {
     let hosts: Vec<(String, u16)> = upstreams.iter().map(|a| (a.ip().to_string(), a.port())).collect();
-    let mut c = envoy_config::cluster(name, envoy_config::Discovery::Static, &hosts, 1, Some(envoy_config::override_host_lb_policy()));
+    let mut c = envoy_config::cluster(
+        name,
+        envoy_config::Discovery::Static,
+        &hosts,
+        1,
+        Some(envoy_config::override_host_lb_policy()),
+    );
     c["outlier_detection"] = envoy_config::outlier_detection();
     c["circuit_breakers"] = envoy_config::circuit_breakers();
     c

@@ -39,7 +39,12 @@ impl EnvoyProcess {
     /// Starts and waits for readiness, taking the ports left at 0 from `pick`. A port found free can be taken by
     /// another process before Envoy binds it; Envoy then exits with "Address already in use", and the start is
     /// tried again with new ports ([`start_on_picked_ports`]). Ports the caller chose are never replaced.
-    async fn start_picking(config: EnvoyConfig, concurrency: u32, dynamic: bool, pick: &mut impl FnMut() -> Result<u16>) -> Result<Self> {
+    async fn start_picking(
+        config: EnvoyConfig,
+        concurrency: u32,
+        dynamic: bool,
+        pick: &mut impl FnMut() -> Result<u16>,
+    ) -> Result<Self> {
         let ready = |p: EnvoyProcess| async move { p.wait_ready(Duration::from_secs(30)).await.map(|()| p) };
         if config.listener_port != 0 && config.admin_port != 0 {
             return ready(Self::spawn_picking(config, concurrency, dynamic, pick)?).await;
@@ -52,7 +57,12 @@ impl EnvoyProcess {
         Self::spawn_picking(config, concurrency, dynamic, &mut free_port)
     }
 
-    fn spawn_picking(mut config: EnvoyConfig, concurrency: u32, dynamic: bool, pick: &mut impl FnMut() -> Result<u16>) -> Result<Self> {
+    fn spawn_picking(
+        mut config: EnvoyConfig,
+        concurrency: u32,
+        dynamic: bool,
+        pick: &mut impl FnMut() -> Result<u16>,
+    ) -> Result<Self> {
         if config.listener_port == 0 {
             config.listener_port = pick()?;
         }
@@ -94,7 +104,11 @@ impl EnvoyProcess {
     /// `timeout` until Envoy is ready (a remotely fetched module is fetched and compiled first). Like
     /// [`Self::start`], a port taken before Envoy binds it costs another start with new ports. [`Self::config`] then
     /// carries only the two ports.
-    pub async fn start_bootstrap(render: impl Fn(u16, u16) -> Value, concurrency: u32, timeout: Duration) -> Result<Self> {
+    pub async fn start_bootstrap(
+        render: impl Fn(u16, u16) -> Value,
+        concurrency: u32,
+        timeout: Duration,
+    ) -> Result<Self> {
         start_on_picked_ports(|| {
             let (listener_port, admin_port) = (free_port()?, free_port()?);
             let config = EnvoyConfig::new(vec![], "{}").ports(listener_port, admin_port);
@@ -206,7 +220,8 @@ impl EnvoyProcess {
         config.listener_port = self.config.listener_port;
         config.admin_port = self.config.admin_port;
         let before = self.stats().await?;
-        let (ok0, rej0) = (before.get("listener_manager.lds.update_success"), before.get("listener_manager.lds.update_rejected"));
+        let (ok0, rej0) =
+            (before.get("listener_manager.lds.update_success"), before.get("listener_manager.lds.update_rejected"));
         self.lds_version += 1;
         let mut doc = config.lds_document();
         doc["version_info"] = self.lds_version.to_string().into();
@@ -280,7 +295,9 @@ mod tests {
     #[tokio::test]
     async fn a_picked_port_taken_before_envoy_binds_it_is_picked_again() {
         let mut ports = crate::paths::TakenFirst::new().expect("bind");
-        let envoy = EnvoyProcess::start_picking(EnvoyConfig::new(vec![], "{}"), 1, false, &mut || ports.pick()).await.expect("started");
+        let envoy = EnvoyProcess::start_picking(EnvoyConfig::new(vec![], "{}"), 1, false, &mut || ports.pick())
+            .await
+            .expect("started");
         assert_ne!(envoy.config().listener_port, ports.port());
         assert_eq!(ports.picks, 4, "two ports for each of two starts");
         drop(envoy);

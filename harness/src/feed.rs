@@ -14,9 +14,9 @@ use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
+use tokio::task::JoinHandle;
 use warmpath_core::exchange::{split_report, RecordLog, INDEX_PATH_SUFFIX, MAX_EXCHANGE_BODY_BYTES};
 use warmpath_core::headers::{CURSOR_HEADER, PENDING_HEADER, REPORTER_HEADER};
-use tokio::task::JoinHandle;
 
 struct Shared {
     body: Mutex<String>,

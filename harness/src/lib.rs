@@ -20,14 +20,14 @@ mod stats;
 mod upstream;
 
 pub use config::{
-    example_configs, to_yaml, EnvoyConfig, FeedCluster, PluginInstance, Pool, EXAMPLE_PLUGIN_CONFIG, FILTER_STAT_PREFIX,
-    RemoteModule, RIG_DECISION_HEADER, RIG_UPSTREAM_HEADER,
+    example_configs, to_yaml, EnvoyConfig, FeedCluster, PluginInstance, Pool, RemoteModule, EXAMPLE_PLUGIN_CONFIG,
+    FILTER_STAT_PREFIX, RIG_DECISION_HEADER, RIG_UPSTREAM_HEADER,
 };
 pub use envoy::{validate_file, EnvoyProcess};
 pub use feed::FeedServer;
 pub use paths::{
-    envoy_binary, filter_wasm, free_port, port_was_taken, start_on_picked_ports, workspace_root, TakenFirst, ADDRESS_IN_USE,
-    PORT_ATTEMPTS,
+    envoy_binary, filter_wasm, free_port, port_was_taken, start_on_picked_ports, workspace_root, TakenFirst,
+    ADDRESS_IN_USE, PORT_ATTEMPTS,
 };
 pub use stats::Stats;
 pub use upstream::{Recorded, Upstream};

@@ -107,6 +107,10 @@ impl TakenFirst {
     /// The next port: the held one first, then free ones.
     pub fn pick(&mut self) -> Result<u16> {
         self.picks += 1;
-        if self.picks == 1 { Ok(self.port()) } else { free_port() }
+        if self.picks == 1 {
+            Ok(self.port())
+        } else {
+            free_port()
+        }
     }
 }

@@ -88,7 +88,10 @@ impl Upstream {
             stream_events: AtomicUsize::new(0),
             stream_gap_us: AtomicU64::new(0),
         });
-        let app = axum::Router::new().fallback(handle).layer(axum::extract::DefaultBodyLimit::disable()).with_state(shared.clone());
+        let app = axum::Router::new()
+            .fallback(handle)
+            .layer(axum::extract::DefaultBodyLimit::disable())
+            .with_state(shared.clone());
         let task = tokio::spawn(serve(listener, app));
         Ok(Upstream { shared, task: Mutex::new(Some(task)) })
     }
@@ -111,7 +114,10 @@ impl Upstream {
             return Ok(());
         }
         let listener = tokio::net::TcpListener::bind(self.shared.addr).await?;
-        let app = axum::Router::new().fallback(handle).layer(axum::extract::DefaultBodyLimit::disable()).with_state(self.shared.clone());
+        let app = axum::Router::new()
+            .fallback(handle)
+            .layer(axum::extract::DefaultBodyLimit::disable())
+            .with_state(self.shared.clone());
         let task = tokio::spawn(serve(listener, app));
         if let Ok(mut t) = self.task.lock() {
             *t = Some(task);
@@ -196,10 +202,12 @@ async fn handle(
     let mut h = BTreeMap::new();
     for (k, v) in &headers {
         let v = String::from_utf8_lossy(v.as_bytes()).into_owned();
-        h.entry(k.as_str().to_string()).and_modify(|e: &mut String| {
-            e.push(',');
-            e.push_str(&v)
-        }).or_insert(v);
+        h.entry(k.as_str().to_string())
+            .and_modify(|e: &mut String| {
+                e.push(',');
+                e.push_str(&v)
+            })
+            .or_insert(v);
     }
     let rec = Recorded { method: method.to_string(), path: uri.to_string(), headers: h, body_len: body.len() };
     if let Ok(mut r) = s.requests.lock() {
@@ -225,7 +233,9 @@ async fn handle(
             let event = if i == events {
                 "data: [DONE]\n\n".to_string()
             } else {
-                r#"data: {"object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"ok"}}]}"#.to_string() + "\n\n"
+                r#"data: {"object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"ok"}}]}"#
+                    .to_string()
+                    + "\n\n"
             };
             Some((Ok::<_, std::convert::Infallible>(Bytes::from(event)), i + 1))
         });
@@ -255,7 +265,12 @@ mod tests {
     async fn streamed_answers_carry_each_event_then_done() {
         let u = Upstream::start().await.expect("upstream");
         u.set_stream(3, Duration::from_millis(1));
-        let r = reqwest::Client::new().post(format!("http://{}/v1/chat/completions", u.addr())).body("{}").send().await.expect("send");
+        let r = reqwest::Client::new()
+            .post(format!("http://{}/v1/chat/completions", u.addr()))
+            .body("{}")
+            .send()
+            .await
+            .expect("send");
         assert_eq!(r.headers()["content-type"], "text/event-stream");
         let body = r.text().await.expect("body");
         let events: Vec<&str> = body.split("\n\n").filter(|e| !e.is_empty()).collect();

@@ -122,7 +122,8 @@ async fn sigterm_to_the_launcher_stops_envoy() {
 
     let sent = Command::new("kill").args(["-TERM", &guard.launcher.id().to_string()]).status().unwrap();
     assert!(sent.success(), "kill -TERM failed");
-    let status = wait_exit(&mut guard.launcher, Duration::from_secs(10)).expect("launcher still running 10 s after SIGTERM");
+    let status =
+        wait_exit(&mut guard.launcher, Duration::from_secs(10)).expect("launcher still running 10 s after SIGTERM");
     let start = Instant::now();
     while alive(envoy) && start.elapsed() < Duration::from_secs(10) {
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -136,7 +137,12 @@ fn bad_plugin_config_is_refused_before_envoy_starts() {
     let upstream = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let out = tempfile::tempdir().unwrap();
     let mut guard = Cleanup {
-        launcher: launch(out.path(), r#"{"prefix_length": 10}"#, free_port().unwrap(), upstream.local_addr().unwrap().port()),
+        launcher: launch(
+            out.path(),
+            r#"{"prefix_length": 10}"#,
+            free_port().unwrap(),
+            upstream.local_addr().unwrap().port(),
+        ),
         envoy: None,
     };
     let status = wait_exit(&mut guard.launcher, Duration::from_secs(20));

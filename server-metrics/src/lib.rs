@@ -74,10 +74,13 @@ impl ServerMetrics {
             let mut seen = true;
             match base {
                 "vllm_num_requests_waiting" | "sglang_num_queue_reqs" | "llamacpp_requests_deferred" => m.waiting += v,
-                "vllm_num_requests_running" | "sglang_num_running_reqs" | "llamacpp_requests_processing" => m.running += v,
-                "vllm_kv_cache_usage_perc" | "vllm_gpu_cache_usage_perc" | "sglang_token_usage" | "llamacpp_kv_cache_usage_ratio" => {
-                    m.kv_cache_usage = Some(m.kv_cache_usage.unwrap_or(0.0).max(v))
+                "vllm_num_requests_running" | "sglang_num_running_reqs" | "llamacpp_requests_processing" => {
+                    m.running += v
                 }
+                "vllm_kv_cache_usage_perc"
+                | "vllm_gpu_cache_usage_perc"
+                | "sglang_token_usage"
+                | "llamacpp_kv_cache_usage_ratio" => m.kv_cache_usage = Some(m.kv_cache_usage.unwrap_or(0.0).max(v)),
                 "vllm_prefix_cache_hits" | "vllm_gpu_prefix_cache_hits" => *hits.get_or_insert(0.0) += v,
                 "vllm_prefix_cache_queries" | "vllm_gpu_prefix_cache_queries" => *queries.get_or_insert(0.0) += v,
                 "sglang_cache_hit_rate" => m.prefix_cache_hit_ratio = Some(v),
@@ -125,7 +128,8 @@ mod tests {
 
     #[test]
     fn vllm_v1() {
-        let text = "# HELP vllm:num_requests_waiting Number of requests waiting.\n# TYPE vllm:num_requests_waiting gauge\n\
+        let text =
+            "# HELP vllm:num_requests_waiting Number of requests waiting.\n# TYPE vllm:num_requests_waiting gauge\n\
 vllm:num_requests_waiting{engine=\"0\",model_name=\"m\"} 3.0\n\
 vllm:num_requests_running{engine=\"0\",model_name=\"m\"} 5.0\n\
 vllm:kv_cache_usage_perc{engine=\"0\",model_name=\"m\"} 0.25\n\
@@ -135,7 +139,10 @@ vllm:prefix_cache_hits_total{engine=\"0\",model_name=\"m\"} 400.0\n";
         assert_eq!(m.server, Some("vllm"));
         assert_eq!(m.load(), FeedLoad { waiting: 3, running: 5, kv_cache_usage: 0.25 });
         assert!((m.prefix_cache_hit_ratio.unwrap() - 0.4).abs() < 1e-9);
-        assert_eq!((m.prefix_cache_hits, m.prefix_cache_queries, m.requests_completed), (Some(400.0), Some(1000.0), None));
+        assert_eq!(
+            (m.prefix_cache_hits, m.prefix_cache_queries, m.requests_completed),
+            (Some(400.0), Some(1000.0), None)
+        );
     }
 
     #[test]

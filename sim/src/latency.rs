@@ -35,7 +35,14 @@ pub struct LatencyProfile {
 
 impl Default for LatencyProfile {
     fn default() -> Self {
-        Self { overhead_ms: 30.0, prefill_ms_per_token: 0.2, itl_ms: 12.0, max_num_seqs: 64, prefill_lanes: 1, time_scale: 1.0 }
+        Self {
+            overhead_ms: 30.0,
+            prefill_ms_per_token: 0.2,
+            itl_ms: 12.0,
+            max_num_seqs: 64,
+            prefill_lanes: 1,
+            time_scale: 1.0,
+        }
     }
 }
 

@@ -40,8 +40,7 @@ pub struct Metrics {
 impl Metrics {
     /// Registers every metric, labelled with `model_name`.
     pub fn new(model: &str) -> Self {
-        let mut registry =
-            Registry::with_labels(std::iter::once(("model_name".into(), model.to_string().into())));
+        let mut registry = Registry::with_labels(std::iter::once(("model_name".into(), model.to_string().into())));
         let m = Self {
             running: Gauge::default(),
             waiting: Gauge::default(),
@@ -52,15 +51,17 @@ impl Metrics {
             generation_tokens: Counter::default(),
             request_success: Counter::default(),
             request_errors: Counter::default(),
-            ttft_seconds: Histogram::new(
-                [0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0],
-            ),
+            ttft_seconds: Histogram::new([0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0]),
             registry: Registry::default(),
         };
         registry.register("vllm:num_requests_running", "Requests in their prefill or decode", m.running.clone());
         registry.register("vllm:num_requests_waiting", "Requests whose prefill has not started", m.waiting.clone());
         registry.register("vllm:kv_cache_usage_perc", "KV-cache usage, 1 = 100 percent", m.kv_usage.clone());
-        registry.register("vllm:prefix_cache_queries", "Prompt tokens queried in the prefix cache", m.prefix_queries.clone());
+        registry.register(
+            "vllm:prefix_cache_queries",
+            "Prompt tokens queried in the prefix cache",
+            m.prefix_queries.clone(),
+        );
         registry.register("vllm:prefix_cache_hits", "Prompt tokens hit in the prefix cache", m.prefix_hits.clone());
         registry.register("vllm:prompt_tokens", "Prompt tokens processed", m.prompt_tokens.clone());
         registry.register("vllm:generation_tokens", "Generated tokens", m.generation_tokens.clone());

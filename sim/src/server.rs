@@ -163,10 +163,8 @@ fn router(state: Shared) -> Router {
 
 async fn metrics(State(s): State<Shared>) -> Response {
     let mut r = s.metrics.encode().into_response();
-    r.headers_mut().insert(
-        "content-type",
-        HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8"),
-    );
+    r.headers_mut()
+        .insert("content-type", HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8"));
     r
 }
 
@@ -215,7 +213,14 @@ async fn completions(State(s): State<Shared>, body: Bytes) -> Response {
     respond(s, Kind::Completion, req.model, prompt, max_tokens, req.stream, usage).await
 }
 
-fn chunk(kind: Kind, id: &str, model: &str, created: u64, text: Option<&str>, finish: Option<&str>) -> serde_json::Value {
+fn chunk(
+    kind: Kind,
+    id: &str,
+    model: &str,
+    created: u64,
+    text: Option<&str>,
+    finish: Option<&str>,
+) -> serde_json::Value {
     match kind {
         Kind::Chat => json!({
             "id": id, "object": "chat.completion.chunk", "created": created, "model": model,
@@ -253,7 +258,9 @@ async fn respond(
                     _ => {}
                 }
                 let ev = match rx.recv().await {
-                    Some(Step::Text(t)) => Event::default().data(chunk(kind, &id, &model, created, Some(&t), None).to_string()),
+                    Some(Step::Text(t)) => {
+                        Event::default().data(chunk(kind, &id, &model, created, Some(&t), None).to_string())
+                    }
                     Some(Step::Done(u)) => {
                         let mut last = chunk(kind, &id, &model, created, None, Some("length"));
                         if include_usage {
@@ -429,7 +436,10 @@ impl SimServer {
     /// Errors: a non-loopback address, or the bind failure.
     pub async fn start(cfg: SimConfig, addr: SocketAddr) -> std::io::Result<Self> {
         if !addr.ip().is_loopback() {
-            return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("{addr} is not a loopback address")));
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("{addr} is not a loopback address"),
+            ));
         }
         let listener = TcpListener::bind(addr).await?;
         Self::serve(cfg, listener)

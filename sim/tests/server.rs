@@ -152,7 +152,11 @@ async fn probe_reports_pending_prefill_while_it_runs_and_the_cached_prefix_after
     req.await.unwrap().unwrap().bytes().await.unwrap();
     let after = probe.truth(&prompt);
     // 400 tokens = 25 blocks; at least one token is recomputed, so 24 can hit.
-    assert_eq!((after.pending_prefill_tokens, after.waiting_prompt_tokens, after.active_blocks), (0, 0, 0), "{after:?}");
+    assert_eq!(
+        (after.pending_prefill_tokens, after.waiting_prompt_tokens, after.active_blocks),
+        (0, 0, 0),
+        "{after:?}"
+    );
     assert_eq!(after.cached_blocks, 24, "{after:?}");
     s.stop().await;
 }
@@ -163,7 +167,13 @@ async fn a_request_queued_behind_another_prefill_counts_as_waiting() {
     // so the second, sent while it prefills, has a batch slot but has not started its prefill (vLLM would still
     // list it in its waiting queue).
     let cfg = SimConfig {
-        latency: LatencyProfile { prefill_ms_per_token: 1.0, overhead_ms: 0.0, itl_ms: 1.0, prefill_lanes: 1, ..Default::default() },
+        latency: LatencyProfile {
+            prefill_ms_per_token: 1.0,
+            overhead_ms: 0.0,
+            itl_ms: 1.0,
+            prefill_lanes: 1,
+            ..Default::default()
+        },
         ..Default::default()
     };
     let s = SimServer::start(cfg, "127.0.0.1:0".parse().unwrap()).await.unwrap();

@@ -93,7 +93,9 @@ pub struct Row {
 
 /// Errors for inputs that make no sense.
 pub fn validate(i: &TimelineInputs) -> Result<(), String> {
-    for (name, v) in [("registry_gbps", i.registry_gbps), ("object_store_gbps", i.object_store_gbps), ("nvme_gbps", i.nvme_gbps)] {
+    for (name, v) in
+        [("registry_gbps", i.registry_gbps), ("object_store_gbps", i.object_store_gbps), ("nvme_gbps", i.nvme_gbps)]
+    {
         if v.is_nan() || v <= 0.0 {
             return Err(format!("{name} must be > 0 (got {v})"));
         }

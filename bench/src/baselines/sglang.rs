@@ -161,7 +161,8 @@ impl SgLangCacheAware {
         let Some(key) = input.key else {
             return Some(Decision::new(endpoints, least()?, Reason::FailOpen));
         };
-        if max.saturating_sub(min) > self.balance_abs_threshold && max as f64 > min as f64 * self.balance_rel_threshold {
+        if max.saturating_sub(min) > self.balance_abs_threshold && max as f64 > min as f64 * self.balance_rel_threshold
+        {
             return Some(Decision::new(endpoints, least()?, Reason::Overflow));
         }
         let (matched, tenant) = self.tree.prefix_match(&key.text);

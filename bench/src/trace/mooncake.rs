@@ -39,7 +39,9 @@ pub struct BlockText {
 impl BlockText {
     /// The 512-token text of block `id` (4·512 bytes), identical for equal ids.
     pub fn block(&mut self, id: u64) -> &str {
-        self.memo.entry(id).or_insert_with(|| filler_text(id.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ 0x3c6e, BLOCK_TOKENS))
+        self.memo
+            .entry(id)
+            .or_insert_with(|| filler_text(id.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ 0x3c6e, BLOCK_TOKENS))
     }
 
     /// The prompt of a record: blocks of `hash_ids`, then padding unique to `line`, cut to `input_length` tokens.

@@ -225,7 +225,8 @@ mod tests {
         // Some request must start with an earlier request's full server prompt plus its reply.
         let prompts: Vec<String> = reqs.iter().map(|r| r.server_prompt()).collect();
         let found = reqs.iter().enumerate().any(|(i, r)| {
-            let with_reply = format!("{}{}", prompts[i], warmpath_sim::tokens::reply_text(&prompts[i], r.max_tokens as usize));
+            let with_reply =
+                format!("{}{}", prompts[i], warmpath_sim::tokens::reply_text(&prompts[i], r.max_tokens as usize));
             prompts[i + 1..].iter().any(|p| p.starts_with(&with_reply))
         });
         assert!(found);

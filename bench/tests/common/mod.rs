@@ -54,4 +54,3 @@ pub fn assert_balanced(run: &StrategyRun) {
     // A pick of the harness's own router reached the server it named.
     assert_eq!(s.misrouted, 0, "{}: answered elsewhere than picked", run.label);
 }
-

@@ -46,7 +46,8 @@ fn foreign_entries(dir: &Path, ours: impl Fn(&std::fs::DirEntry) -> bool) -> Res
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(vec![]),
         Err(e) => return Err(AgentError::Io { op: "list", path: dir.to_path_buf(), source: e }),
     };
-    let mut out: Vec<String> = rd.flatten().filter(|e| !ours(e)).map(|e| e.file_name().to_string_lossy().into_owned()).collect();
+    let mut out: Vec<String> =
+        rd.flatten().filter(|e| !ours(e)).map(|e| e.file_name().to_string_lossy().into_owned()).collect();
     out.sort();
     out.truncate(5);
     Ok(out)
@@ -126,7 +127,9 @@ impl CacheDir {
     /// True when the directory is marked, or holds nothing but entries of this layout (an empty
     /// directory, e.g. made by the kubelet for a pod's hostPath volume, or one written by an older agent).
     fn looks_ours(&self) -> bool {
-        self.is_owned() || foreign_entries(&self.base, |e| is_layout_entry(&e.file_name().to_string_lossy())).is_ok_and(|f| f.is_empty())
+        self.is_owned()
+            || foreign_entries(&self.base, |e| is_layout_entry(&e.file_name().to_string_lossy()))
+                .is_ok_and(|f| f.is_empty())
     }
 
     /// Creates the directory if needed and marks it as the agent's; a directory that holds anything
@@ -287,7 +290,8 @@ mod tests {
         ours.claim().unwrap();
         std::fs::create_dir_all(ours.staging_dir("v1")).unwrap();
         std::fs::write(ours.staging_dir("v1").join("w.bin"), "x").unwrap();
-        ours.commit(&ReadyMarker { version: "v1".into(), bytes: 1, files: vec!["w.bin".into()], request: None }).unwrap();
+        ours.commit(&ReadyMarker { version: "v1".into(), bytes: 1, files: vec!["w.bin".into()], request: None })
+            .unwrap();
         std::fs::write(ours.base().join("notes.txt"), "mine").unwrap();
         assert!(ours.remove().unwrap());
         assert!(!ours.current_link().exists() && !ours.version_dir("v1").exists());

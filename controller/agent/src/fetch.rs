@@ -109,7 +109,8 @@ pub fn reserve_part(part: &Path, remote: &RemoteFile, chunk_size: u64) -> Result
                 std::fs::create_dir_all(dir).map_err(AgentError::io("create", dir))?;
             }
             let f = File::create(part).map_err(AgentError::io("create", part))?;
-            let rec = ProgressRecord { size: remote.size, chunk_size, e_tag: remote.e_tag.clone(), done: BTreeSet::new() };
+            let rec =
+                ProgressRecord { size: remote.size, chunk_size, e_tag: remote.e_tag.clone(), done: BTreeSet::new() };
             (rec, f)
         }
     };
@@ -194,11 +195,8 @@ pub async fn fetch_to_part(
                     _ = cancel.cancelled() => return Err(AgentError::Cancelled),
                 };
                 let get = async {
-                    let options = GetOptions {
-                        range: Some(GetRange::Bounded(range.clone())),
-                        if_match,
-                        ..Default::default()
-                    };
+                    let options =
+                        GetOptions { range: Some(GetRange::Bounded(range.clone())), if_match, ..Default::default() };
                     store.get_opts(&location, options).await?.bytes().await
                 };
                 let bytes = tokio::select! {
@@ -219,7 +217,11 @@ pub async fn fetch_to_part(
                 })
                 .await
                 .expect("write task not cancelled")
-                .map_err(|e| AgentError::Io { op: "write", path: PathBuf::from(location.as_ref()), source: e })?;
+                .map_err(|e| AgentError::Io {
+                    op: "write",
+                    path: PathBuf::from(location.as_ref()),
+                    source: e,
+                })?;
                 Ok((i, len))
             }
         })

@@ -88,7 +88,9 @@ impl EngineArgs {
             o.free_space = Arc::new(FixedFreeSpace(free));
         }
         let token = match &self.hf_token_file {
-            Some(p) => Some(std::fs::read_to_string(p).map_err(|e| format!("reading {}: {e}", p.display()))?.trim().to_string()),
+            Some(p) => Some(
+                std::fs::read_to_string(p).map_err(|e| format!("reading {}: {e}", p.display()))?.trim().to_string(),
+            ),
             None => std::env::var("HF_TOKEN").ok(),
         };
         o.auth = SourceAuth { hf_token: token.filter(|t| !t.is_empty()) };
@@ -150,7 +152,12 @@ async fn main() -> ExitCode {
                 Ok(s) => s,
                 Err(e) => return fail(e.reason(), &e.to_string()),
             };
-            let req = CacheRequest { key: a.key, source, sha256: a.sha256.into_iter().collect::<BTreeMap<_, _>>(), pin: a.pin };
+            let req = CacheRequest {
+                key: a.key,
+                source,
+                sha256: a.sha256.into_iter().collect::<BTreeMap<_, _>>(),
+                pin: a.pin,
+            };
             let cancel = CancellationToken::new();
             let c = cancel.clone();
             tokio::spawn(async move {
@@ -175,11 +182,13 @@ async fn main() -> ExitCode {
                 Ok(c) => c,
                 Err(e) => return fail("KubernetesError", &e.to_string()),
             };
-            let agent = warmpath_agent::node::NodeAgent::new(client, node, host_path, opts).with_allow_foreign_files(allow_foreign_files);
+            let agent = warmpath_agent::node::NodeAgent::new(client, node, host_path, opts)
+                .with_allow_foreign_files(allow_foreign_files);
             let stop = CancellationToken::new();
             let s = stop.clone();
             tokio::spawn(async move {
-                let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
+                let mut term =
+                    tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
                 tokio::select! { _ = term.recv() => {}, _ = tokio::signal::ctrl_c() => {} }
                 s.cancel();
             });
@@ -188,7 +197,10 @@ async fn main() -> ExitCode {
         }
         Cmd::Remove { root, key } => match remove_cache(&root, &key) {
             Ok(true) => ExitCode::SUCCESS,
-            Ok(false) => fail("ForeignFiles", &format!("{} was not created by the agent; left in place", root.join(&key).display())),
+            Ok(false) => fail(
+                "ForeignFiles",
+                &format!("{} was not created by the agent; left in place", root.join(&key).display()),
+            ),
             Err(e) => fail(e.reason(), &e.to_string()),
         },
     }

@@ -32,8 +32,8 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use warmpath_api::{
     model_cache::{
-        cache_dir_name, cache_ready_label, parse_reports, phase, report_key, ModelCache, ModelSource,
-        NodeCacheReport, CACHE_READY_PREFIX, NODE_CACHE_STATES,
+        cache_dir_name, cache_ready_label, parse_reports, phase, report_key, ModelCache, ModelSource, NodeCacheReport,
+        CACHE_READY_PREFIX, NODE_CACHE_STATES,
     },
     nodes::is_target,
 };
@@ -60,12 +60,21 @@ struct Backoff {
 /// Converts a ModelCache source into the agent's source (`None` for volume sources: nothing to fetch).
 pub fn source_of(s: &ModelSource) -> Option<SourceSpec> {
     if let Some(s3) = &s.s3 {
-        return Some(SourceSpec::S3 { bucket: s3.bucket.clone(), prefix: s3.prefix.clone(), region: s3.region.clone(), endpoint: s3.endpoint.clone() });
+        return Some(SourceSpec::S3 {
+            bucket: s3.bucket.clone(),
+            prefix: s3.prefix.clone(),
+            region: s3.region.clone(),
+            endpoint: s3.endpoint.clone(),
+        });
     }
     if let Some(h) = &s.http {
         return Some(SourceSpec::Http { url: h.url.clone() });
     }
-    s.hugging_face.as_ref().map(|h| SourceSpec::HuggingFace { repo: h.repo.clone(), revision: h.revision.clone(), endpoint: h.endpoint.clone() })
+    s.hugging_face.as_ref().map(|h| SourceSpec::HuggingFace {
+        repo: h.repo.clone(),
+        revision: h.revision.clone(),
+        endpoint: h.endpoint.clone(),
+    })
 }
 
 /// What a sync task works towards: the cache's generation and its pinned version (when recorded).
@@ -167,8 +176,16 @@ impl NodeAgent {
             let key = report_key(&ns, &mc.name_any());
             if mc.meta().deletion_timestamp.is_none() && is_target(&mc.spec, &node) && mc.spec.source.volume.is_none() {
                 if mc.spec.host_path() != inner.host_path {
-                    let msg = format!("cache hostPath {} differs from the agent's {}", mc.spec.host_path(), inner.host_path);
-                    self.report(&key, &ns, &mc.name_any(), failed("HostPathNotMounted", &msg, mc.meta().generation), None).await?;
+                    let msg =
+                        format!("cache hostPath {} differs from the agent's {}", mc.spec.host_path(), inner.host_path);
+                    self.report(
+                        &key,
+                        &ns,
+                        &mc.name_any(),
+                        failed("HostPathNotMounted", &msg, mc.meta().generation),
+                        None,
+                    )
+                    .await?;
                     continue;
                 }
                 wanted.insert(key, mc);
@@ -215,7 +232,9 @@ impl NodeAgent {
             .labels()
             .keys()
             .filter(|l| l.starts_with(CACHE_READY_PREFIX))
-            .filter(|l| !wanted.values().any(|mc| cache_ready_label(&mc.namespace().unwrap_or_default(), &mc.name_any()) == **l))
+            .filter(|l| {
+                !wanted.values().any(|mc| cache_ready_label(&mc.namespace().unwrap_or_default(), &mc.name_any()) == **l)
+            })
             .cloned()
             .collect();
         for l in stray {
@@ -235,7 +254,13 @@ impl NodeAgent {
         if inner.synced.lock().expect("lock").get(&key) == Some(&target) {
             return;
         }
-        if inner.backoff.lock().expect("lock").get(&key).is_some_and(|b| b.generation == generation && Instant::now() < b.next) {
+        if inner
+            .backoff
+            .lock()
+            .expect("lock")
+            .get(&key)
+            .is_some_and(|b| b.generation == generation && Instant::now() < b.next)
+        {
             return;
         }
         let mut tasks = inner.tasks.lock().expect("lock");
@@ -260,7 +285,8 @@ impl NodeAgent {
         let generation = mc.meta().generation;
         let Some(source) = source_of(&mc.spec.source) else { return };
         let pin = mc.pinned_version().map(str::to_string);
-        let req = CacheRequest { key: cache_dir_name(&ns, &name), source, sha256: mc.spec.sha256.clone(), pin: pin.clone() };
+        let req =
+            CacheRequest { key: cache_dir_name(&ns, &name), source, sha256: mc.spec.sha256.clone(), pin: pin.clone() };
         let start = NodeCacheReport { state: phase::DOWNLOADING.into(), generation, ..Default::default() };
         let _ = self.report(&key, &ns, &name, start, None).await;
         // Progress reports at most every 5 s (each is a Node patch), with the bytes on disk so far.
@@ -280,7 +306,12 @@ impl NodeAgent {
                     *l = Instant::now();
                     let (agent, key, ns, name) = (agent.clone(), key.clone(), ns.clone(), name.clone());
                     handle.spawn(async move {
-                        let r = NodeCacheReport { state: phase::DOWNLOADING.into(), generation, bytes_done, ..Default::default() };
+                        let r = NodeCacheReport {
+                            state: phase::DOWNLOADING.into(),
+                            generation,
+                            bytes_done,
+                            ..Default::default()
+                        };
                         let _ = agent.report(&key, &ns, &name, r, None).await;
                     });
                 }
@@ -329,7 +360,10 @@ impl NodeAgent {
                         let r = NodeCacheReport {
                             state: phase::READY.into(),
                             reason: Some("SourceUnavailable".into()),
-                            message: Some(format!("{e}; serving the verified local copy, next check in {}s", wait.as_secs())),
+                            message: Some(format!(
+                                "{e}; serving the verified local copy, next check in {}s",
+                                wait.as_secs()
+                            )),
                             version: Some(m.version),
                             generation,
                             bytes_done: m.bytes,
@@ -343,7 +377,8 @@ impl NodeAgent {
                         let msg = format!("{e}; next attempt in {}s", wait.as_secs());
                         let mut r = failed(e.reason(), &msg, generation);
                         if let AgentError::InsufficientDisk { needed, reserve, available, .. } = &e {
-                            (r.needed_bytes, r.available_bytes) = (Some(needed.saturating_add(*reserve)), Some(*available));
+                            (r.needed_bytes, r.available_bytes) =
+                                (Some(needed.saturating_add(*reserve)), Some(*available));
                         }
                         self.report(&key, &ns, &name, r, label).await
                     }
@@ -379,7 +414,8 @@ impl NodeAgent {
         };
         let mut patch = json!({"metadata": {"annotations": {NODE_CACHE_STATES: annotation}}});
         if let Some(ready) = ready {
-            patch["metadata"]["labels"] = json!({ cache_ready_label(ns, name): if ready { json!("true") } else { json!(null) } });
+            patch["metadata"]["labels"] =
+                json!({ cache_ready_label(ns, name): if ready { json!("true") } else { json!(null) } });
         }
         self.patch_node_locked(patch).await
     }
@@ -426,7 +462,8 @@ impl NodeAgent {
         loop {
             let handles: Vec<JoinHandle<()>> = {
                 let mut tasks = self.inner.tasks.lock().expect("lock");
-                let done: Vec<String> = tasks.iter().filter(|(_, t)| t.handle.is_finished()).map(|(k, _)| k.clone()).collect();
+                let done: Vec<String> =
+                    tasks.iter().filter(|(_, t)| t.handle.is_finished()).map(|(k, _)| k.clone()).collect();
                 for k in done {
                     tasks.remove(&k);
                 }

@@ -10,11 +10,10 @@
 
 use std::{collections::BTreeMap, sync::Arc};
 
-use object_store::{
-    aws::AmazonS3Builder, http::HttpBuilder, path::Path as StorePath, ClientOptions, ObjectStore,
-    ObjectStoreExt,
-};
 use futures::TryStreamExt;
+use object_store::{
+    aws::AmazonS3Builder, http::HttpBuilder, path::Path as StorePath, ClientOptions, ObjectStore, ObjectStoreExt,
+};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{AgentError, Result};
@@ -63,9 +62,11 @@ impl SourceSpec {
         let query: BTreeMap<String, String> = u.query_pairs().into_owned().collect();
         match u.scheme() {
             "s3" => Ok(SourceSpec::S3 {
-                bucket: u.host_str().filter(|b| !b.is_empty()).ok_or_else(|| {
-                    AgentError::InvalidSource(format!("{uri}: missing bucket"))
-                })?.to_string(),
+                bucket: u
+                    .host_str()
+                    .filter(|b| !b.is_empty())
+                    .ok_or_else(|| AgentError::InvalidSource(format!("{uri}: missing bucket")))?
+                    .to_string(),
                 prefix: u.path().trim_start_matches('/').to_string(),
                 region: query.get("region").cloned(),
                 endpoint: query.get("endpoint").cloned(),
@@ -76,7 +77,9 @@ impl SourceSpec {
                 revision: query.get("revision").cloned(),
                 endpoint: query.get("endpoint").cloned(),
             }),
-            other => Err(AgentError::InvalidSource(format!("{uri}: unsupported scheme {other:?} (s3, http, https, hf)"))),
+            other => {
+                Err(AgentError::InvalidSource(format!("{uri}: unsupported scheme {other:?} (s3, http, https, hf)")))
+            }
         }
     }
 }
@@ -163,7 +166,8 @@ pub async fn resolve(spec: &SourceSpec, auth: &SourceAuth) -> Result<ResolvedSou
                     .build()?,
             );
             let meta = store.head(&StorePath::from(name)).await?;
-            let file = RemoteFile { location: name.to_string(), rel: safe_rel(name)?, size: meta.size, e_tag: meta.e_tag };
+            let file =
+                RemoteFile { location: name.to_string(), rel: safe_rel(name)?, size: meta.size, e_tag: meta.e_tag };
             Ok(ResolvedSource { store, files: vec![file], pin: None })
         }
         SourceSpec::HuggingFace { repo, revision, endpoint } => {
@@ -193,7 +197,9 @@ async fn resolve_hf(repo: &str, revision: &str, endpoint: Option<&str>, auth: &S
     let base = format!("{endpoint}/{repo}/resolve/{}", info.sha);
     let mut headers = http::HeaderMap::new();
     if let Some(token) = &auth.hf_token {
-        let v = format!("Bearer {token}").parse().map_err(|_| AgentError::Hub("token is not a valid header value".into()))?;
+        let v = format!("Bearer {token}")
+            .parse()
+            .map_err(|_| AgentError::Hub("token is not a valid header value".into()))?;
         headers.insert("authorization", v);
     }
     let store: Arc<dyn ObjectStore> = Arc::new(

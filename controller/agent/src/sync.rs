@@ -44,7 +44,9 @@ impl CacheRequest {
     pub fn validate(&self) -> Result<()> {
         for (file, sum) in &self.sha256 {
             if sum.len() != 64 || !sum.bytes().all(|b| b.is_ascii_hexdigit()) {
-                return Err(AgentError::InvalidSource(format!("sha256 for {file:?} is {sum:?}, not 64 hex characters")));
+                return Err(AgentError::InvalidSource(format!(
+                    "sha256 for {file:?} is {sum:?}, not 64 hex characters"
+                )));
             }
         }
         Ok(())
@@ -188,7 +190,9 @@ pub async fn sync_cache(
     let _lock = dir.lock().await?;
     for name in req.sha256.keys() {
         if !resolved.files.iter().any(|f| &f.rel == name) {
-            return Err(AgentError::InvalidSource(format!("checksum given for {name:?}, which the source does not have")));
+            return Err(AgentError::InvalidSource(format!(
+                "checksum given for {name:?}, which the source does not have"
+            )));
         }
     }
     let version = fingerprint(req, resolved.pin.as_deref(), &resolved.files);
@@ -311,7 +315,12 @@ fn reserve(opts: &SyncOptions, dir: &CacheDir, staging: &Path, files: &[RemoteFi
             Ok(_) => {}
             Err(AgentError::Io { op: "allocate", source, .. }) if source.kind() == std::io::ErrorKind::StorageFull => {
                 let available = opts.free_space.available(dir.base()).unwrap_or(0);
-                return Err(AgentError::InsufficientDisk { path: dir.base().to_path_buf(), needed, reserve: opts.reserve_bytes, available });
+                return Err(AgentError::InsufficientDisk {
+                    path: dir.base().to_path_buf(),
+                    needed,
+                    reserve: opts.reserve_bytes,
+                    available,
+                });
             }
             Err(e) => return Err(e),
         }

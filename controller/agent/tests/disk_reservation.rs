@@ -11,7 +11,10 @@ use std::{collections::BTreeMap, path::Path, sync::Arc};
 use common::{payload, sha256_hex, RangeServer};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
-use warmpath_agent::{sync::{remove_cache, sync_cache}, CacheRequest, SourceSpec, SyncOptions};
+use warmpath_agent::{
+    sync::{remove_cache, sync_cache},
+    CacheRequest, SourceSpec, SyncOptions,
+};
 
 const MIB: usize = 1024 * 1024;
 
@@ -23,7 +26,11 @@ struct Tmpfs {
 impl Tmpfs {
     fn mount() -> Option<Tmpfs> {
         let dir = tempfile::tempdir().unwrap();
-        let st = std::process::Command::new("mount").args(["-t", "tmpfs", "-o", "size=8m", "tmpfs"]).arg(dir.path()).status().ok()?;
+        let st = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "size=8m", "tmpfs"])
+            .arg(dir.path())
+            .status()
+            .ok()?;
         st.success().then_some(Tmpfs { dir })
     }
     fn path(&self) -> &Path {
@@ -89,7 +96,11 @@ async fn two_downloads_at_once_do_not_fill_the_disk() {
 
         // Once the winner is gone, the refused one fits (it is not refused forever).
         remove_cache(fs.path(), won).unwrap();
-        let again = if lost_key == "ml.a" { sync_cache(&ra, &oa, &cancel, None).await } else { sync_cache(&rb, &ob, &cancel, None).await };
+        let again = if lost_key == "ml.a" {
+            sync_cache(&ra, &oa, &cancel, None).await
+        } else {
+            sync_cache(&rb, &ob, &cancel, None).await
+        };
         again.unwrap_or_else(|e| panic!("shared={shared}: retry after space was freed: {e}"));
         remove_cache(fs.path(), lost_key).unwrap();
     }
@@ -105,7 +116,12 @@ async fn space_is_allocated_before_the_download_not_sparse() {
     let body = payload(3 * MIB, 53);
     std::fs::write(served.path().join("w.bin"), &body).unwrap();
     let server = RangeServer::start(served.path()).await;
-    let req = CacheRequest { key: "ml.w".into(), source: SourceSpec::Http { url: format!("{}/w.bin", server.base) }, sha256: BTreeMap::new(), pin: None };
+    let req = CacheRequest {
+        key: "ml.w".into(),
+        source: SourceSpec::Http { url: format!("{}/w.bin", server.base) },
+        sha256: BTreeMap::new(),
+        pin: None,
+    };
     let o = opts(fs.path());
     // Cancel after the first chunk: the part file already holds all 3 MiB of blocks.
     let cancel = CancellationToken::new();
@@ -114,7 +130,11 @@ async fn space_is_allocated_before_the_download_not_sparse() {
     let before = fs4::available_space(fs.path()).unwrap();
     assert!(sync_cache(&req, &o, &cancel, Some(cb)).await.is_err());
     let after = fs4::available_space(fs.path()).unwrap();
-    assert!(before - after >= 3 * MIB as u64, "allocated {} bytes for a 3 MiB file after one 256 KiB chunk", before - after);
+    assert!(
+        before - after >= 3 * MIB as u64,
+        "allocated {} bytes for a 3 MiB file after one 256 KiB chunk",
+        before - after
+    );
     let r = sync_cache(&req, &o, &CancellationToken::new(), None).await.unwrap();
     assert_eq!(r.bytes_resumed + r.bytes_fetched, body.len() as u64);
     assert_eq!(std::fs::read(fs.path().join("ml.w/current/w.bin")).unwrap(), body);

@@ -17,11 +17,8 @@ use common::{payload, sha256_hex, Moto, RangeServer};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use warmpath_agent::{
-    cache_dir::CacheDir,
-    disk::FixedFreeSpace,
-    fetch::progress_path,
-    sync::sync_cache,
-    AgentError, CacheRequest, SourceSpec, SyncOptions,
+    cache_dir::CacheDir, disk::FixedFreeSpace, fetch::progress_path, sync::sync_cache, AgentError, CacheRequest,
+    SourceSpec, SyncOptions,
 };
 
 const KIB: usize = 1024;
@@ -172,12 +169,15 @@ async fn refuses_when_disk_is_too_small_before_downloading() {
     let root = tempfile::tempdir().unwrap();
     let mut o = opts(root.path(), 64 * KIB as u64, 2);
     o.free_space = Arc::new(FixedFreeSpace(512 * KIB as u64));
-    let req = CacheRequest { key: "ns.big".into(), source: s3(&moto, "models", "big/"), sha256: BTreeMap::new(), pin: None };
+    let req =
+        CacheRequest { key: "ns.big".into(), source: s3(&moto, "models", "big/"), sha256: BTreeMap::new(), pin: None };
     let err = sync_cache(&req, &o, &CancellationToken::new(), None).await.unwrap_err();
     assert_eq!(err.reason(), "InsufficientDisk");
     assert!(err.to_string().contains("need 1048576 bytes"), "{err}");
-    let written: Vec<String> =
-        walk(root.path()).into_iter().filter(|p| !p.ends_with(".warmpath.lock") && !p.ends_with(".warmpath-cache")).collect();
+    let written: Vec<String> = walk(root.path())
+        .into_iter()
+        .filter(|p| !p.ends_with(".warmpath.lock") && !p.ends_with(".warmpath-cache"))
+        .collect();
     assert!(written.is_empty(), "nothing but the lock file and the owner marker written: {written:?}");
 
     // The same refusal through the binary (what the fallback init container and operators run).
@@ -205,17 +205,24 @@ async fn two_models_download_concurrently_sharing_the_agent_limit() {
     moto.put("models", "b/w.bin", b.clone()).await;
     let root = tempfile::tempdir().unwrap();
     let o = opts(root.path(), 64 * KIB as u64, 3);
-    let ra = CacheRequest { key: "ns.a".into(), source: s3(&moto, "models", "a/"), sha256: BTreeMap::from([("w.bin".into(), sha256_hex(&a))]), pin: None };
-    let rb = CacheRequest { key: "ns.b".into(), source: s3(&moto, "models", "b/"), sha256: BTreeMap::from([("w.bin".into(), sha256_hex(&b))]), pin: None };
+    let ra = CacheRequest {
+        key: "ns.a".into(),
+        source: s3(&moto, "models", "a/"),
+        sha256: BTreeMap::from([("w.bin".into(), sha256_hex(&a))]),
+        pin: None,
+    };
+    let rb = CacheRequest {
+        key: "ns.b".into(),
+        source: s3(&moto, "models", "b/"),
+        sha256: BTreeMap::from([("w.bin".into(), sha256_hex(&b))]),
+        pin: None,
+    };
     // Interleaving is observable: chunks of both files land before either finishes.
     let order = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
     let ord = order.clone();
     let cb: warmpath_agent::fetch::ChunkCallback = Arc::new(move |_, _| ord.lock().unwrap().push(String::new()));
     let cancel = CancellationToken::new();
-    let (x, y) = tokio::join!(
-        sync_cache(&ra, &o, &cancel, Some(cb.clone())),
-        sync_cache(&rb, &o, &cancel, Some(cb)),
-    );
+    let (x, y) = tokio::join!(sync_cache(&ra, &o, &cancel, Some(cb.clone())), sync_cache(&rb, &o, &cancel, Some(cb)),);
     let (x, y) = (x.unwrap(), y.unwrap());
     assert_ne!(x.version, y.version);
     assert_eq!(read_current(root.path(), "ns.a", "w.bin"), a);
@@ -278,12 +285,12 @@ async fn killed_agent_process_resumes_where_it_stopped() {
     std::fs::write(served.path().join("w.bin"), &body).unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
-    let app = axum::Router::new()
-        .fallback_service(tower_http::services::ServeDir::new(served.path()))
-        .layer(axum::middleware::from_fn(|req: Request, next: Next| async move {
+    let app = axum::Router::new().fallback_service(tower_http::services::ServeDir::new(served.path())).layer(
+        axum::middleware::from_fn(|req: Request, next: Next| async move {
             tokio::time::sleep(std::time::Duration::from_millis(40)).await;
             next.run(req).await
-        }));
+        }),
+    );
     let server = tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
     let root = tempfile::tempdir().unwrap();
     let args = |extra: &[&str]| {

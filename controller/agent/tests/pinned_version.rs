@@ -30,7 +30,12 @@ fn opts(root: &Path) -> SyncOptions {
 }
 
 fn request(url: &str, pin: Option<&str>) -> CacheRequest {
-    CacheRequest { key: KEY.into(), source: SourceSpec::Http { url: url.into() }, sha256: BTreeMap::new(), pin: pin.map(str::to_string) }
+    CacheRequest {
+        key: KEY.into(),
+        source: SourceSpec::Http { url: url.into() },
+        sha256: BTreeMap::new(),
+        pin: pin.map(str::to_string),
+    }
 }
 
 /// Nothing of the cache is visible or left taking space: no `current`, no staging directory.
@@ -43,9 +48,15 @@ fn holds_nothing(root: &Path) -> bool {
 /// `warmpath-agent fetch` (the pod's fallback init container) with `extra` arguments.
 async fn pod_start(root: &Path, url: &str, extra: &[&str]) -> (bool, serde_json::Value) {
     let mut c = tokio::process::Command::new(env!("CARGO_BIN_EXE_warmpath-agent"));
-    c.args(["fetch", "--key", KEY, "--reserve-bytes", "0", "--chunk-size", "65536", "--source", url]).arg("--root").arg(root).args(extra).kill_on_drop(true);
-    let out = tokio::time::timeout(Duration::from_secs(20), c.output()).await.expect("fetch finishes within 20 s").unwrap();
-    let v = serde_json::from_slice(&out.stdout).unwrap_or_else(|_| panic!("stdout: {}", String::from_utf8_lossy(&out.stdout)));
+    c.args(["fetch", "--key", KEY, "--reserve-bytes", "0", "--chunk-size", "65536", "--source", url])
+        .arg("--root")
+        .arg(root)
+        .args(extra)
+        .kill_on_drop(true);
+    let out =
+        tokio::time::timeout(Duration::from_secs(20), c.output()).await.expect("fetch finishes within 20 s").unwrap();
+    let v = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|_| panic!("stdout: {}", String::from_utf8_lossy(&out.stdout)));
     (out.status.success(), v)
 }
 
@@ -121,7 +132,8 @@ async fn an_object_changing_mid_download_is_refused_by_if_match() {
 
     // The pinned version as the first node saw it.
     let first = tempfile::tempdir().unwrap();
-    let pin = sync_cache(&request(&url, None), &opts(first.path()), &CancellationToken::new(), None).await.unwrap().version;
+    let pin =
+        sync_cache(&request(&url, None), &opts(first.path()), &CancellationToken::new(), None).await.unwrap().version;
 
     // A cold node starts fetching the pinned version; after its first chunk the object is replaced.
     let cold = tempfile::tempdir().unwrap();
@@ -134,12 +146,15 @@ async fn an_object_changing_mid_download_is_refused_by_if_match() {
             *done = true;
         }
     });
-    let err = sync_cache(&request(&url, Some(&pin)), &opts(cold.path()), &CancellationToken::new(), Some(on_chunk)).await.unwrap_err();
+    let err = sync_cache(&request(&url, Some(&pin)), &opts(cold.path()), &CancellationToken::new(), Some(on_chunk))
+        .await
+        .unwrap_err();
     assert!(*swapped.lock().unwrap());
     assert_eq!(err.reason(), "SourceChanged", "{err}");
     assert!(!cold.path().join("ml.m/current").exists(), "no mixed copy became current");
     // The next attempt sees the new listing and refuses before fetching anything.
-    let err = sync_cache(&request(&url, Some(&pin)), &opts(cold.path()), &CancellationToken::new(), None).await.unwrap_err();
+    let err =
+        sync_cache(&request(&url, Some(&pin)), &opts(cold.path()), &CancellationToken::new(), None).await.unwrap_err();
     assert!(matches!(err, warmpath_agent::AgentError::SourceChanged { .. }), "{err}");
     assert!(holds_nothing(cold.path()), "the partial download of the pinned version gives its space back");
 }

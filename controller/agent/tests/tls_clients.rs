@@ -78,7 +78,11 @@ fn fetch_from_an_https_source_fails_cleanly() {
 /// Effective uid of this process, from /proc (no unsafe FFI).
 fn euid() -> Option<u32> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    status.lines().find_map(|l| l.strip_prefix("Uid:")).and_then(|v| v.split_whitespace().nth(1)).and_then(|v| v.parse().ok())
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .and_then(|v| v.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
 }
 
 /// A Hugging Face source with no home directory, as in a scratch image (no `HOME`, no /etc/passwd):

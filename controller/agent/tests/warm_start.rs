@@ -12,13 +12,26 @@ use common::{payload, sha256_hex, Mode, SwitchServer};
 /// Runs `warmpath-agent fetch` for `url` into `root`; `None` when it did not finish within 20 s.
 async fn fetch(root: &std::path::Path, url: &str, sum: &str, extra: &[&str]) -> Option<(bool, serde_json::Value)> {
     let mut c = tokio::process::Command::new(env!("CARGO_BIN_EXE_warmpath-agent"));
-    c.args(["fetch", "--key", "ml.m", "--reserve-bytes", "0", "--chunk-size", "65536", "--source", url, "--sha256", sum])
-        .arg("--root")
-        .arg(root)
-        .args(extra)
-        .kill_on_drop(true);
+    c.args([
+        "fetch",
+        "--key",
+        "ml.m",
+        "--reserve-bytes",
+        "0",
+        "--chunk-size",
+        "65536",
+        "--source",
+        url,
+        "--sha256",
+        sum,
+    ])
+    .arg("--root")
+    .arg(root)
+    .args(extra)
+    .kill_on_drop(true);
     let out = tokio::time::timeout(Duration::from_secs(20), c.output()).await.ok()?.unwrap();
-    let v = serde_json::from_slice(&out.stdout).unwrap_or_else(|_| panic!("stdout: {}", String::from_utf8_lossy(&out.stdout)));
+    let v = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|_| panic!("stdout: {}", String::from_utf8_lossy(&out.stdout)));
     Some((out.status.success(), v))
 }
 
@@ -41,9 +54,15 @@ async fn warm_copy_serves_a_pod_start_without_the_source() {
     for mode in [Mode::Throttle, Mode::BlackHole] {
         server.set(mode);
         let before = server.requests();
-        let (ok, v) = fetch(root.path(), &url, &sum, &[]).await.unwrap_or_else(|| panic!("{mode:?}: pod start blocked on the source"));
+        let (ok, v) = fetch(root.path(), &url, &sum, &[])
+            .await
+            .unwrap_or_else(|| panic!("{mode:?}: pod start blocked on the source"));
         assert!(ok, "{mode:?}: {v}");
-        assert_eq!((&v["report"]["alreadyCurrent"], &v["report"]["version"]), (&serde_json::json!(true), &version), "{mode:?}");
+        assert_eq!(
+            (&v["report"]["alreadyCurrent"], &v["report"]["version"]),
+            (&serde_json::json!(true), &version),
+            "{mode:?}"
+        );
         assert_eq!(server.requests(), before, "{mode:?}: the source was contacted");
     }
 

@@ -42,7 +42,14 @@ pub mod reason {
 
 /// Builds a condition. `status` is `"True"`/`"False"`/`"Unknown"`; `generation` is the
 /// `metadata.generation` the condition was computed from.
-pub fn new(type_: &str, status: bool, reason: &str, message: impl Into<String>, generation: Option<i64>, now: &Time) -> Condition {
+pub fn new(
+    type_: &str,
+    status: bool,
+    reason: &str,
+    message: impl Into<String>,
+    generation: Option<i64>,
+    now: &Time,
+) -> Condition {
     Condition {
         type_: type_.to_string(),
         status: if status { "True" } else { "False" }.to_string(),

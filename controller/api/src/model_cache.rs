@@ -196,14 +196,20 @@ impl ModelSource {
     /// (`warmpath-agent fetch --source URI`). `None` for volume sources (nothing to fetch).
     pub fn fetch_uri(&self) -> Option<String> {
         let q = |pairs: &[(&str, &Option<String>)]| {
-            let parts: Vec<String> = pairs
-                .iter()
-                .filter_map(|(k, v)| v.as_ref().map(|v| format!("{k}={v}")))
-                .collect();
-            if parts.is_empty() { String::new() } else { format!("?{}", parts.join("&")) }
+            let parts: Vec<String> = pairs.iter().filter_map(|(k, v)| v.as_ref().map(|v| format!("{k}={v}"))).collect();
+            if parts.is_empty() {
+                String::new()
+            } else {
+                format!("?{}", parts.join("&"))
+            }
         };
         if let Some(s) = &self.s3 {
-            return Some(format!("s3://{}/{}{}", s.bucket, s.prefix, q(&[("region", &s.region), ("endpoint", &s.endpoint)])));
+            return Some(format!(
+                "s3://{}/{}{}",
+                s.bucket,
+                s.prefix,
+                q(&[("region", &s.region), ("endpoint", &s.endpoint)])
+            ));
         }
         if let Some(h) = &self.http {
             return Some(h.url.clone());
@@ -378,7 +384,10 @@ mod tests {
         let name = long.strip_prefix("warmpath.dev/").unwrap();
         assert!(name.len() <= 63, "{name}");
         assert!(name.chars().last().unwrap().is_ascii_alphanumeric());
-        assert_ne!(long, cache_ready_label("a-very-long-namespace-name-x", "an-even-longer-model-cache-name-for-llama-3-70c"));
+        assert_ne!(
+            long,
+            cache_ready_label("a-very-long-namespace-name-x", "an-even-longer-model-cache-name-for-llama-3-70c")
+        );
     }
 
     fn cel(source: serde_json::Value) -> Result<(), String> {
@@ -407,18 +416,27 @@ mod tests {
         assert_eq!(cols, ["State", "Target", "Ready", "Age"]);
         assert!(v.subresources.as_ref().and_then(|s| s.status.as_ref()).is_some());
         let ic = <super::super::image_cache::ImageCache as kube::CustomResourceExt>::crd();
-        let cols: Vec<String> = ic.spec.versions[0].additional_printer_columns.iter().flatten().map(|c| c.name.clone()).collect();
+        let cols: Vec<String> =
+            ic.spec.versions[0].additional_printer_columns.iter().flatten().map(|c| c.name.clone()).collect();
         assert_eq!(cols, ["Phase", "Cached", "Target", "Refs", "Age"]);
     }
 
     #[test]
     fn fetch_uri_round_trips_the_source() {
         let s = ModelSource {
-            s3: Some(S3Source { bucket: "b".into(), prefix: "m/".into(), region: Some("eu-west-1".into()), endpoint: None }),
+            s3: Some(S3Source {
+                bucket: "b".into(),
+                prefix: "m/".into(),
+                region: Some("eu-west-1".into()),
+                endpoint: None,
+            }),
             ..Default::default()
         };
         assert_eq!(s.fetch_uri().unwrap(), "s3://b/m/?region=eu-west-1");
-        let v = ModelSource { volume: Some(VolumeSource { claim_name: "fsx".into(), sub_path: None }), ..Default::default() };
+        let v = ModelSource {
+            volume: Some(VolumeSource { claim_name: "fsx".into(), sub_path: None }),
+            ..Default::default()
+        };
         assert_eq!(v.fetch_uri(), None);
     }
 }

@@ -11,7 +11,9 @@ use kube::CustomResource;
 use kube::KubeSchema;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
-use warmpath_core::config::{BLOCK_SIZE_RANGE, CONCURRENCY_THRESHOLD_RANGE, MAX_HEADER_NAME_BYTES, PREFIX_LENGTH_RANGE};
+use warmpath_core::config::{
+    BLOCK_SIZE_RANGE, CONCURRENCY_THRESHOLD_RANGE, MAX_HEADER_NAME_BYTES, PREFIX_LENGTH_RANGE,
+};
 
 /// Group of Gateway API resources (`gateway.networking.k8s.io`).
 pub const GATEWAY_API_GROUP: &str = "gateway.networking.k8s.io";

@@ -69,8 +69,20 @@ pub mod handles {
             }
         };
     }
-    handle!(EnvoyExtensionPolicySpec, "gateway.envoyproxy.io", "v1alpha1", "EnvoyExtensionPolicy", "envoyextensionpolicies");
-    handle!(BackendTrafficPolicySpec, "gateway.envoyproxy.io", "v1alpha1", "BackendTrafficPolicy", "backendtrafficpolicies");
+    handle!(
+        EnvoyExtensionPolicySpec,
+        "gateway.envoyproxy.io",
+        "v1alpha1",
+        "EnvoyExtensionPolicy",
+        "envoyextensionpolicies"
+    );
+    handle!(
+        BackendTrafficPolicySpec,
+        "gateway.envoyproxy.io",
+        "v1alpha1",
+        "BackendTrafficPolicy",
+        "backendtrafficpolicies"
+    );
     handle!(EnvoyPatchPolicySpec, "gateway.envoyproxy.io", "v1alpha1", "EnvoyPatchPolicy", "envoypatchpolicies");
     handle!(EnvoyFilterSpec, "networking.istio.io", "v1alpha3", "EnvoyFilter", "envoyfilters");
     handle!(InferencePoolSpec, "inference.networking.k8s.io", "v1", "InferencePool", "inferencepools");

@@ -18,9 +18,9 @@
 pub mod feed;
 pub mod foreign;
 pub mod program;
-pub mod route_status;
 pub mod render;
 pub mod route_annotations;
+pub mod route_status;
 pub mod routing;
 pub mod routing_policy;
 pub mod source;

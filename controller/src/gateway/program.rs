@@ -11,9 +11,11 @@ use kube::core::DynamicObject;
 use kube::ResourceExt;
 
 use super::source::Source;
-use crate::reconcile::{Context, ControllerConfig, FeedSource};
 use crate::conditions::{self, reason, ACCEPTED, PROGRAMMED, RESOLVED_REFS};
-use crate::crd::routing_policy::{AncestorRef, PolicyAncestorStatus, CONTROLLER_NAME, GATEWAY_API_GROUP, INFERENCE_POOL_GROUP};
+use crate::crd::routing_policy::{
+    AncestorRef, PolicyAncestorStatus, CONTROLLER_NAME, GATEWAY_API_GROUP, INFERENCE_POOL_GROUP,
+};
+use crate::reconcile::{Context, ControllerConfig, FeedSource};
 use crate::render::{self, GatewayRef, Owner, Provider, RenderInput, ResolvedBackend, LABEL_OWNER_UID};
 use crate::routing::RoutingIntent;
 use crate::{foreign, Result};
@@ -51,7 +53,9 @@ pub fn merge_same_key(objects: Vec<DynamicObject>) -> Vec<DynamicObject> {
             out.push(o);
             continue;
         };
-        if let (Some(have), Some(more)) = (prev.data["spec"]["jsonPatches"].as_array().cloned(), o.data["spec"]["jsonPatches"].as_array()) {
+        if let (Some(have), Some(more)) =
+            (prev.data["spec"]["jsonPatches"].as_array().cloned(), o.data["spec"]["jsonPatches"].as_array())
+        {
             let mut merged = have;
             for p in more {
                 if !merged.contains(p) {
@@ -66,7 +70,12 @@ pub fn merge_same_key(objects: Vec<DynamicObject>) -> Vec<DynamicObject> {
 }
 
 /// Ancestor entry with the three policy conditions.
-pub fn ancestor(aref: AncestorRef, conds: [(bool, &str, String); 3], generation: Option<i64>, now: &Time) -> PolicyAncestorStatus {
+pub fn ancestor(
+    aref: AncestorRef,
+    conds: [(bool, &str, String); 3],
+    generation: Option<i64>,
+    now: &Time,
+) -> PolicyAncestorStatus {
     let [a, r, p] = conds;
     PolicyAncestorStatus {
         ancestor_ref: aref,
@@ -81,11 +90,23 @@ pub fn ancestor(aref: AncestorRef, conds: [(bool, &str, String); 3], generation:
 
 /// Ancestor reference naming an HTTPRoute (used when its Gateways are unknown).
 pub fn route_ref(ns: &str, name: &str) -> AncestorRef {
-    AncestorRef { group: GATEWAY_API_GROUP.into(), kind: "HTTPRoute".into(), namespace: Some(ns.into()), name: name.into(), section_name: None }
+    AncestorRef {
+        group: GATEWAY_API_GROUP.into(),
+        kind: "HTTPRoute".into(),
+        namespace: Some(ns.into()),
+        name: name.into(),
+        section_name: None,
+    }
 }
 
 fn gateway_ref(gw: &GatewayRef) -> AncestorRef {
-    AncestorRef { group: GATEWAY_API_GROUP.into(), kind: "Gateway".into(), namespace: Some(gw.namespace.clone()), name: gw.name.clone(), section_name: None }
+    AncestorRef {
+        group: GATEWAY_API_GROUP.into(),
+        kind: "Gateway".into(),
+        namespace: Some(gw.namespace.clone()),
+        name: gw.name.clone(),
+        section_name: None,
+    }
 }
 
 fn not_programmed() -> (bool, &'static str, String) {
@@ -126,7 +147,8 @@ pub async fn resolve_and_render(
     // Gateway → its parentRefs' (sectionName, port) selectors; `None` in either part matches any listener.
     let mut parents: BTreeMap<(String, String), Vec<ListenerSelector>> = BTreeMap::new();
     for p in route.spec.parent_refs.iter().flatten().filter(|p| {
-        p.kind.as_deref().unwrap_or("Gateway") == "Gateway" && p.group.as_deref().unwrap_or(GATEWAY_API_GROUP) == GATEWAY_API_GROUP
+        p.kind.as_deref().unwrap_or("Gateway") == "Gateway"
+            && p.group.as_deref().unwrap_or(GATEWAY_API_GROUP) == GATEWAY_API_GROUP
     }) {
         let key = (p.namespace.clone().unwrap_or_else(|| route_ns.to_string()), p.name.clone());
         parents.entry(key).or_default().push((p.section_name.clone(), p.port));
@@ -146,7 +168,11 @@ pub async fn resolve_and_render(
         out.ancestors.push(ancestor(
             route_ref(route_ns, route_name),
             [
-                (false, reason::TARGET_NOT_FOUND, format!("HTTPRoute {route_ns}/{route_name} has no Gateway parentRefs")),
+                (
+                    false,
+                    reason::TARGET_NOT_FOUND,
+                    format!("HTTPRoute {route_ns}/{route_name} has no Gateway parentRefs"),
+                ),
                 (false, reason::TARGET_NOT_FOUND, "no Gateway to attach to".into()),
                 not_programmed(),
             ],
@@ -162,7 +188,11 @@ pub async fn resolve_and_render(
         for (gw, _) in &gateways {
             out.ancestors.push(ancestor(
                 gateway_ref(gw),
-                [(true, reason::ACCEPTED, "policy accepted".into()), (false, reason::MULTIPLE_BACKENDS, msg.clone()), not_programmed()],
+                [
+                    (true, reason::ACCEPTED, "policy accepted".into()),
+                    (false, reason::MULTIPLE_BACKENDS, msg.clone()),
+                    not_programmed(),
+                ],
                 generation,
                 now,
             ));
@@ -186,8 +216,22 @@ pub async fn resolve_and_render(
     for (gw, provider) in &gateways {
         let aref = gateway_ref(gw);
         let entry = match (provider, &backend) {
-            (Err(msg), _) => ancestor(aref, [(false, reason::UNSUPPORTED_PROVIDER, msg.clone()), resolved(&backend), not_programmed()], generation, now),
-            (_, Err(msg)) => ancestor(aref, [(true, reason::ACCEPTED, "policy accepted".into()), (false, reason::BACKEND_NOT_FOUND, msg.clone()), not_programmed()], generation, now),
+            (Err(msg), _) => ancestor(
+                aref,
+                [(false, reason::UNSUPPORTED_PROVIDER, msg.clone()), resolved(&backend), not_programmed()],
+                generation,
+                now,
+            ),
+            (_, Err(msg)) => ancestor(
+                aref,
+                [
+                    (true, reason::ACCEPTED, "policy accepted".into()),
+                    (false, reason::BACKEND_NOT_FOUND, msg.clone()),
+                    not_programmed(),
+                ],
+                generation,
+                now,
+            ),
             (Ok(Provider::EnvoyGateway), Ok(_)) if !user_policies.is_empty() => {
                 let msg = format!(
                     "HTTPRoute {route_ns}/{route_name} already has {}: Envoy Gateway attaches one BackendTrafficPolicy and one EnvoyExtensionPolicy per route \
@@ -196,7 +240,12 @@ pub async fn resolve_and_render(
                      your settings to a policy targeting the Gateway",
                     user_policies.join(", ")
                 );
-                ancestor(aref, [(false, reason::CONFLICTED, msg), resolved(&backend), not_programmed()], generation, now)
+                ancestor(
+                    aref,
+                    [(false, reason::CONFLICTED, msg), resolved(&backend), not_programmed()],
+                    generation,
+                    now,
+                )
             }
             (Ok(provider), Ok(backend)) => {
                 let input = RenderInput {
@@ -217,7 +266,11 @@ pub async fn resolve_and_render(
                         ancestor(
                             aref,
                             [
-                                (true, reason::ACCEPTED, format!("strategy {} on {:?}", intent.strategy.as_str(), provider)),
+                                (
+                                    true,
+                                    reason::ACCEPTED,
+                                    format!("strategy {} on {:?}", intent.strategy.as_str(), provider),
+                                ),
                                 (true, reason::RESOLVED, "route, gateway and backend resolved".into()),
                                 (true, reason::PROGRAMMED, "objects applied".into()),
                             ],
@@ -225,7 +278,12 @@ pub async fn resolve_and_render(
                             now,
                         )
                     }
-                    Err(msg) => ancestor(aref, [(false, reason::INVALID, msg), resolved(&Ok(backend.clone())), not_programmed()], generation, now),
+                    Err(msg) => ancestor(
+                        aref,
+                        [(false, reason::INVALID, msg), resolved(&Ok(backend.clone())), not_programmed()],
+                        generation,
+                        now,
+                    ),
                 }
             }
         };
@@ -287,7 +345,9 @@ async fn xds_listeners(
     let all = &gateway.spec.listeners;
     let (mut listeners, mut route_configs): (Vec<String>, Vec<String>) = (vec![], vec![]);
     let selected = |l: &&gateway_api::apis::standard::gateways::GatewayListeners| {
-        selectors.iter().any(|(section, port)| section.as_ref().is_none_or(|s| s == &l.name) && port.is_none_or(|p| p == l.port))
+        selectors
+            .iter()
+            .any(|(section, port)| section.as_ref().is_none_or(|s| s == &l.name) && port.is_none_or(|p| p == l.port))
     };
     for l in all.iter().filter(|l| matches!(l.protocol.as_str(), "HTTP" | "HTTPS")).filter(selected) {
         let first_on_port = all.iter().find(|o| o.port == l.port).map_or(&l.name, |o| &o.name);
@@ -312,7 +372,11 @@ async fn xds_listeners(
 /// setting is still checked against it: a class implemented by the *other* supported provider is
 /// refused (its data plane would ignore the objects); a controllerName warmpath does not know (e.g. an
 /// Envoy Gateway configured with its own `controllerName`) is what the explicit setting is for.
-async fn provider_of(src: Source<'_>, config: &ControllerConfig, gw: &GatewayRef) -> Result<std::result::Result<Provider, String>> {
+async fn provider_of(
+    src: Source<'_>,
+    config: &ControllerConfig,
+    gw: &GatewayRef,
+) -> Result<std::result::Result<Provider, String>> {
     Ok(match (config.provider, class_provider(src, gw).await?) {
         (_, ClassProvider::Missing(msg)) => Err(msg),
         (None, ClassProvider::Known(d)) => Ok(d),
@@ -353,10 +417,19 @@ async fn class_provider(src: Source<'_>, gw: &GatewayRef) -> Result<ClassProvide
     })
 }
 
-async fn resolve_backend(src: Source<'_>, intent: &RoutingIntent, route: &HttpRoute, route_ns: &str) -> Result<std::result::Result<ResolvedBackend, String>> {
+async fn resolve_backend(
+    src: Source<'_>,
+    intent: &RoutingIntent,
+    route: &HttpRoute,
+    route_ns: &str,
+) -> Result<std::result::Result<ResolvedBackend, String>> {
     let wanted = if let Some(b) = &intent.backend {
         match (&b.service, &b.inference_pool) {
-            (Some(s), _) => ResolvedBackend::Service { namespace: route_ns.into(), name: s.name.clone(), port: s.port.clamp(1, 65535) as u16 },
+            (Some(s), _) => ResolvedBackend::Service {
+                namespace: route_ns.into(),
+                name: s.name.clone(),
+                port: s.port.clamp(1, 65535) as u16,
+            },
             (None, Some(p)) => ResolvedBackend::InferencePool { namespace: route_ns.into(), name: p.name.clone() },
             (None, None) => return Ok(Err("backend needs exactly one of service or inferencePool".into())),
         }
@@ -368,10 +441,14 @@ async fn resolve_backend(src: Source<'_>, intent: &RoutingIntent, route: &HttpRo
         let ns = br.namespace.clone().unwrap_or_else(|| route_ns.to_string());
         match (br.group.as_deref().unwrap_or(""), br.kind.as_deref().unwrap_or("Service")) {
             ("", "Service") => match br.port {
-                Some(port) => ResolvedBackend::Service { namespace: ns, name: br.name.clone(), port: port.clamp(1, 65535) as u16 },
+                Some(port) => {
+                    ResolvedBackend::Service { namespace: ns, name: br.name.clone(), port: port.clamp(1, 65535) as u16 }
+                }
                 None => return Ok(Err(format!("backendRef Service {} has no port", br.name))),
             },
-            (INFERENCE_POOL_GROUP, "InferencePool") => ResolvedBackend::InferencePool { namespace: ns, name: br.name.clone() },
+            (INFERENCE_POOL_GROUP, "InferencePool") => {
+                ResolvedBackend::InferencePool { namespace: ns, name: br.name.clone() }
+            }
             (g, k) => return Ok(Err(format!("backendRef kind {k} (group {g:?}) is not a Service or InferencePool"))),
         }
     };

@@ -135,7 +135,12 @@ pub struct ControllerEndpoint {
 impl ControllerEndpoint {
     /// The controller's Service in the default cluster domain.
     pub fn new(service: impl Into<String>, namespace: impl Into<String>, port: u16) -> Self {
-        Self { service: service.into(), namespace: namespace.into(), port, cluster_domain: DEFAULT_CLUSTER_DOMAIN.into() }
+        Self {
+            service: service.into(),
+            namespace: namespace.into(),
+            port,
+            cluster_domain: DEFAULT_CLUSTER_DOMAIN.into(),
+        }
     }
 
     /// Cluster-local DNS name of the controller's Service.
@@ -154,12 +159,18 @@ impl ControllerEndpoint {
 /// Errors: a message naming the value and what is expected.
 pub fn validate_cluster_domain(domain: &str) -> Result<(), String> {
     let label_ok = |l: &str| {
-        !l.is_empty() && l.len() <= 63 && l.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-') && !l.starts_with('-') && !l.ends_with('-')
+        !l.is_empty()
+            && l.len() <= 63
+            && l.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && !l.starts_with('-')
+            && !l.ends_with('-')
     };
     if domain.len() <= 253 && domain.split('.').all(label_ok) {
         Ok(())
     } else {
-        Err(format!("cluster domain {domain:?} is not a DNS name (lower-case labels separated by dots, e.g. cluster.local)"))
+        Err(format!(
+            "cluster domain {domain:?} is not a DNS name (lower-case labels separated by dots, e.g. cluster.local)"
+        ))
     }
 }
 
@@ -291,32 +302,44 @@ fn gateway_target(gw: &GatewayRef) -> Value {
 fn render_envoy_gateway(input: &RenderInput<'_>, config: &Value, feed: &FeedTarget) -> Vec<DynamicObject> {
     let name = format!("warmpath-{}", input.route_name);
     let mut out = vec![
-        object(&foreign::backend_traffic_policy(), input.route_namespace, &name, input.owner, json!({
-            "targetRefs": route_target(input),
-            "loadBalancer": {
-                "type": "LeastRequest",
-                "endpointOverride": {"extractFrom": [{"header": DESTINATION_HEADER}]},
-            },
-            // What Envoy does when an endpoint dies before the filter has learnt it (see
-            // `warmpath_envoy_config::retry_policy` and `outlier_detection` for why): one retry on another
-            // host (Envoy Gateway adds the `previous_hosts` predicate to every retry policy it renders) and
-            // passive health checking (Envoy outlier detection).
-            "retry": {
-                "numRetries": envoy_config::RETRIES,
-                "retryOn": {"triggers": envoy_config::RETRY_ON.split(',').collect::<Vec<_>>(), "httpStatusCodes": [503]},
-            },
-            "healthCheck": {"passive": envoy_gateway_passive_health_check()},
-        })),
-        object(&foreign::envoy_extension_policy(), input.route_namespace, &name, input.owner, json!({
-            "targetRefs": route_target(input),
-            "wasm": [{
-                "name": wasm_plugin_name(input.owner),
-                "rootID": "warmpath",
-                "code": {"type": "HTTP", "http": {"url": input.wasm.url, "sha256": input.wasm.sha256}},
-                "config": config,
-                "failOpen": input.intent.fail_open,
-            }],
-        })),
+        object(
+            &foreign::backend_traffic_policy(),
+            input.route_namespace,
+            &name,
+            input.owner,
+            json!({
+                "targetRefs": route_target(input),
+                "loadBalancer": {
+                    "type": "LeastRequest",
+                    "endpointOverride": {"extractFrom": [{"header": DESTINATION_HEADER}]},
+                },
+                // What Envoy does when an endpoint dies before the filter has learnt it (see
+                // `warmpath_envoy_config::retry_policy` and `outlier_detection` for why): one retry on another
+                // host (Envoy Gateway adds the `previous_hosts` predicate to every retry policy it renders) and
+                // passive health checking (Envoy outlier detection).
+                "retry": {
+                    "numRetries": envoy_config::RETRIES,
+                    "retryOn": {"triggers": envoy_config::RETRY_ON.split(',').collect::<Vec<_>>(), "httpStatusCodes": [503]},
+                },
+                "healthCheck": {"passive": envoy_gateway_passive_health_check()},
+            }),
+        ),
+        object(
+            &foreign::envoy_extension_policy(),
+            input.route_namespace,
+            &name,
+            input.owner,
+            json!({
+                "targetRefs": route_target(input),
+                "wasm": [{
+                    "name": wasm_plugin_name(input.owner),
+                    "rootID": "warmpath",
+                    "code": {"type": "HTTP", "http": {"url": input.wasm.url, "sha256": input.wasm.sha256}},
+                    "config": config,
+                    "failOpen": input.intent.fail_open,
+                }],
+            }),
+        ),
     ];
     let filter = envoy_gateway_wasm_filter_name(input.route_namespace, &name);
     for gw in input.gateways {
@@ -332,7 +355,13 @@ fn render_envoy_gateway(input: &RenderInput<'_>, config: &Value, feed: &FeedTarg
             // native strip of client-sent destination headers, so that a wasm VM that fails to fetch, load or run
             // (passed through under failOpen) cannot let a client choose the endpoint. Unnamed by owner: several
             // policies on one listener each insert one, which is harmless (removing twice).
-            patches.push(json_path_add(LISTENER, &name, "$..http_filters", "/0", envoy_config::strip_client_destination_headers()));
+            patches.push(json_path_add(
+                LISTENER,
+                &name,
+                "$..http_filters",
+                "/0",
+                envoy_config::strip_client_destination_headers(),
+            ));
             patches.push(json_path_add(
                 LISTENER,
                 &name,
@@ -353,11 +382,17 @@ fn render_envoy_gateway(input: &RenderInput<'_>, config: &Value, feed: &FeedTarg
                 envoy_config::ROUTE_BODY_BUFFER_LIMIT_BYTES.into(),
             ));
         }
-        out.push(object(&foreign::envoy_patch_policy(), &gw.namespace, &truncate(&epp), input.owner, json!({
-            "type": "JSONPatch",
-            "targetRef": gateway_target(gw),
-            "jsonPatches": patches,
-        })));
+        out.push(object(
+            &foreign::envoy_patch_policy(),
+            &gw.namespace,
+            &truncate(&epp),
+            input.owner,
+            json!({
+                "type": "JSONPatch",
+                "targetRef": gateway_target(gw),
+                "jsonPatches": patches,
+            }),
+        ));
     }
     out
 }
@@ -416,7 +451,11 @@ pub fn wasm_http_filter(name: &str, input: &RenderInput<'_>, config: &Value, fee
     envoy_config::wasm_http_filter(&envoy_config::WasmFilter {
         filter_name: name,
         plugin_name: &plugin_name,
-        code: envoy_config::WasmCode::Remote { uri: &input.wasm.url, cluster: feed_cluster, sha256: &input.wasm.sha256 },
+        code: envoy_config::WasmCode::Remote {
+            uri: &input.wasm.url,
+            cluster: feed_cluster,
+            sha256: &input.wasm.sha256,
+        },
         configuration: &configuration,
         fail_open: input.intent.fail_open,
     })
@@ -436,7 +475,8 @@ fn render_istio(input: &RenderInput<'_>, feed: &FeedTarget) -> Result<Vec<Dynami
     for gw in input.gateways {
         // One per owner and Gateway: a policy's routes share its backend, hence one filter instance
         // (same name, same configuration) serves them all on that Gateway.
-        let name = truncate(&format!("warmpath-{}-{}-{}", input.owner.short_kind(), input.owner.namespace, input.owner.name));
+        let name =
+            truncate(&format!("warmpath-{}-{}-{}", input.owner.short_kind(), input.owner.namespace, input.owner.name));
         out.push(object(&foreign::envoy_filter(), &gw.namespace, &name, input.owner, json!({
             "targetRefs": [gateway_target(gw)],
             "configPatches": [

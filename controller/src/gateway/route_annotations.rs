@@ -72,7 +72,13 @@ async fn reconcile_inner(route: Arc<HttpRoute>, ctx: &Context) -> Result<Action>
     if !deleting && (unknown.is_some() || route_status::has_ours(&route)) {
         // Only misspelled keys (routing stays off), or none left: say so, or clear our entries.
         let now = Time(k8s_openapi::jiff::Timestamp::now());
-        route_status::write(ctx, &ns, &route.name_any(), route_status::entries(&route, &[], unknown.as_deref(), route.metadata.generation, &now)).await?;
+        route_status::write(
+            ctx,
+            &ns,
+            &route.name_any(),
+            route_status::entries(&route, &[], unknown.as_deref(), route.metadata.generation, &now),
+        )
+        .await?;
     }
     Ok(Action::await_change())
 }
@@ -122,7 +128,18 @@ pub async fn plan(route: &HttpRoute, src: Source<'_>, config: &ControllerConfig,
         Some(Err(msg)) => return Ok(RoutePlan::Invalid(msg)),
         None => return Ok(RoutePlan::NotAnnotated),
     };
-    let outcome = program::resolve_and_render(src, config, &owner, &intent, &owner.namespace, &owner.name, &feed_path(&key), route.metadata.generation, now).await?;
+    let outcome = program::resolve_and_render(
+        src,
+        config,
+        &owner,
+        &intent,
+        &owner.namespace,
+        &owner.name,
+        &feed_path(&key),
+        route.metadata.generation,
+        now,
+    )
+    .await?;
     Ok(RoutePlan::Program { strategy: intent.strategy.as_str(), outcome })
 }
 
@@ -134,7 +151,13 @@ async fn apply(route: &HttpRoute, ctx: &Context, unknown: Option<&str>) -> Resul
         RoutePlan::Overridden { policy } => {
             let removed = program::sweep(ctx, &owner.uid, &BTreeSet::new()).await?;
             ctx.remove_feed(&key);
-            route_status::write(ctx, &owner.namespace, &owner.name, route_status::entries(route, &[], unknown, route.metadata.generation, &now)).await?;
+            route_status::write(
+                ctx,
+                &owner.namespace,
+                &owner.name,
+                route_status::entries(route, &[], unknown, route.metadata.generation, &now),
+            )
+            .await?;
             publish(ctx, route, EventType::Warning, "AnnotationsOverridden", overridden_note(&policy, removed)).await;
             return Ok(Action::requeue(Duration::from_secs(300)));
         }
@@ -143,11 +166,21 @@ async fn apply(route: &HttpRoute, ctx: &Context, unknown: Option<&str>) -> Resul
             let invalid = (false, crate::conditions::reason::INVALID, msg.clone());
             let a = program::ancestor(
                 program::route_ref(&owner.namespace, &owner.name),
-                [invalid.clone(), invalid, (false, crate::conditions::reason::INVALID, "not changed: the annotations are invalid".into())],
+                [
+                    invalid.clone(),
+                    invalid,
+                    (false, crate::conditions::reason::INVALID, "not changed: the annotations are invalid".into()),
+                ],
                 route.metadata.generation,
                 &now,
             );
-            route_status::write(ctx, &owner.namespace, &owner.name, route_status::entries(route, &[a], unknown, route.metadata.generation, &now)).await?;
+            route_status::write(
+                ctx,
+                &owner.namespace,
+                &owner.name,
+                route_status::entries(route, &[a], unknown, route.metadata.generation, &now),
+            )
+            .await?;
             return Ok(Action::requeue(Duration::from_secs(300)));
         }
         RoutePlan::NotAnnotated => return Ok(Action::await_change()),
@@ -161,8 +194,15 @@ async fn apply(route: &HttpRoute, ctx: &Context, unknown: Option<&str>) -> Resul
         None => ctx.remove_feed(&key),
     }
     let mut ancestors = out.ancestors;
-    let recheck = super::status_readback::mirror(ctx, &out.objects, &mut ancestors, route.metadata.generation, &now).await?;
-    route_status::write(ctx, &owner.namespace, &owner.name, route_status::entries(route, &ancestors, unknown, route.metadata.generation, &now)).await?;
+    let recheck =
+        super::status_readback::mirror(ctx, &out.objects, &mut ancestors, route.metadata.generation, &now).await?;
+    route_status::write(
+        ctx,
+        &owner.namespace,
+        &owner.name,
+        route_status::entries(route, &ancestors, unknown, route.metadata.generation, &now),
+    )
+    .await?;
     let (type_, reason, note) = outcome_event(strategy, &ancestors, out.objects.len());
     publish(ctx, route, type_, reason, note).await;
     Ok(Action::requeue(recheck.unwrap_or(Duration::from_secs(300))))
@@ -179,10 +219,19 @@ pub fn invalid_note(msg: &str) -> String {
 }
 
 /// The event after programming: `Programmed`, or `NotProgrammed` naming each failing condition.
-pub fn outcome_event(strategy: &str, ancestors: &[crate::crd::routing_policy::PolicyAncestorStatus], objects: usize) -> (EventType, &'static str, String) {
+pub fn outcome_event(
+    strategy: &str,
+    ancestors: &[crate::crd::routing_policy::PolicyAncestorStatus],
+    objects: usize,
+) -> (EventType, &'static str, String) {
     let failing: Vec<String> = ancestors
         .iter()
-        .flat_map(|a| a.conditions.iter().filter(|c| c.status == "False").map(move |c| format!("{}/{}: {} ({})", a.ancestor_ref.kind, a.ancestor_ref.name, c.reason, c.message)))
+        .flat_map(|a| {
+            a.conditions
+                .iter()
+                .filter(|c| c.status == "False")
+                .map(move |c| format!("{}/{}: {} ({})", a.ancestor_ref.kind, a.ancestor_ref.name, c.reason, c.message))
+        })
         .collect();
     if failing.is_empty() {
         (EventType::Normal, "Programmed", format!("strategy {strategy} via annotations: {objects} object(s)"))

@@ -12,9 +12,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::api::{Api, PostParams};
 use serde_json::{json, Value};
 
-use crate::reconcile::Context;
 use crate::conditions;
 use crate::crd::routing_policy::{PolicyAncestorStatus, CONTROLLER_NAME, GATEWAY_API_GROUP};
+use crate::reconcile::Context;
 use crate::Result;
 
 /// Condition type on warmpath's route entries: False when the route carries `warmpath.dev/*`
@@ -29,7 +29,13 @@ const MAX_PARENTS: usize = 32;
 /// warmpath's entries for `route`: one per Gateway ancestor in `ancestors`; an ancestor naming the
 /// route itself (its Gateways unknown) is reported against each of the route's parentRefs. With
 /// `unknown_keys`, every entry also carries `AnnotationsRecognized=False`.
-pub fn entries(route: &HttpRoute, ancestors: &[PolicyAncestorStatus], unknown_keys: Option<&str>, generation: Option<i64>, now: &Time) -> Vec<Value> {
+pub fn entries(
+    route: &HttpRoute,
+    ancestors: &[PolicyAncestorStatus],
+    unknown_keys: Option<&str>,
+    generation: Option<i64>,
+    now: &Time,
+) -> Vec<Value> {
     let route_ns = route.metadata.namespace.clone().unwrap_or_default();
     let spec_parents: Vec<Value> = route
         .spec
@@ -42,14 +48,20 @@ pub fn entries(route: &HttpRoute, ancestors: &[PolicyAncestorStatus], unknown_ke
     let mut out = vec![];
     let mut push = |parent: Value, mut conds: Vec<Condition>| {
         if let Some(msg) = unknown_keys {
-            conditions::upsert(&mut conds, conditions::new(ANNOTATIONS_RECOGNIZED, false, UNKNOWN_ANNOTATION, msg, generation, now));
+            conditions::upsert(
+                &mut conds,
+                conditions::new(ANNOTATIONS_RECOGNIZED, false, UNKNOWN_ANNOTATION, msg, generation, now),
+            );
         }
         out.push(json!({"parentRef": parent, "controllerName": CONTROLLER_NAME, "conditions": conds}));
     };
     for a in ancestors {
         if a.ancestor_ref.kind == "Gateway" {
             let r = &a.ancestor_ref;
-            push(json!({"group": r.group, "kind": "Gateway", "namespace": r.namespace.clone().unwrap_or_else(|| route_ns.clone()), "name": r.name}), a.conditions.clone());
+            push(
+                json!({"group": r.group, "kind": "Gateway", "namespace": r.namespace.clone().unwrap_or_else(|| route_ns.clone()), "name": r.name}),
+                a.conditions.clone(),
+            );
         } else {
             for p in &spec_parents {
                 push(p.clone(), a.conditions.clone());
@@ -82,7 +94,8 @@ pub async fn write(ctx: &Context, ns: &str, name: &str, ours: Vec<Value>) -> Res
     let Some(route) = api.get_opt(name).await? else { return Ok(()) };
     let mut doc = serde_json::to_value(&route)?;
     let parents = doc["status"]["parents"].as_array().cloned().unwrap_or_default();
-    let (old_ours, mut merged): (Vec<Value>, Vec<Value>) = parents.into_iter().partition(|p| p["controllerName"] == CONTROLLER_NAME);
+    let (old_ours, mut merged): (Vec<Value>, Vec<Value>) =
+        parents.into_iter().partition(|p| p["controllerName"] == CONTROLLER_NAME);
     let mut ours = ours;
     for entry in &mut ours {
         let Some(prev) = old_ours.iter().find(|p| p["parentRef"] == entry["parentRef"]) else { continue };

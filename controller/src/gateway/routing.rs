@@ -11,10 +11,7 @@
 use std::collections::BTreeMap;
 
 use serde_json::Value;
-use warmpath_core::config::{
-    BLOCK_SIZE_RANGE, CONCURRENCY_THRESHOLD_RANGE, 
-    PREFIX_LENGTH_RANGE,
-};
+use warmpath_core::config::{BLOCK_SIZE_RANGE, CONCURRENCY_THRESHOLD_RANGE, PREFIX_LENGTH_RANGE};
 use warmpath_core::{RawConfig, RawFeed, Settings, Strategy};
 
 use crate::crd::routing_policy::{BackendRef, FailureMode, InferenceRoutingPolicySpec, LoadSource};
@@ -71,7 +68,11 @@ pub fn parse_strategy(s: &str) -> Result<Strategy, String> {
         "PREFIX_AWARE" => Ok(Strategy::PrefixAware),
         _ => {
             let canonical = s.trim().to_ascii_uppercase().replace('-', "_");
-            let hint = STRATEGIES.iter().find(|v| **v == canonical).map(|v| format!(" (did you mean {v}?)")).unwrap_or_default();
+            let hint = STRATEGIES
+                .iter()
+                .find(|v| **v == canonical)
+                .map(|v| format!(" (did you mean {v}?)"))
+                .unwrap_or_default();
             Err(format!("unknown strategy {s:?}: accepted values are {}{hint}", STRATEGIES.join(", ")))
         }
     }
@@ -90,7 +91,8 @@ impl RoutingIntent {
     /// Errors: a user-facing message (goes into `Accepted=False, reason Invalid`).
     pub fn from_policy(spec: &InferenceRoutingPolicySpec) -> Result<Self, String> {
         let strategy = parse_strategy(&spec.strategy)?;
-        let prefix_length = spec.prefix_length.map(|v| check_range("prefixLength", v, PREFIX_LENGTH_RANGE)).transpose()?;
+        let prefix_length =
+            spec.prefix_length.map(|v| check_range("prefixLength", v, PREFIX_LENGTH_RANGE)).transpose()?;
         let block_size = spec.block_size.map(|v| check_range("blockSize", v, BLOCK_SIZE_RANGE)).transpose()?;
         if let (Some(p), Some(b)) = (prefix_length, block_size) {
             if b > p {
@@ -146,7 +148,9 @@ impl RoutingIntent {
                 debug_header: match annotations.get(ANNOTATION_DEBUG_HEADER).map(String::as_str) {
                     None | Some("false") => false,
                     Some("true") => true,
-                    Some(v) => return Err(format!("annotation {ANNOTATION_DEBUG_HEADER}: {v:?} is not \"true\" or \"false\"")),
+                    Some(v) => {
+                        return Err(format!("annotation {ANNOTATION_DEBUG_HEADER}: {v:?} is not \"true\" or \"false\""))
+                    }
                 },
             };
             let strategy = parse_strategy(strategy).map_err(|e| format!("annotation {ANNOTATION_STRATEGY}: {e}"))?;
@@ -228,13 +232,27 @@ mod tests {
         assert_eq!(parse_strategy("RANDOM"), Ok(Strategy::Random));
         for other in ["prefix-aware", "Prefix_Aware", " PREFIX_AWARE"] {
             let e = parse_strategy(other).unwrap_err();
-            assert!(e.contains("accepted values are RANDOM, LEAST_OUTSTANDING_REQUESTS, PREFIX_AWARE (did you mean PREFIX_AWARE?)"), "{e}");
+            assert!(
+                e.contains(
+                    "accepted values are RANDOM, LEAST_OUTSTANDING_REQUESTS, PREFIX_AWARE (did you mean PREFIX_AWARE?)"
+                ),
+                "{e}"
+            );
         }
         let e = parse_strategy("round-robin").unwrap_err();
-        assert!(e.contains("\"round-robin\"") && e.contains("accepted values are RANDOM, LEAST_OUTSTANDING_REQUESTS, PREFIX_AWARE") && !e.contains("did you mean"), "{e}");
+        assert!(
+            e.contains("\"round-robin\"")
+                && e.contains("accepted values are RANDOM, LEAST_OUTSTANDING_REQUESTS, PREFIX_AWARE")
+                && !e.contains("did you mean"),
+            "{e}"
+        );
         // Every value the CRD's enum accepts parses, and the enum is exactly these.
-        let crd = serde_json::to_value(<crate::crd::routing_policy::InferenceRoutingPolicy as kube::CustomResourceExt>::crd()).unwrap();
-        let schema = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["strategy"];
+        let crd = serde_json::to_value(
+            <crate::crd::routing_policy::InferenceRoutingPolicy as kube::CustomResourceExt>::crd(),
+        )
+        .unwrap();
+        let schema =
+            &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["strategy"];
         assert_eq!(schema["enum"], serde_json::json!(STRATEGIES), "{schema}");
         for v in STRATEGIES {
             assert_eq!(parse_strategy(v).unwrap().as_str(), v);
@@ -243,11 +261,24 @@ mod tests {
 
     #[test]
     fn out_of_range_numbers_are_reported_with_the_filter_range() {
-        let e = RoutingIntent::from_policy(&InferenceRoutingPolicySpec { prefix_length: Some(100), ..spec("PREFIX_AWARE") }).unwrap_err();
+        let e = RoutingIntent::from_policy(&InferenceRoutingPolicySpec {
+            prefix_length: Some(100),
+            ..spec("PREFIX_AWARE")
+        })
+        .unwrap_err();
         assert!(e.contains("prefixLength = 100") && e.contains("1024..=65536"), "{e}");
-        let e = RoutingIntent::from_policy(&InferenceRoutingPolicySpec { concurrency_threshold: Some(0), ..spec("PREFIX_AWARE") }).unwrap_err();
+        let e = RoutingIntent::from_policy(&InferenceRoutingPolicySpec {
+            concurrency_threshold: Some(0),
+            ..spec("PREFIX_AWARE")
+        })
+        .unwrap_err();
         assert!(e.contains("concurrencyThreshold = 0"), "{e}");
-        let e = RoutingIntent::from_policy(&InferenceRoutingPolicySpec { prefix_length: Some(1024), block_size: Some(4096), ..spec("PREFIX_AWARE") }).unwrap_err();
+        let e = RoutingIntent::from_policy(&InferenceRoutingPolicySpec {
+            prefix_length: Some(1024),
+            block_size: Some(4096),
+            ..spec("PREFIX_AWARE")
+        })
+        .unwrap_err();
         assert!(e.contains("exceeds"), "{e}");
     }
 
@@ -260,11 +291,14 @@ mod tests {
             ..spec("PREFIX_AWARE")
         })
         .unwrap();
-        let feed = FeedTarget { cluster: "c".into(), path: feed_path(&feed_key("policy", "ns", "p")), interval_ms: 500 };
+        let feed =
+            FeedTarget { cluster: "c".into(), path: feed_path(&feed_key("policy", "ns", "p")), interval_ms: 500 };
         let cfg = intent.plugin_config(&feed, &["outbound|8000||vllm.llm.svc.cluster.local".into()]).unwrap();
         let s = Settings::from_json(cfg.to_string().as_bytes()).unwrap();
         assert_eq!((s.prefix_length, s.concurrency_threshold, s.tenant_header.as_str()), (4096, 8, "x-tenant"));
-        assert!(s.acts_on_cluster(Some("outbound|8000||vllm.llm.svc.cluster.local")) && !s.acts_on_cluster(Some("other")));
+        assert!(
+            s.acts_on_cluster(Some("outbound|8000||vllm.llm.svc.cluster.local")) && !s.acts_on_cluster(Some("other"))
+        );
         assert_eq!(s.feed.unwrap().path, "/v1/feed/policy/ns/p");
         assert!(!s.debug_header, "a rendered configuration never turns the client-facing debug header on");
     }
@@ -277,7 +311,10 @@ mod tests {
         a.insert(ANNOTATION_PREFIX_LENGTH.into(), "2048".into());
         a.insert(ANNOTATION_CONCURRENCY_THRESHOLD.into(), "16".into());
         let i = RoutingIntent::from_annotations(&a).unwrap().unwrap();
-        assert_eq!((i.strategy, i.prefix_length, i.concurrency_threshold), (Strategy::PrefixAware, Some(2048), Some(16)));
+        assert_eq!(
+            (i.strategy, i.prefix_length, i.concurrency_threshold),
+            (Strategy::PrefixAware, Some(2048), Some(16))
+        );
         a.insert(ANNOTATION_PREFIX_LENGTH.into(), "lots".into());
         assert!(RoutingIntent::from_annotations(&a).unwrap().unwrap_err().contains("not an integer"));
         a.insert(ANNOTATION_PREFIX_LENGTH.into(), "99999999".into());
@@ -296,6 +333,11 @@ mod tests {
         assert!(RoutingIntent::from_annotations(&a).unwrap().unwrap_err().contains("unknown strategy"));
         a.insert(ANNOTATION_STRATEGY.into(), "prefix-aware".into());
         let e = RoutingIntent::from_annotations(&a).unwrap().unwrap_err();
-        assert!(e.starts_with("annotation warmpath.dev/routing-strategy: unknown strategy \"prefix-aware\": accepted values are"), "{e}");
+        assert!(
+            e.starts_with(
+                "annotation warmpath.dev/routing-strategy: unknown strategy \"prefix-aware\": accepted values are"
+            ),
+            "{e}"
+        );
     }
 }

@@ -17,9 +17,9 @@ use serde_json::json;
 
 use super::program::{self, ancestor, route_ref};
 use super::source::Source;
-use crate::reconcile::{finalizers, Context, ControllerConfig, FeedSource};
 use crate::conditions::reason;
 use crate::crd::routing_policy::{InferenceRoutingPolicy, InferenceRoutingPolicyStatus, PolicyAncestorStatus};
+use crate::reconcile::{finalizers, Context, ControllerConfig, FeedSource};
 use crate::render::Owner;
 use crate::routing::{feed_key, feed_path, RoutingIntent};
 use crate::{Error, Result};
@@ -33,7 +33,9 @@ pub const CONTROLLER: &str = "routing-policy";
 pub async fn reconcile(policy: Arc<InferenceRoutingPolicy>, ctx: Arc<Context>) -> Result<Action> {
     let ns = policy.namespace().ok_or(Error::MissingField("metadata.namespace"))?;
     let api: Api<InferenceRoutingPolicy> = Api::namespaced(ctx.client.clone(), &ns);
-    let res = finalizers::guard(&api, &*policy, FINALIZER, async |p| cleanup(p, &ctx).await, async |p| apply(p, &ctx).await).await;
+    let res =
+        finalizers::guard(&api, &*policy, FINALIZER, async |p| cleanup(p, &ctx).await, async |p| apply(p, &ctx).await)
+            .await;
     match &res {
         Ok(_) => ctx.metrics.reconcile_ok(CONTROLLER),
         Err(e) => ctx.metrics.reconcile_error(CONTROLLER, e),
@@ -107,7 +109,12 @@ impl PolicyPlan {
 
 /// Decides what `policy` programs: validates its spec, settles conflicts with older policies on the
 /// same routes, resolves and renders each targeted route. Reads only; API errors propagate.
-pub async fn plan(policy: &InferenceRoutingPolicy, src: Source<'_>, config: &ControllerConfig, now: &Time) -> Result<PolicyPlan> {
+pub async fn plan(
+    policy: &InferenceRoutingPolicy,
+    src: Source<'_>,
+    config: &ControllerConfig,
+    now: &Time,
+) -> Result<PolicyPlan> {
     let owner = owner_of(policy)?;
     let generation = policy.metadata.generation;
     let key = feed_key("policy", &owner.namespace, &owner.name);
@@ -121,7 +128,11 @@ pub async fn plan(policy: &InferenceRoutingPolicy, src: Source<'_>, config: &Con
             for t in &targets {
                 ancestors.push(ancestor(
                     route_ref(&owner.namespace, t),
-                    [(false, reason::INVALID, msg.clone()), (false, reason::INVALID, msg.clone()), (false, reason::INVALID, "not changed: the spec is invalid".into())],
+                    [
+                        (false, reason::INVALID, msg.clone()),
+                        (false, reason::INVALID, msg.clone()),
+                        (false, reason::INVALID, "not changed: the spec is invalid".into()),
+                    ],
                     generation,
                     now,
                 ));
@@ -141,7 +152,14 @@ pub async fn plan(policy: &InferenceRoutingPolicy, src: Source<'_>, config: &Con
                 route_ref(&owner.namespace, route),
                 [
                     (false, reason::CONFLICTED, msg.clone()),
-                    (false, reason::CONFLICTED, format!("references not resolved: InferenceRoutingPolicy {} decides routing for HTTPRoute {route}", w.name_any())),
+                    (
+                        false,
+                        reason::CONFLICTED,
+                        format!(
+                            "references not resolved: InferenceRoutingPolicy {} decides routing for HTTPRoute {route}",
+                            w.name_any()
+                        ),
+                    ),
                     (false, reason::CONFLICTED, msg),
                 ],
                 generation,
@@ -149,7 +167,9 @@ pub async fn plan(policy: &InferenceRoutingPolicy, src: Source<'_>, config: &Con
             ));
             continue;
         }
-        let out = program::resolve_and_render(src, config, &owner, &intent, &owner.namespace, route, &path, generation, now).await?;
+        let out =
+            program::resolve_and_render(src, config, &owner, &intent, &owner.namespace, route, &path, generation, now)
+                .await?;
         // One policy, one feed: every route it programs must route the same backend's endpoints.
         if let (Some(first), Some(this)) = (&feed, &out.feed) {
             if first.backend != this.backend {
@@ -159,7 +179,11 @@ pub async fn plan(policy: &InferenceRoutingPolicy, src: Source<'_>, config: &Con
                 );
                 ancestors.push(ancestor(
                     route_ref(&owner.namespace, route),
-                    [(true, reason::ACCEPTED, "policy accepted".into()), (false, reason::BACKEND_MISMATCH, msg.clone()), (false, reason::BACKEND_MISMATCH, msg)],
+                    [
+                        (true, reason::ACCEPTED, "policy accepted".into()),
+                        (false, reason::BACKEND_MISMATCH, msg.clone()),
+                        (false, reason::BACKEND_MISMATCH, msg),
+                    ],
                     generation,
                     now,
                 ));
@@ -194,7 +218,8 @@ async fn apply(policy: &InferenceRoutingPolicy, ctx: &Context) -> Result<Action>
         None => ctx.remove_feed(&key),
     }
     if removed > 0 {
-        publish(ctx, policy, EventType::Normal, "Pruned", format!("deleted {removed} object(s) no longer wanted")).await;
+        publish(ctx, policy, EventType::Normal, "Pruned", format!("deleted {removed} object(s) no longer wanted"))
+            .await;
     }
     // Programmed only once the gateway says so (Envoy Gateway's status on what we wrote).
     let recheck = super::status_readback::mirror(ctx, &objects, &mut ancestors, generation, &now).await?;
@@ -215,12 +240,19 @@ fn summary(ancestors: &[PolicyAncestorStatus]) -> Vec<String> {
     ancestors
         .iter()
         .flat_map(|a| {
-            a.conditions.iter().map(move |c| format!("{}/{}: {}={} ({})", a.ancestor_ref.kind, a.ancestor_ref.name, c.type_, c.status, c.reason))
+            a.conditions.iter().map(move |c| {
+                format!("{}/{}: {}={} ({})", a.ancestor_ref.kind, a.ancestor_ref.name, c.type_, c.status, c.reason)
+            })
         })
         .collect()
 }
 
-async fn write_status(policy: &InferenceRoutingPolicy, ctx: &Context, mut ancestors: Vec<PolicyAncestorStatus>, feed: Option<String>) -> Result<()> {
+async fn write_status(
+    policy: &InferenceRoutingPolicy,
+    ctx: &Context,
+    mut ancestors: Vec<PolicyAncestorStatus>,
+    feed: Option<String>,
+) -> Result<()> {
     // Keep lastTransitionTime of unchanged conditions (API conventions; makes re-reconciles no-ops).
     let old = policy.status.clone().unwrap_or_default();
     for a in &mut ancestors {
@@ -229,21 +261,26 @@ async fn write_status(policy: &InferenceRoutingPolicy, ctx: &Context, mut ancest
             for c in a.conditions.drain(..) {
                 crate::conditions::upsert(&mut merged, c);
             }
-            merged.retain(|c| [crate::conditions::ACCEPTED, crate::conditions::RESOLVED_REFS, crate::conditions::PROGRAMMED].contains(&c.type_.as_str()));
+            merged.retain(|c| {
+                [crate::conditions::ACCEPTED, crate::conditions::RESOLVED_REFS, crate::conditions::PROGRAMMED]
+                    .contains(&c.type_.as_str())
+            });
             a.conditions = merged;
         }
     }
     ancestors.truncate(16);
     let before = summary(&old.ancestors);
     let after = summary(&ancestors);
-    let status = InferenceRoutingPolicyStatus { ancestors, feed_path: feed, observed_generation: policy.metadata.generation };
+    let status =
+        InferenceRoutingPolicyStatus { ancestors, feed_path: feed, observed_generation: policy.metadata.generation };
     let api: Api<InferenceRoutingPolicy> = Api::namespaced(ctx.client.clone(), &policy.namespace().unwrap_or_default());
     let patch = json!({
         "apiVersion": InferenceRoutingPolicy::api_version(&()),
         "kind": InferenceRoutingPolicy::kind(&()),
         "status": status,
     });
-    api.patch_status(&policy.name_any(), &PatchParams::apply(crate::FIELD_MANAGER).force(), &Patch::Apply(&patch)).await?;
+    api.patch_status(&policy.name_any(), &PatchParams::apply(crate::FIELD_MANAGER).force(), &Patch::Apply(&patch))
+        .await?;
     if before != after {
         let failing: Vec<&String> = after.iter().filter(|l| l.contains("=False")).collect();
         let (type_, reason, note) = if failing.is_empty() {
@@ -257,8 +294,20 @@ async fn write_status(policy: &InferenceRoutingPolicy, ctx: &Context, mut ancest
 }
 
 /// Publishes an event; failures are logged only (events are best effort).
-pub async fn publish<K: Resource<DynamicType = ()>>(ctx: &Context, obj: &K, type_: EventType, reason: &str, note: String) {
-    let ev = Event { type_, reason: reason.into(), note: Some(note.chars().take(1024).collect()), action: "Reconcile".into(), secondary: None };
+pub async fn publish<K: Resource<DynamicType = ()>>(
+    ctx: &Context,
+    obj: &K,
+    type_: EventType,
+    reason: &str,
+    note: String,
+) {
+    let ev = Event {
+        type_,
+        reason: reason.into(),
+        note: Some(note.chars().take(1024).collect()),
+        action: "Reconcile".into(),
+        secondary: None,
+    };
     if let Err(e) = ctx.recorder.publish(&ev, &obj.object_ref(&())).await {
         tracing::debug!(error = %e, "event not published");
     }

@@ -49,10 +49,19 @@ impl Manifests {
     /// Errors: an object of a known kind that does not match its schema (named by kind and name).
     pub fn from_values(values: Vec<Value>) -> std::result::Result<Self, String> {
         fn typed<T: serde::de::DeserializeOwned>(v: Value) -> std::result::Result<T, String> {
-            let what = format!("{} {}", v["kind"].as_str().unwrap_or_default(), v["metadata"]["name"].as_str().unwrap_or_default());
+            let what = format!(
+                "{} {}",
+                v["kind"].as_str().unwrap_or_default(),
+                v["metadata"]["name"].as_str().unwrap_or_default()
+            );
             serde_json::from_value(v).map_err(|e| format!("{what}: {e}"))
         }
-        let id = |v: &Value| (v["metadata"]["namespace"].as_str().unwrap_or_default().to_string(), v["metadata"]["name"].as_str().unwrap_or_default().to_string());
+        let id = |v: &Value| {
+            (
+                v["metadata"]["namespace"].as_str().unwrap_or_default().to_string(),
+                v["metadata"]["name"].as_str().unwrap_or_default().to_string(),
+            )
+        };
         let mut m = Manifests::default();
         for v in values {
             match v["kind"].as_str().unwrap_or_default() {
@@ -112,17 +121,29 @@ impl Source<'_> {
                 Ok(Api::<Service>::namespaced((*c).clone(), namespace).get_opt(name).await?.is_some())
             }
             (Source::Api(c), ResolvedBackend::InferencePool { namespace, name }) => {
-                Ok(Api::<DynamicObject>::namespaced_with((*c).clone(), namespace, &foreign::inference_pool()).get_opt(name).await?.is_some())
+                Ok(Api::<DynamicObject>::namespaced_with((*c).clone(), namespace, &foreign::inference_pool())
+                    .get_opt(name)
+                    .await?
+                    .is_some())
             }
-            (Source::Manifests(m), ResolvedBackend::Service { namespace, name, .. }) => Ok(m.services.contains(&(namespace.clone(), name.clone()))),
-            (Source::Manifests(m), ResolvedBackend::InferencePool { namespace, name }) => Ok(m.pools.contains(&(namespace.clone(), name.clone()))),
+            (Source::Manifests(m), ResolvedBackend::Service { namespace, name, .. }) => {
+                Ok(m.services.contains(&(namespace.clone(), name.clone())))
+            }
+            (Source::Manifests(m), ResolvedBackend::InferencePool { namespace, name }) => {
+                Ok(m.pools.contains(&(namespace.clone(), name.clone())))
+            }
         }
     }
 
     /// A user's own BackendTrafficPolicies / EnvoyExtensionPolicies targeting HTTPRoute `ns/route`
     /// (Envoy Gateway attaches one of each per route), as `Kind ns/name`. Manifests: none are
     /// looked for (offline rendering reads nothing back).
-    pub async fn user_policies_on_route(&self, ns: &str, route: &str, route_labels: &std::collections::BTreeMap<String, String>) -> Result<Vec<String>> {
+    pub async fn user_policies_on_route(
+        &self,
+        ns: &str,
+        route: &str,
+        route_labels: &std::collections::BTreeMap<String, String>,
+    ) -> Result<Vec<String>> {
         match self {
             Source::Api(c) => super::status_readback::user_policies_on_route(c, ns, route, route_labels).await,
             Source::Manifests(_) => Ok(vec![]),
@@ -132,8 +153,13 @@ impl Source<'_> {
     /// Every InferenceRoutingPolicy in namespace `ns`.
     pub async fn policies(&self, ns: &str) -> Result<Vec<InferenceRoutingPolicy>> {
         match self {
-            Source::Api(c) => Ok(Api::<InferenceRoutingPolicy>::namespaced((*c).clone(), ns).list(&ListParams::default()).await?.items),
-            Source::Manifests(m) => Ok(m.policies.iter().filter(|p| p.namespace().as_deref() == Some(ns)).cloned().collect()),
+            Source::Api(c) => Ok(Api::<InferenceRoutingPolicy>::namespaced((*c).clone(), ns)
+                .list(&ListParams::default())
+                .await?
+                .items),
+            Source::Manifests(m) => {
+                Ok(m.policies.iter().filter(|p| p.namespace().as_deref() == Some(ns)).cloned().collect())
+            }
         }
     }
 }

@@ -24,9 +24,9 @@ use kube::core::DynamicObject;
 use kube::ResourceExt;
 use serde_json::Value;
 
-use crate::reconcile::Context;
 use crate::conditions::{self, reason, PROGRAMMED};
 use crate::crd::routing_policy::PolicyAncestorStatus;
+use crate::reconcile::Context;
 use crate::render::LABEL_OWNER_UID;
 use crate::{foreign, Result};
 
@@ -55,7 +55,13 @@ pub type Verdict = (bool, String, String);
 /// Reads back the Envoy Gateway objects in `applied` and rewrites the `Programmed` condition of
 /// every Gateway ancestor that was programmed (`Programmed=True` from the render step) with what
 /// Envoy Gateway reports. Returns how soon to look again (`Some` while a report is pending).
-pub async fn mirror(ctx: &Context, applied: &[DynamicObject], ancestors: &mut [PolicyAncestorStatus], generation: Option<i64>, now: &Time) -> Result<Option<Duration>> {
+pub async fn mirror(
+    ctx: &Context,
+    applied: &[DynamicObject],
+    ancestors: &mut [PolicyAncestorStatus],
+    generation: Option<i64>,
+    now: &Time,
+) -> Result<Option<Duration>> {
     if !ctx.config.live_status {
         return Ok(None);
     }
@@ -134,7 +140,9 @@ pub fn verdict(live: &[(String, DynamicObject)], gw_ns: &str, gw: &str, now: Tim
     for (kind, o) in live {
         let id = format!("{kind} {}/{}", o.namespace().unwrap_or_default(), o.name_any());
         // The EnvoyPatchPolicy is per Gateway: another Gateway's is not this one's business.
-        if kind == "EnvoyPatchPolicy" && (o.namespace().as_deref() != Some(gw_ns) || o.data["spec"]["targetRef"]["name"] != gw) {
+        if kind == "EnvoyPatchPolicy"
+            && (o.namespace().as_deref() != Some(gw_ns) || o.data["spec"]["targetRef"]["name"] != gw)
+        {
             continue;
         }
         let Some(conds) = eg_conditions(o, gw_ns, gw) else {
@@ -155,7 +163,11 @@ pub fn verdict(live: &[(String, DynamicObject)], gw_ns: &str, gw: &str, now: Tim
         };
         if let Some(c) = find(&conds, "Accepted").filter(|c| c["status"] != "True") {
             let why = text(c, "reason");
-            return (false, why.clone(), format!("Envoy Gateway did not accept {id}: {}{}", text(c, "message"), hint(kind, &why)));
+            return (
+                false,
+                why.clone(),
+                format!("Envoy Gateway did not accept {id}: {}{}", text(c, "message"), hint(kind, &why)),
+            );
         }
         if kind == "EnvoyPatchPolicy" {
             match find(&conds, "Programmed") {
@@ -178,7 +190,11 @@ pub fn verdict(live: &[(String, DynamicObject)], gw_ns: &str, gw: &str, now: Tim
         }
     }
     if !pending.is_empty() {
-        return (false, mirrored::AWAITING_GATEWAY.into(), format!("objects applied; waiting for Envoy Gateway's status on {}", pending.join(", ")));
+        return (
+            false,
+            mirrored::AWAITING_GATEWAY.into(),
+            format!("objects applied; waiting for Envoy Gateway's status on {}", pending.join(", ")),
+        );
     }
     (true, reason::PROGRAMMED.into(), "Envoy Gateway accepted every object and programmed the EnvoyPatchPolicy".into())
 }
@@ -187,22 +203,35 @@ pub fn verdict(live: &[(String, DynamicObject)], gw_ns: &str, gw: &str, now: Tim
 /// `route` (labels `route_labels`) — by name (`targetRefs`, `targetRef`) or by label
 /// (`targetSelectors`); warmpath's own carry the owner label. Envoy Gateway attaches only one of each
 /// kind to a route, so warmpath's would silently lose to an older one, or silently displace a newer one.
-pub async fn user_policies_on_route(client: &kube::Client, ns: &str, route: &str, route_labels: &std::collections::BTreeMap<String, String>) -> Result<Vec<String>> {
+pub async fn user_policies_on_route(
+    client: &kube::Client,
+    ns: &str,
+    route: &str,
+    route_labels: &std::collections::BTreeMap<String, String>,
+) -> Result<Vec<String>> {
     let mut found = vec![];
     for ar in [foreign::backend_traffic_policy(), foreign::envoy_extension_policy()] {
-        let list = match Api::<DynamicObject>::namespaced_with(client.clone(), ns, &ar).list(&ListParams::default()).await {
-            Ok(l) => l,
-            Err(kube::Error::Api(e)) if e.code == 404 => continue,
-            Err(e) => return Err(e.into()),
-        };
+        let list =
+            match Api::<DynamicObject>::namespaced_with(client.clone(), ns, &ar).list(&ListParams::default()).await {
+                Ok(l) => l,
+                Err(kube::Error::Api(e)) if e.code == 404 => continue,
+                Err(e) => return Err(e.into()),
+            };
         for o in list.items {
             if o.labels().contains_key(LABEL_OWNER_UID) {
                 continue;
             }
             let spec = &o.data["spec"];
-            let refs = spec["targetRefs"].as_array().cloned().unwrap_or_default().into_iter().chain(spec.get("targetRef").cloned());
+            let refs = spec["targetRefs"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+                .into_iter()
+                .chain(spec.get("targetRef").cloned());
             let by_name = refs.into_iter().any(|r| r["kind"] == "HTTPRoute" && r["name"] == route);
-            let by_label = spec["targetSelectors"].as_array().is_some_and(|s| s.iter().any(|sel| selects_route(sel, route_labels)));
+            let by_label = spec["targetSelectors"]
+                .as_array()
+                .is_some_and(|s| s.iter().any(|sel| selects_route(sel, route_labels)));
             if by_name || by_label {
                 found.push(format!("{} {ns}/{}", ar.kind, o.name_any()));
             }
@@ -221,7 +250,8 @@ pub fn selects_route(selector: &Value, labels: &std::collections::BTreeMap<Strin
     if selector["kind"] != "HTTPRoute" || group != crate::crd::routing_policy::GATEWAY_API_GROUP {
         return false;
     }
-    let label_selector = serde_json::json!({"matchLabels": selector["matchLabels"], "matchExpressions": selector["matchExpressions"]});
+    let label_selector =
+        serde_json::json!({"matchLabels": selector["matchLabels"], "matchExpressions": selector["matchExpressions"]});
     serde_json::from_value::<k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector>(label_selector)
         .ok()
         .and_then(|s| kube::core::Selector::try_from(s).ok())

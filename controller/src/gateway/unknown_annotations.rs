@@ -5,13 +5,16 @@
 
 use std::collections::BTreeMap;
 
-use crate::routing::{ANNOTATION_CONCURRENCY_THRESHOLD, ANNOTATION_DEBUG_HEADER, ANNOTATION_PREFIX_LENGTH, ANNOTATION_STRATEGY};
+use crate::routing::{
+    ANNOTATION_CONCURRENCY_THRESHOLD, ANNOTATION_DEBUG_HEADER, ANNOTATION_PREFIX_LENGTH, ANNOTATION_STRATEGY,
+};
 
 /// Prefix of warmpath's annotation keys.
 pub const PREFIX: &str = "warmpath.dev/";
 
 /// The annotation keys the route reconciler reads.
-pub const KNOWN: [&str; 4] = [ANNOTATION_STRATEGY, ANNOTATION_PREFIX_LENGTH, ANNOTATION_CONCURRENCY_THRESHOLD, ANNOTATION_DEBUG_HEADER];
+pub const KNOWN: [&str; 4] =
+    [ANNOTATION_STRATEGY, ANNOTATION_PREFIX_LENGTH, ANNOTATION_CONCURRENCY_THRESHOLD, ANNOTATION_DEBUG_HEADER];
 
 /// Unknown `warmpath.dev/*` keys with the nearest known key (normalized Damerau-Levenshtein
 /// similarity of the part after the prefix at least 0.6; `None` when nothing is close), sorted by key.
@@ -23,7 +26,9 @@ pub fn unknown(annotations: &BTreeMap<String, String>) -> Vec<(String, Option<&'
             let nearest = KNOWN
                 .iter()
                 // Without the shared prefix, which would make every key look alike.
-                .map(|known| (strsim::normalized_damerau_levenshtein(&k[PREFIX.len()..], &known[PREFIX.len()..]), *known))
+                .map(|known| {
+                    (strsim::normalized_damerau_levenshtein(&k[PREFIX.len()..], &known[PREFIX.len()..]), *known)
+                })
                 .filter(|(score, _)| *score >= 0.6)
                 .max_by(|a, b| a.0.total_cmp(&b.0))
                 .map(|(_, known)| known);
@@ -57,7 +62,11 @@ mod tests {
 
     #[test]
     fn misspelled_keys_are_named_with_the_nearest_known_key() {
-        let got = unknown(&ann(&["warmpath.dev/routing-stratgy", "warmpath.dev/prefix-lenght", "warmpath.dev/concurency-threshold"]));
+        let got = unknown(&ann(&[
+            "warmpath.dev/routing-stratgy",
+            "warmpath.dev/prefix-lenght",
+            "warmpath.dev/concurency-threshold",
+        ]));
         assert_eq!(
             got,
             vec![
@@ -70,9 +79,18 @@ mod tests {
 
     #[test]
     fn known_and_foreign_keys_are_not_reported_and_far_keys_get_no_guess() {
-        assert!(unknown(&ann(&[ANNOTATION_STRATEGY, ANNOTATION_PREFIX_LENGTH, "example.com/routing-stratgy", "kubectl.kubernetes.io/last-applied-configuration"])).is_empty());
+        assert!(unknown(&ann(&[
+            ANNOTATION_STRATEGY,
+            ANNOTATION_PREFIX_LENGTH,
+            "example.com/routing-stratgy",
+            "kubectl.kubernetes.io/last-applied-configuration"
+        ]))
+        .is_empty());
         assert_eq!(message(&ann(&[ANNOTATION_STRATEGY])), None);
         let m = message(&ann(&["warmpath.dev/tenant"])).unwrap();
-        assert!(m.contains("unknown annotation warmpath.dev/tenant ignored (known: warmpath.dev/routing-strategy"), "{m}");
+        assert!(
+            m.contains("unknown annotation warmpath.dev/tenant ignored (known: warmpath.dev/routing-strategy"),
+            "{m}"
+        );
     }
 }

@@ -69,7 +69,10 @@ pub fn prepull_daemonset(ic: &ImageCache) -> DaemonSet {
             ..Default::default()
         },
         spec: Some(DaemonSetSpec {
-            selector: LabelSelector { match_labels: Some(BTreeMap::from([(PREPULL_POD_LABEL.to_string(), name.clone())])), ..Default::default() },
+            selector: LabelSelector {
+                match_labels: Some(BTreeMap::from([(PREPULL_POD_LABEL.to_string(), name.clone())])),
+                ..Default::default()
+            },
             template: PodTemplateSpec {
                 metadata: Some(ObjectMeta { labels: Some(labels), ..Default::default() }),
                 spec: Some(PodSpec {
@@ -143,13 +146,20 @@ pub fn compute_status(ic: &ImageCache, ds: Option<&DaemonSet>, pods: &[Pod], now
     st.references = references(ic);
     let failed = nodes.iter().find(|n| n.state == phase::FAILED);
     let (ph, ok, reason, msg) = match failed {
-        Some(f) => (phase::FAILED, false, f.reason.clone().unwrap_or_default(), format!("pull failed on node {}", f.node)),
-        None if st.target > 0 && st.cached == st.target => (phase::CACHED, true, "Cached".into(), format!("pulled on {} nodes", st.cached)),
+        Some(f) => {
+            (phase::FAILED, false, f.reason.clone().unwrap_or_default(), format!("pull failed on node {}", f.node))
+        }
+        None if st.target > 0 && st.cached == st.target => {
+            (phase::CACHED, true, "Cached".into(), format!("pulled on {} nodes", st.cached))
+        }
         None => (phase::PULLING, false, "Pulling".into(), format!("pulled on {} of {} nodes", st.cached, st.target)),
     };
     st.phase = Some(ph.into());
     st.nodes = nodes;
-    conditions::upsert(&mut st.conditions, conditions::new(conditions::READY, ok, &reason, msg, ic.meta().generation, now));
+    conditions::upsert(
+        &mut st.conditions,
+        conditions::new(conditions::READY, ok, &reason, msg, ic.meta().generation, now),
+    );
     st
 }
 
@@ -179,14 +189,19 @@ async fn apply(api: &Api<ImageCache>, ic: &ImageCache, ctx: &Context) -> Result<
     }
     let dss: Api<DaemonSet> = Api::namespaced(ctx.client.clone(), &ns);
     let ds = dss
-        .patch(&daemonset_name(&name), &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&prepull_daemonset(ic)))
+        .patch(
+            &daemonset_name(&name),
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&prepull_daemonset(ic)),
+        )
         .await?;
     let pods = Api::<Pod>::namespaced(ctx.client.clone(), &ns)
         .list(&ListParams::default().labels(&format!("{PREPULL_POD_LABEL}={name}")))
         .await?
         .items;
     let status = compute_status(ic, Some(&ds), &pods, &Time(k8s_openapi::jiff::Timestamp::now()));
-    let cached: BTreeSet<String> = status.nodes.iter().filter(|n| n.state == phase::CACHED).map(|n| n.node.clone()).collect();
+    let cached: BTreeSet<String> =
+        status.nodes.iter().filter(|n| n.state == phase::CACHED).map(|n| n.node.clone()).collect();
     sync_node_labels(ctx, &image_ready_label(&ns, &name), &cached).await?;
     if ic.status.as_ref() != Some(&status) {
         let patch = json!({ "apiVersion": "warmpath.dev/v1alpha1", "kind": "ImageCache", "status": status });
@@ -201,7 +216,9 @@ async fn sync_node_labels(ctx: &Context, label: &str, want: &BTreeSet<String>) -
     let have: BTreeSet<String> =
         nodes.list(&ListParams::default().labels(label)).await?.items.iter().map(|n| n.name_any()).collect();
     for n in want.difference(&have) {
-        nodes.patch(n, &PatchParams::default(), &Patch::Merge(json!({"metadata": {"labels": {label: "true"}}}))).await?;
+        nodes
+            .patch(n, &PatchParams::default(), &Patch::Merge(json!({"metadata": {"labels": {label: "true"}}})))
+            .await?;
     }
     for n in have.difference(want) {
         nodes.patch(n, &PatchParams::default(), &Patch::Merge(json!({"metadata": {"labels": {label: null}}}))).await?;

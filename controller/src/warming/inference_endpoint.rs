@@ -13,8 +13,8 @@ use std::time::Duration;
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment};
 use k8s_openapi::api::core::v1::{
-    Affinity, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource, HTTPGetAction, HostPathVolumeSource,
-    LocalObjectReference, NodeAffinity, NodeSelectorRequirement, NodeSelectorTerm,
+    Affinity, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource, HTTPGetAction,
+    HostPathVolumeSource, LocalObjectReference, NodeAffinity, NodeSelectorRequirement, NodeSelectorTerm,
     PersistentVolumeClaimVolumeSource, PodSpec, PodTemplateSpec, PreferredSchedulingTerm, Probe, SecretKeySelector,
     Service, ServicePort, ServiceSpec, Volume, VolumeMount,
 };
@@ -29,7 +29,9 @@ use serde_json::json;
 use sha2::{Digest, Sha256};
 
 use crate::conditions;
-use crate::crd::image_cache::{image_cache_name, image_ready_label, ImageCache, ImageCacheSpec, MANAGED_BY_ENDPOINTS, MANAGED_LABEL};
+use crate::crd::image_cache::{
+    image_cache_name, image_ready_label, ImageCache, ImageCacheSpec, MANAGED_BY_ENDPOINTS, MANAGED_LABEL,
+};
 use crate::crd::inference_endpoint::{
     phase, InferenceEndpoint, InferenceEndpointStatus, ENDPOINT_LABEL, FINALIZER, MODEL_CACHE_ANNOTATION, MODEL_MOUNT,
 };
@@ -62,7 +64,11 @@ pub const IMAGE_ANNOTATION: &str = "warmpath.dev/image";
 /// port every 5 s, timeout 2 s, unready after 3 failures.
 pub fn readiness_probe(ie: &InferenceEndpoint) -> Probe {
     ie.spec.readiness_probe.clone().unwrap_or_else(|| Probe {
-        http_get: Some(HTTPGetAction { path: Some(DEFAULT_READINESS_PATH.into()), port: IntOrString::String("http".into()), ..Default::default() }),
+        http_get: Some(HTTPGetAction {
+            path: Some(DEFAULT_READINESS_PATH.into()),
+            port: IntOrString::String("http".into()),
+            ..Default::default()
+        }),
         period_seconds: Some(5),
         timeout_seconds: Some(2),
         failure_threshold: Some(3),
@@ -113,7 +119,12 @@ fn labels(ie: &InferenceEndpoint) -> BTreeMap<String, String> {
 /// an init container (`warmpath-agent fetch`) that returns at once on a warm node and downloads from
 /// the source on a cold one, so a pod placed anywhere still starts. `pin` is the cache's pinned version
 /// (`ModelCache.status.pinned`): the init container then fetches only that version (`--pin`).
-pub fn deployment(ie: &InferenceEndpoint, cache: Option<&str>, pin: Option<&str>, image_cache: Option<&str>) -> Result<Deployment> {
+pub fn deployment(
+    ie: &InferenceEndpoint,
+    cache: Option<&str>,
+    pin: Option<&str>,
+    image_cache: Option<&str>,
+) -> Result<Deployment> {
     let ns = ie.namespace().ok_or(Error::MissingField("metadata.namespace"))?;
     let name = ie.name_any();
     let spec = &ie.spec;
@@ -127,40 +138,78 @@ pub fn deployment(ie: &InferenceEndpoint, cache: Option<&str>, pin: Option<&str>
         // Weights already on a shared volume (PVC / FSx): mount it where `current/` would be.
         volumes.push(Volume {
             name: "weights".into(),
-            persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource { claim_name: v.claim_name.clone(), read_only: Some(true) }),
+            persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+                claim_name: v.claim_name.clone(),
+                read_only: Some(true),
+            }),
             ..Default::default()
         });
-        mounts.push(VolumeMount { name: "weights".into(), mount_path: model_dir.clone(), sub_path: v.sub_path.clone(), read_only: Some(true), ..Default::default() });
+        mounts.push(VolumeMount {
+            name: "weights".into(),
+            mount_path: model_dir.clone(),
+            sub_path: v.sub_path.clone(),
+            read_only: Some(true),
+            ..Default::default()
+        });
     } else {
-        let uri = spec.model.fetch_uri().ok_or_else(|| Error::InvalidSpec("model source has no s3, http or huggingFace".into()))?;
+        let uri = spec
+            .model
+            .fetch_uri()
+            .ok_or_else(|| Error::InvalidSpec("model source has no s3, http or huggingFace".into()))?;
         let (key, volume) = match cache {
             Some(cache) => {
-                let host = spec.model_cache_config.weights_cache.host_path.as_deref().unwrap_or(model_cache::DEFAULT_HOST_PATH);
+                let host = spec
+                    .model_cache_config
+                    .weights_cache
+                    .host_path
+                    .as_deref()
+                    .unwrap_or(model_cache::DEFAULT_HOST_PATH);
                 let dir = cache_dir_name(&ns, cache);
                 preferred.push(PreferredSchedulingTerm {
                     weight: CACHE_AFFINITY_WEIGHT,
                     preference: node_term(&cache_ready_label(&ns, cache)),
                 });
                 pod_annotations.insert(MODEL_CACHE_ANNOTATION.to_string(), cache.to_string());
-                let hp = HostPathVolumeSource { path: format!("{}/{dir}", host.trim_end_matches('/')), type_: Some("DirectoryOrCreate".into()) };
+                let hp = HostPathVolumeSource {
+                    path: format!("{}/{dir}", host.trim_end_matches('/')),
+                    type_: Some("DirectoryOrCreate".into()),
+                };
                 (dir, Volume { name: "weights".into(), host_path: Some(hp), ..Default::default() })
             }
-            None => ("model".to_string(), Volume { name: "weights".into(), empty_dir: Some(EmptyDirVolumeSource::default()), ..Default::default() }),
+            None => (
+                "model".to_string(),
+                Volume {
+                    name: "weights".into(),
+                    empty_dir: Some(EmptyDirVolumeSource::default()),
+                    ..Default::default()
+                },
+            ),
         };
         volumes.push(volume);
-        let mut fetch_env: Vec<EnvVar> = spec.model.hugging_face.as_ref().and_then(|h| h.token_secret_ref.as_ref()).map(|r| {
-            vec![EnvVar {
-                name: "HF_TOKEN".into(),
-                value_from: Some(EnvVarSource {
-                    secret_key_ref: Some(SecretKeySelector { name: r.name.clone(), key: r.key.clone(), optional: Some(false) }),
+        let mut fetch_env: Vec<EnvVar> = spec
+            .model
+            .hugging_face
+            .as_ref()
+            .and_then(|h| h.token_secret_ref.as_ref())
+            .map(|r| {
+                vec![EnvVar {
+                    name: "HF_TOKEN".into(),
+                    value_from: Some(EnvVarSource {
+                        secret_key_ref: Some(SecretKeySelector {
+                            name: r.name.clone(),
+                            key: r.key.clone(),
+                            optional: Some(false),
+                        }),
+                        ..Default::default()
+                    }),
                     ..Default::default()
-                }),
-                ..Default::default()
-            }]
-        }).unwrap_or_default();
+                }]
+            })
+            .unwrap_or_default();
         // Source credentials (AWS_*, a Hub token under another name) reach the fallback fetch too.
         fetch_env.extend(spec.env.iter().cloned());
-        let mut args = vec!["fetch".into(), "--source".into(), uri, "--root".into(), "/cache".into(), "--key".into(), key.clone()];
+        let mut args =
+            vec!["fetch".into(), "--source".into(), uri, "--root".into(), "/cache".into(), "--key".into(), key.clone()];
         for (file, sum) in &spec.sha256 {
             args.extend(["--sha256".to_string(), format!("{file}={sum}")]);
         }
@@ -173,18 +222,31 @@ pub fn deployment(ie: &InferenceEndpoint, cache: Option<&str>, pin: Option<&str>
             args: Some(args),
             env: (!fetch_env.is_empty()).then_some(fetch_env),
             env_from: (!spec.env_from.is_empty()).then(|| spec.env_from.clone()),
-            volume_mounts: Some(vec![VolumeMount { name: "weights".into(), mount_path: format!("/cache/{key}"), ..Default::default() }]),
+            volume_mounts: Some(vec![VolumeMount {
+                name: "weights".into(),
+                mount_path: format!("/cache/{key}"),
+                ..Default::default()
+            }]),
             ..Default::default()
         });
-        mounts.push(VolumeMount { name: "weights".into(), mount_path: MODEL_MOUNT.into(), read_only: Some(true), ..Default::default() });
+        mounts.push(VolumeMount {
+            name: "weights".into(),
+            mount_path: MODEL_MOUNT.into(),
+            read_only: Some(true),
+            ..Default::default()
+        });
     }
     if let Some(ic) = image_cache {
-        preferred.push(PreferredSchedulingTerm { weight: IMAGE_AFFINITY_WEIGHT, preference: node_term(&image_ready_label(&ns, ic)) });
+        preferred.push(PreferredSchedulingTerm {
+            weight: IMAGE_AFFINITY_WEIGHT,
+            preference: node_term(&image_ready_label(&ns, ic)),
+        });
     }
     let mut annotations = pod_annotations.clone();
     annotations.insert(IMAGE_ANNOTATION.into(), spec.image.clone());
     let autoscaled = spec.autoscaling.as_ref().is_some_and(|a| a.enabled);
-    let mut server_env = vec![EnvVar { name: "WARMPATH_MODEL_DIR".into(), value: Some(model_dir), ..Default::default() }];
+    let mut server_env =
+        vec![EnvVar { name: "WARMPATH_MODEL_DIR".into(), value: Some(model_dir), ..Default::default() }];
     server_env.extend(spec.env.iter().cloned());
     Ok(Deployment {
         metadata: ObjectMeta {
@@ -198,7 +260,10 @@ pub fn deployment(ie: &InferenceEndpoint, cache: Option<&str>, pin: Option<&str>
         spec: Some(DeploymentSpec {
             // With an autoscaler the field is left out of the apply, so this field manager never owns it.
             replicas: (!autoscaled).then_some(spec.replicas),
-            selector: LabelSelector { match_labels: Some(BTreeMap::from([(ENDPOINT_LABEL.to_string(), name)])), ..Default::default() },
+            selector: LabelSelector {
+                match_labels: Some(BTreeMap::from([(ENDPOINT_LABEL.to_string(), name)])),
+                ..Default::default()
+            },
             strategy: Some(DeploymentStrategy {
                 type_: Some("RollingUpdate".into()),
                 rolling_update: Some(RollingUpdateDeployment {
@@ -207,7 +272,11 @@ pub fn deployment(ie: &InferenceEndpoint, cache: Option<&str>, pin: Option<&str>
                 }),
             }),
             template: PodTemplateSpec {
-                metadata: Some(ObjectMeta { labels: Some(labels(ie)), annotations: Some(pod_annotations), ..Default::default() }),
+                metadata: Some(ObjectMeta {
+                    labels: Some(labels(ie)),
+                    annotations: Some(pod_annotations),
+                    ..Default::default()
+                }),
                 spec: Some(PodSpec {
                     affinity: (!preferred.is_empty()).then(|| Affinity {
                         node_affinity: Some(NodeAffinity {
@@ -219,8 +288,9 @@ pub fn deployment(ie: &InferenceEndpoint, cache: Option<&str>, pin: Option<&str>
                     node_selector: (!spec.node_selector.is_empty()).then(|| spec.node_selector.clone()),
                     tolerations: (!spec.tolerations.is_empty()).then(|| spec.tolerations.clone()),
                     service_account_name: spec.service_account_name.clone(),
-                    image_pull_secrets: (!spec.image_pull_secrets.is_empty())
-                        .then(|| spec.image_pull_secrets.iter().map(|s| LocalObjectReference { name: s.clone() }).collect()),
+                    image_pull_secrets: (!spec.image_pull_secrets.is_empty()).then(|| {
+                        spec.image_pull_secrets.iter().map(|s| LocalObjectReference { name: s.clone() }).collect()
+                    }),
                     init_containers: (!init.is_empty()).then_some(init),
                     containers: vec![Container {
                         name: "server".into(),
@@ -229,7 +299,11 @@ pub fn deployment(ie: &InferenceEndpoint, cache: Option<&str>, pin: Option<&str>
                         env: Some(server_env),
                         env_from: (!spec.env_from.is_empty()).then(|| spec.env_from.clone()),
                         readiness_probe: Some(readiness_probe(ie)),
-                        ports: Some(vec![ContainerPort { name: Some("http".into()), container_port: spec.port, ..Default::default() }]),
+                        ports: Some(vec![ContainerPort {
+                            name: Some("http".into()),
+                            container_port: spec.port,
+                            ..Default::default()
+                        }]),
                         resources: spec.resources.clone(),
                         volume_mounts: Some(mounts),
                         ..Default::default()
@@ -246,7 +320,11 @@ pub fn deployment(ie: &InferenceEndpoint, cache: Option<&str>, pin: Option<&str>
 
 fn node_term(label: &str) -> NodeSelectorTerm {
     NodeSelectorTerm {
-        match_expressions: Some(vec![NodeSelectorRequirement { key: label.into(), operator: "In".into(), values: Some(vec!["true".into()]) }]),
+        match_expressions: Some(vec![NodeSelectorRequirement {
+            key: label.into(),
+            operator: "In".into(),
+            values: Some(vec!["true".into()]),
+        }]),
         ..Default::default()
     }
 }
@@ -307,7 +385,8 @@ pub fn routing_policy(ie: &InferenceEndpoint) -> Result<Option<InferenceRoutingP
 }
 
 fn cache_ready(mc: Option<&ModelCache>) -> bool {
-    mc.and_then(|m| m.status.as_ref()).is_some_and(|s| s.phase.as_deref() == Some(model_cache::phase::READY) && s.ready == s.target)
+    mc.and_then(|m| m.status.as_ref())
+        .is_some_and(|s| s.phase.as_deref() == Some(model_cache::phase::READY) && s.ready == s.target)
 }
 
 /// The ModelCache's status has been computed and no node matches its target. (Its name hashes its
@@ -318,8 +397,9 @@ fn no_target_nodes(mc: &ModelCache) -> bool {
 
 /// The image is on every target node (or there is no target node to wait for).
 fn image_pulled(ic: Option<&ImageCache>) -> bool {
-    ic.and_then(|i| i.status.as_ref())
-        .is_some_and(|s| s.phase.as_deref() == Some(crate::crd::image_cache::phase::CACHED) || (s.target == 0 && s.phase.is_some()))
+    ic.and_then(|i| i.status.as_ref()).is_some_and(|s| {
+        s.phase.as_deref() == Some(crate::crd::image_cache::phase::CACHED) || (s.target == 0 && s.phase.is_some())
+    })
 }
 
 fn rolled_out(d: &Deployment, want_cache: Option<&str>) -> bool {
@@ -380,11 +460,8 @@ async fn apply(api: &Api<InferenceEndpoint>, ie: &InferenceEndpoint, ctx: &Conte
 
     // 2. Image cache (shared, reference-counted). A first Deployment never waits for it; an image
     //    change keeps the old image until the new one is on every target node.
-    let image_cache = if ie.spec.model_cache_config.image_cache.enabled {
-        Some(reference_image_cache(ie, ctx).await?)
-    } else {
-        None
-    };
+    let image_cache =
+        if ie.spec.model_cache_config.image_cache.enabled { Some(reference_image_cache(ie, ctx).await?) } else { None };
 
     // 3. Deployment: created once weights are ready; switched to a new cache only once it is ready.
     let existing = deployments.get_opt(&name).await?;
@@ -418,16 +495,40 @@ async fn apply(api: &Api<InferenceEndpoint>, ie: &InferenceEndpoint, ctx: &Conte
     };
     let current = match (&existing, weights_ready) {
         (_, true) => Some(
-            apply_deployment(&deployments, existing.as_ref(), deploy_ie, want_name.as_deref(), want_pin.as_deref(), deploy_ic.as_deref()).await?,
+            apply_deployment(
+                &deployments,
+                existing.as_ref(),
+                deploy_ie,
+                want_name.as_deref(),
+                want_pin.as_deref(),
+                deploy_ic.as_deref(),
+            )
+            .await?,
         ),
         // New cache not ready yet: keep serving from the old one (image/replica changes still apply).
         (Some(_), false) if serving.is_some() => Some(
-            apply_deployment(&deployments, existing.as_ref(), deploy_ie, serving.as_deref(), serving_pin.as_deref(), deploy_ic.as_deref()).await?,
+            apply_deployment(
+                &deployments,
+                existing.as_ref(),
+                deploy_ie,
+                serving.as_deref(),
+                serving_pin.as_deref(),
+                deploy_ic.as_deref(),
+            )
+            .await?,
         ),
         (Some(d), false) => Some(d.clone()),
-        (None, false) if no_targets => {
-            Some(apply_deployment(&deployments, None, deploy_ie, want_name.as_deref(), want_pin.as_deref(), deploy_ic.as_deref()).await?)
-        }
+        (None, false) if no_targets => Some(
+            apply_deployment(
+                &deployments,
+                None,
+                deploy_ie,
+                want_name.as_deref(),
+                want_pin.as_deref(),
+                deploy_ic.as_deref(),
+            )
+            .await?,
+        ),
         (None, false) => None,
     };
 
@@ -452,10 +553,11 @@ async fn apply(api: &Api<InferenceEndpoint>, ie: &InferenceEndpoint, ctx: &Conte
     }
 
     // 6. Status.
-    let mc_failed = want_cache.as_ref().is_some_and(|(_, mc)| {
-        mc.status.as_ref().and_then(|s| s.phase.as_deref()) == Some(model_cache::phase::FAILED)
-    });
-    let ready_replicas = current.as_ref().and_then(|d| d.status.as_ref()).and_then(|s| s.available_replicas).unwrap_or(0);
+    let mc_failed = want_cache
+        .as_ref()
+        .is_some_and(|(_, mc)| mc.status.as_ref().and_then(|s| s.phase.as_deref()) == Some(model_cache::phase::FAILED));
+    let ready_replicas =
+        current.as_ref().and_then(|d| d.status.as_ref()).and_then(|s| s.available_replicas).unwrap_or(0);
     // Serving on the wanted cache already: a node joining (downloading) or failing degrades the endpoint,
     // it does not stop it serving.
     let serving_wanted = want_name.is_some()
@@ -465,9 +567,19 @@ async fn apply(api: &Api<InferenceEndpoint>, ie: &InferenceEndpoint, ctx: &Conte
         _ => 0,
     };
     let (ph, ok, reason, msg) = if mc_failed && !serving_wanted {
-        (phase::FAILED, false, "ModelCacheFailed", "the weights cache failed on a node; see the ModelCache status".to_string())
+        (
+            phase::FAILED,
+            false,
+            "ModelCacheFailed",
+            "the weights cache failed on a node; see the ModelCache status".to_string(),
+        )
     } else if current.is_none() || (!weights_ready && !serving_wanted) {
-        (phase::WAITING_FOR_WEIGHTS, false, "WaitingForWeights", format!("waiting for ModelCache {} on every target node", want_name.clone().unwrap_or_default()))
+        (
+            phase::WAITING_FOR_WEIGHTS,
+            false,
+            "WaitingForWeights",
+            format!("waiting for ModelCache {} on every target node", want_name.clone().unwrap_or_default()),
+        )
     } else if done {
         let msg = if degraded > 0 {
             format!("{ready_replicas} replicas available; {degraded} target nodes do not hold the weights (pods there fetch at start)")
@@ -476,7 +588,12 @@ async fn apply(api: &Api<InferenceEndpoint>, ie: &InferenceEndpoint, ctx: &Conte
         };
         (phase::READY, true, if degraded > 0 { "Degraded" } else { "RolledOut" }, msg)
     } else if let Some(old) = &hold_image {
-        (phase::PROGRESSING, false, "WaitingForImage", format!("serving {old} until {} is pulled on every target node", ie.spec.image))
+        (
+            phase::PROGRESSING,
+            false,
+            "WaitingForImage",
+            format!("serving {old} until {} is pulled on every target node", ie.spec.image),
+        )
     } else {
         (phase::PROGRESSING, false, "RollingOut", "Deployment rolling out".to_string())
     };
@@ -490,7 +607,10 @@ async fn apply(api: &Api<InferenceEndpoint>, ie: &InferenceEndpoint, ctx: &Conte
     st.serving_image = current.as_ref().and_then(|d| d.annotations().get(IMAGE_ANNOTATION).cloned());
     st.observed_generation = ie.meta().generation;
     let now = Time(k8s_openapi::jiff::Timestamp::now());
-    conditions::upsert(&mut st.conditions, conditions::new(conditions::READY, ok, reason, msg, ie.meta().generation, &now));
+    conditions::upsert(
+        &mut st.conditions,
+        conditions::new(conditions::READY, ok, reason, msg, ie.meta().generation, &now),
+    );
     if ie.status.as_ref() != Some(&st) {
         let patch = json!({ "apiVersion": "warmpath.dev/v1alpha1", "kind": "InferenceEndpoint", "status": st });
         api.patch_status(&name, &ssa(), &Patch::Apply(&patch)).await?;
@@ -532,7 +652,8 @@ pub fn endpoint_image_cache(ie: &InferenceEndpoint) -> (String, ImageCacheSpec) 
     let key = if spec.node_selector.is_empty() && spec.image_pull_secrets.is_empty() {
         spec.image.clone()
     } else {
-        json!({"image": spec.image, "nodeSelector": spec.node_selector, "imagePullSecrets": spec.image_pull_secrets}).to_string()
+        json!({"image": spec.image, "nodeSelector": spec.node_selector, "imagePullSecrets": spec.image_pull_secrets})
+            .to_string()
     };
     (image_cache_name(&key), spec)
 }
@@ -551,7 +672,8 @@ async fn reference_image_cache(ie: &InferenceEndpoint, ctx: &Context) -> Result<
             None => {
                 let mut ic = ImageCache::new(&name, spec.clone());
                 ic.metadata.namespace = Some(ns.clone());
-                ic.metadata.labels = Some(BTreeMap::from([(MANAGED_LABEL.to_string(), MANAGED_BY_ENDPOINTS.to_string())]));
+                ic.metadata.labels =
+                    Some(BTreeMap::from([(MANAGED_LABEL.to_string(), MANAGED_BY_ENDPOINTS.to_string())]));
                 ic.metadata.owner_references = Some(vec![me.clone()]);
                 match api.create(&PostParams::default(), &ic).await {
                     Ok(_) => return Ok(name),
@@ -606,7 +728,8 @@ async fn cleanup(ie: &InferenceEndpoint, ctx: &Context) -> Result<Action> {
     let caches: Api<ModelCache> = Api::namespaced(ctx.client.clone(), &ns);
     let uid = ie.uid();
     for mc in caches.list(&ListParams::default().labels(&format!("{ENDPOINT_LABEL}={}", ie.name_any()))).await?.items {
-        if mc.owner_references().iter().any(|o| Some(&o.uid) == uid.as_ref()) && mc.meta().deletion_timestamp.is_none() {
+        if mc.owner_references().iter().any(|o| Some(&o.uid) == uid.as_ref()) && mc.meta().deletion_timestamp.is_none()
+        {
             caches.delete(&mc.name_any(), &DeleteParams::default()).await?;
         }
     }

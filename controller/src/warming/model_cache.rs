@@ -42,7 +42,14 @@ pub fn compute_status(mc: &ModelCache, nodes: &[Node], now: &Time) -> ModelCache
     if mc.spec.source.volume.is_some() {
         st.phase = Some(phase::READY.into());
         (st.target, st.ready, st.failed, st.nodes) = (0, 0, 0, vec![]);
-        let c = conditions::new(conditions::READY, true, "VolumeSource", "weights come from a volume; nothing to pre-download", generation, now);
+        let c = conditions::new(
+            conditions::READY,
+            true,
+            "VolumeSource",
+            "weights come from a volume; nothing to pre-download",
+            generation,
+            now,
+        );
         conditions::upsert(&mut st.conditions, c);
         st.observed_generation = generation;
         return st;
@@ -85,7 +92,10 @@ pub fn compute_status(mc: &ModelCache, nodes: &[Node], now: &Time) -> ModelCache
     if let Some(p) = &st.pinned {
         // A node that verified another version (the source changed between two nodes' downloads before
         // the pin was recorded) does not serve this cache: its agent now refuses or replaces it.
-        for n in per_node.iter_mut().filter(|n| n.state == phase::READY && n.version.as_ref().is_some_and(|v| *v != p.version)) {
+        for n in per_node
+            .iter_mut()
+            .filter(|n| n.state == phase::READY && n.version.as_ref().is_some_and(|v| *v != p.version))
+        {
             n.state = phase::FAILED.into();
             n.reason = Some("SourceChanged".into());
             n.message = Some(format!(
@@ -108,7 +118,12 @@ pub fn compute_status(mc: &ModelCache, nodes: &[Node], now: &Time) -> ModelCache
         let msg = format!("node {}: {}", first.node, first.message.clone().unwrap_or_default());
         (phase::FAILED, false, reason, msg)
     } else if st.target > 0 && st.ready == st.target {
-        (phase::READY, true, "AllNodesReady".to_string(), format!("{} of {} target nodes hold the weights", st.ready, st.target))
+        (
+            phase::READY,
+            true,
+            "AllNodesReady".to_string(),
+            format!("{} of {} target nodes hold the weights", st.ready, st.target),
+        )
     } else if downloading > 0 {
         (phase::DOWNLOADING, false, "Downloading".into(), format!("{} of {} target nodes ready", st.ready, st.target))
     } else if st.target == 0 {
@@ -186,7 +201,9 @@ async fn cleanup(api: &Api<ModelCache>, mc: &ModelCache, ctx: &Context) -> Resul
     let holding: Vec<String> = nodes
         .iter()
         .filter(|n| !node_lost(n))
-        .filter(|n| n.labels().contains_key(&label) || parse_reports(n.annotations().get(NODE_CACHE_STATES)).contains_key(&key))
+        .filter(|n| {
+            n.labels().contains_key(&label) || parse_reports(n.annotations().get(NODE_CACHE_STATES)).contains_key(&key)
+        })
         .map(|n| n.name_any())
         .collect();
     if holding.is_empty() {

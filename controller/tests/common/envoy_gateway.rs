@@ -84,14 +84,18 @@ pub fn apply_patch_policy(epp: &Value, listeners: &mut [Value], clusters: &mut V
                 clusters.push(op["value"].clone());
             }
             type_url::LISTENER => {
-                let l = listeners.iter_mut().find(|l| l["name"] == p["name"]).ok_or(format!("no listener {}", p["name"]))?;
+                let l = listeners
+                    .iter_mut()
+                    .find(|l| l["name"] == p["name"])
+                    .ok_or(format!("no listener {}", p["name"]))?;
                 applied += apply_operation(op, l, &p["name"])?;
             }
             type_url::ROUTE_CONFIGURATION => {
                 let q = serde_json_path::JsonPath::parse("$..route_config").unwrap();
                 let mut found = 0;
                 for l in listeners.iter_mut() {
-                    let pointers: Vec<String> = q.query_located(l).locations().map(|loc| loc.to_json_pointer()).collect();
+                    let pointers: Vec<String> =
+                        q.query_located(l).locations().map(|loc| loc.to_json_pointer()).collect();
                     for ptr in pointers {
                         let rc = l.pointer_mut(&ptr).unwrap();
                         if rc["name"] == p["name"] {

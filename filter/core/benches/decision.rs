@@ -15,7 +15,9 @@ const CHAT: &str = "/v1/chat/completions";
 
 /// A chat body of about `size` bytes: a system prompt, then user/assistant turns.
 fn body(size: usize, seed: u64) -> Vec<u8> {
-    let mut msgs = vec![json!({"role": "system", "content": "You are a helpful assistant. Answer briefly and cite sources. ".repeat(8)})];
+    let mut msgs = vec![
+        json!({"role": "system", "content": "You are a helpful assistant. Answer briefly and cite sources. ".repeat(8)}),
+    ];
     let mut i = 0u64;
     while serde_json::to_vec(&json!({"model": "m", "messages": msgs})).unwrap().len() < size {
         let role = if i & 1 == 0 { "user" } else { "assistant" };
@@ -81,7 +83,8 @@ fn benches(c: &mut Criterion) {
         });
         // Same stream through LEAST_OUTSTANDING_REQUESTS: extraction plus a trivial pick, so the difference to
         // `decision` is the cost of hashing, the index lookups and the index update.
-        let mut lor = Router::new(Settings { strategy: warmpath_core::Strategy::LeastOutstandingRequests, ..s.clone() });
+        let mut lor =
+            Router::new(Settings { strategy: warmpath_core::Strategy::LeastOutstandingRequests, ..s.clone() });
         g.bench_function(BenchmarkId::new("decision_least_outstanding", &label), |bench| {
             bench.iter(|| {
                 i = (i + 1) % others.len();
@@ -107,7 +110,11 @@ fn by_endpoints(c: &mut Criterion) {
             ..Settings::default()
         };
         let loads: Vec<EndpointLoad> = (0..n)
-            .map(|i| EndpointLoad { in_flight: (i % 7) as u32, pending_prefill: ((i * 7919) % 20_000) as u32, server: None })
+            .map(|i| EndpointLoad {
+                in_flight: (i % 7) as u32,
+                pending_prefill: ((i * 7919) % 20_000) as u32,
+                server: None,
+            })
             .collect();
         let mut r = Router::new(s);
         for k in &keys {

@@ -15,7 +15,9 @@ const CHAT: &str = "/v1/chat/completions";
 
 /// Same body shape as benches/decision.rs: a system prompt, then user/assistant turns, about `size` bytes.
 fn body(size: usize, seed: u64) -> Vec<u8> {
-    let mut msgs = vec![json!({"role": "system", "content": "You are a helpful assistant. Answer briefly and cite sources. ".repeat(8)})];
+    let mut msgs = vec![
+        json!({"role": "system", "content": "You are a helpful assistant. Answer briefly and cite sources. ".repeat(8)}),
+    ];
     let mut i = 0u64;
     let mut len = 0;
     while len < size {

@@ -63,7 +63,10 @@ fn load(path: &str) -> Option<Vec<Req>> {
                 t_ms: v["timestamp"].as_u64().unwrap_or(0),
                 input: v["input_length"].as_u64().unwrap_or(0),
                 output: v["output_length"].as_u64().unwrap_or(0),
-                ids: v["hash_ids"].as_array().map(|a| a.iter().filter_map(|x| x.as_u64()).collect()).unwrap_or_default(),
+                ids: v["hash_ids"]
+                    .as_array()
+                    .map(|a| a.iter().filter_map(|x| x.as_u64()).collect())
+                    .unwrap_or_default(),
             })
             .collect(),
     )

@@ -191,7 +191,11 @@ impl Default for Settings {
 
 /// `s` as one bounded line for an error message: control characters escaped, at most `max` characters.
 pub(crate) fn shown(s: &str, max: usize) -> String {
-    let mut out: String = s.chars().flat_map(|c| if c.is_control() { c.escape_default().collect::<Vec<_>>() } else { vec![c] }).take(max).collect();
+    let mut out: String = s
+        .chars()
+        .flat_map(|c| if c.is_control() { c.escape_default().collect::<Vec<_>>() } else { vec![c] })
+        .take(max)
+        .collect();
     if s.chars().count() > max {
         out.push('…');
     }
@@ -239,8 +243,7 @@ impl Settings {
     pub fn from_raw(raw: RawConfig) -> Result<Settings, ConfigError> {
         let d = Settings::default();
         let prefix_length = match raw.prefix_length {
-            Some(v) => in_range("prefix_length", v, PREFIX_LENGTH_RANGE, "characters (bytes for raw bodies)")?
-                as usize,
+            Some(v) => in_range("prefix_length", v, PREFIX_LENGTH_RANGE, "characters (bytes for raw bodies)")? as usize,
             None => d.prefix_length,
         };
         let block_size = match raw.block_size {
@@ -255,8 +258,7 @@ impl Settings {
             });
         }
         let concurrency_threshold = match raw.concurrency_threshold {
-            Some(v) => in_range("concurrency_threshold", v, CONCURRENCY_THRESHOLD_RANGE, "in-flight requests")?
-                as u32,
+            Some(v) => in_range("concurrency_threshold", v, CONCURRENCY_THRESHOLD_RANGE, "in-flight requests")? as u32,
             None => d.concurrency_threshold,
         };
         let tenant_header = match raw.tenant_header {
@@ -336,7 +338,8 @@ pub fn normalize_address(s: &str) -> Option<String> {
 }
 
 /// Why [`normalize_address`] refuses an address, for error messages.
-pub const ADDRESS_RULE: &str = "expected IP:port (IPv6 as [addr]:port) with a port in 1..=65535, not 0.0.0.0/:: and not IPv4-mapped IPv6";
+pub const ADDRESS_RULE: &str =
+    "expected IP:port (IPv6 as [addr]:port) with a port in 1..=65535, not 0.0.0.0/:: and not IPv4-mapped IPv6";
 
 impl Settings {
     /// Whether this instance acts on a request whose upstream cluster is `cluster` (Envoy's `xds.cluster_name`;
@@ -368,7 +371,11 @@ fn validate_upstream_clusters(raw: Vec<String>) -> Result<Vec<String>, ConfigErr
             None
         };
         if let Some(reason) = reason {
-            return Err(ConfigError::Invalid { field: format!("upstream_clusters[{i}]"), value: shown(&name, 100), reason });
+            return Err(ConfigError::Invalid {
+                field: format!("upstream_clusters[{i}]"),
+                value: shown(&name, 100),
+                reason,
+            });
         }
         if !out.contains(&name) {
             out.push(name);
@@ -406,9 +413,9 @@ fn validate_feed(raw: RawFeed) -> Result<FeedSettings, ConfigError> {
 #[cfg(test)]
 mod tests {
     // Under wasm32 the same tests run through wasm-bindgen-test (scripts/test.d/15-core-wasm.sh).
+    use super::*;
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
-    use super::*;
 
     fn err(json: &str) -> String {
         Settings::from_json(json.as_bytes()).unwrap_err().to_string()
@@ -515,14 +522,22 @@ mod tests {
         let e = err(&format!(r#"{{"endpoints":["127.0.0.1:1"],"upstream_clusters":["{long}"]}}"#));
         assert!(e.contains("upstream_clusters[0]") && e.contains("512 bytes") && e.len() < 400, "{e}");
         assert!(Settings::from_json(
-            format!(r#"{{"endpoints":["127.0.0.1:1"],"upstream_clusters":["{}"]}}"#, "c".repeat(MAX_CLUSTER_NAME_BYTES)).as_bytes()
+            format!(
+                r#"{{"endpoints":["127.0.0.1:1"],"upstream_clusters":["{}"]}}"#,
+                "c".repeat(MAX_CLUSTER_NAME_BYTES)
+            )
+            .as_bytes()
         )
         .is_ok());
         let names = |n: usize| (0..n).map(|i| format!("\"c{i}\"")).collect::<Vec<_>>().join(",");
-        let e = err(&format!(r#"{{"endpoints":["127.0.0.1:1"],"upstream_clusters":[{}]}}"#, names(MAX_UPSTREAM_CLUSTERS + 1)));
+        let e = err(&format!(
+            r#"{{"endpoints":["127.0.0.1:1"],"upstream_clusters":[{}]}}"#,
+            names(MAX_UPSTREAM_CLUSTERS + 1)
+        ));
         assert!(e.contains("`upstream_clusters` = 65 entries") && e.contains("at most 64"), "{e}");
         let ok = Settings::from_json(
-            format!(r#"{{"endpoints":["127.0.0.1:1"],"upstream_clusters":[{}]}}"#, names(MAX_UPSTREAM_CLUSTERS)).as_bytes(),
+            format!(r#"{{"endpoints":["127.0.0.1:1"],"upstream_clusters":[{}]}}"#, names(MAX_UPSTREAM_CLUSTERS))
+                .as_bytes(),
         )
         .unwrap();
         assert_eq!(ok.upstream_clusters.len(), MAX_UPSTREAM_CLUSTERS);

@@ -268,14 +268,22 @@ impl RecordLog {
     /// Errors (the feed server answers 400 with the text): a missing or malformed header, records over
     /// [`MAX_REPORT_BYTES`], malformed records (the well-formed records before them are kept), a malformed pending
     /// section (the records are kept; the gateway's earlier section stops counting).
-    pub fn serve(&mut self, reporter: Option<&str>, cursor: Option<&str>, body: &[u8], now_ms: u64) -> Result<(Vec<u8>, u64), String> {
+    pub fn serve(
+        &mut self,
+        reporter: Option<&str>,
+        cursor: Option<&str>,
+        body: &[u8],
+        now_ms: u64,
+    ) -> Result<(Vec<u8>, u64), String> {
         let reporter = reporter
             .filter(|r| r.len() == 16)
             .and_then(|r| u64::from_str_radix(r, 16).ok())
             .ok_or_else(|| format!("header {REPORTER_HEADER} must be 16 hex digits"))?;
         let cursor = match cursor {
             None => 0,
-            Some(c) => c.trim().parse::<u64>().map_err(|_| format!("header {CURSOR_HEADER} must be a decimal number"))?,
+            Some(c) => {
+                c.trim().parse::<u64>().map_err(|_| format!("header {CURSOR_HEADER} must be a decimal number"))?
+            }
         };
         let (records, pending) = split_report(body);
         if records.len() > MAX_REPORT_BYTES {
@@ -345,9 +353,9 @@ impl RecordLog {
 #[cfg(test)]
 mod tests {
     // Under wasm32 the same tests run through wasm-bindgen-test (scripts/test.d/15-core-wasm.sh).
+    use super::*;
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
-    use super::*;
 
     #[test]
     fn records_round_trip_and_concatenate() {
@@ -431,7 +439,10 @@ mod tests {
         assert!(log.serve(None, None, &rec, 0).unwrap_err().contains(REPORTER_HEADER));
         assert!(log.serve(Some("xyz"), None, &rec, 0).unwrap_err().contains("16 hex digits"));
         assert!(log.serve(Some("00000000000000aa"), Some("-1"), &rec, 0).unwrap_err().contains(CURSOR_HEADER));
-        assert!(log.serve(Some("00000000000000aa"), None, &vec![1; MAX_REPORT_BYTES + 1], 0).unwrap_err().contains("at most"));
+        assert!(log
+            .serve(Some("00000000000000aa"), None, &vec![1; MAX_REPORT_BYTES + 1], 0)
+            .unwrap_err()
+            .contains("at most"));
         assert!(log.serve(Some("00000000000000aa"), None, &[7, 7], 0).unwrap_err().contains("rejected"));
         assert_eq!(log.cursor(), 0, "nothing kept from refused reports");
         // A well-formed report: kept, and the reporter's own record is not sent back to it.
@@ -448,7 +459,9 @@ mod tests {
     }
 
     fn pending(answer: &[u8]) -> Option<Vec<(String, u32)>> {
-        split_report(answer).1.map(|p| counts(p).map(|(a, n)| (String::from_utf8(a.to_vec()).expect("utf-8"), n)).collect())
+        split_report(answer)
+            .1
+            .map(|p| counts(p).map(|(a, n)| (String::from_utf8(a.to_vec()).expect("utf-8"), n)).collect())
     }
 
     #[test]
@@ -462,7 +475,11 @@ mod tests {
         assert_eq!(split_report(&body[..records]), (&body[..records], None));
         assert_eq!(split_report(&[]), (&[][..], None));
         let garbage = [9u8, 2, 2];
-        assert_eq!(split_report(&garbage), (&garbage[..], None), "malformed records stay records, for decode to refuse");
+        assert_eq!(
+            split_report(&garbage),
+            (&garbage[..], None),
+            "malformed records stay records, for decode to refuse"
+        );
     }
 
     #[test]
@@ -475,7 +492,8 @@ mod tests {
         with_rec.extend(section(&[("10.0.0.1:80", 100), ("10.0.0.2:80", 0)]));
         let (answer, _) = log.serve(a, None, &with_rec, 1_000).expect("served");
         assert_eq!(pending(&answer), Some(vec![]), "nobody else reported yet");
-        let (answer, _) = log.serve(b, None, &section(&[("10.0.0.1:80", 20), ("10.0.0.3:80", 5)]), 1_100).expect("served");
+        let (answer, _) =
+            log.serve(b, None, &section(&[("10.0.0.1:80", 20), ("10.0.0.3:80", 5)]), 1_100).expect("served");
         assert_eq!(split_report(&answer).0, &rec[..], "B gets A's record before the section");
         assert_eq!(pending(&answer), Some(vec![("10.0.0.1:80".into(), 100)]), "zero counts are left out");
         let (answer, _) = log.serve(c, None, &section(&[]), 1_200).expect("served");
@@ -563,7 +581,11 @@ mod tests {
         let (mut cursor, mut got, mut answers) = (0, 0, 0);
         while cursor < log.cursor() {
             let (bytes, next) = log.since(cursor, 2);
-            assert!(bytes.len() <= MAX_REPORT_BYTES && next > cursor, "{} bytes, cursor {cursor} -> {next}", bytes.len());
+            assert!(
+                bytes.len() <= MAX_REPORT_BYTES && next > cursor,
+                "{} bytes, cursor {cursor} -> {next}",
+                bytes.len()
+            );
             got += chains(&bytes).len();
             assert_eq!(got as u64, next, "the cursor counts exactly the records delivered");
             (cursor, answers) = (next, answers + 1);

@@ -221,7 +221,12 @@ struct TextBuf {
 impl TextBuf {
     fn new(prefix_length: usize, body_len: usize) -> TextBuf {
         // Text is never longer than the body (escapes only shrink), nor than 4 bytes per character.
-        TextBuf { buf: Vec::with_capacity(body_len.min(prefix_length.saturating_mul(4))), budget: prefix_length, units: 0, truncated: false }
+        TextBuf {
+            buf: Vec::with_capacity(body_len.min(prefix_length.saturating_mul(4))),
+            budget: prefix_length,
+            units: 0,
+            truncated: false,
+        }
     }
 
     fn full(&self) -> bool {
@@ -628,9 +633,9 @@ impl<'de> Visitor<'de> for PromptSeed<'_> {
 #[cfg(test)]
 mod tests {
     // Under wasm32 the same tests run through wasm-bindgen-test (scripts/test.d/15-core-wasm.sh).
+    use super::*;
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
-    use super::*;
 
     const CHAT: &str = "/v1/chat/completions";
 
@@ -699,7 +704,9 @@ mod tests {
     #[test]
     fn later_messages_after_budget_are_only_validated() {
         let big = "x".repeat(2000);
-        let body = format!(r#"{{"messages":[{{"role":"user","content":"{big}"}},{{"role":"user","content":"y"}}],"model":"after"}}"#);
+        let body = format!(
+            r#"{{"messages":[{{"role":"user","content":"{big}"}},{{"role":"user","content":"y"}}],"model":"after"}}"#
+        );
         let k = extract_key(CHAT, body.as_bytes(), None, 1024).unwrap();
         assert_eq!(k.text_units, 1024);
         assert_eq!(k.model.as_deref(), Some("after"), "fields after the text are still read");
@@ -719,7 +726,10 @@ mod tests {
         assert_eq!(extract_key(CHAT, br#"{"model":"m"}"#, None, 1024), Err(ExtractError::MissingField("messages")));
         assert_eq!(extract_key(CHAT, br#"{"messages":"hi"}"#, None, 1024), Err(ExtractError::InvalidField("messages")));
         assert_eq!(extract_key(CHAT, br#"{"messages":[1]}"#, None, 1024), Err(ExtractError::InvalidField("messages")));
-        assert_eq!(extract_key(CHAT, br#"{"messages":[],"model":3}"#, None, 1024), Err(ExtractError::InvalidField("model")));
+        assert_eq!(
+            extract_key(CHAT, br#"{"messages":[],"model":3}"#, None, 1024),
+            Err(ExtractError::InvalidField("model"))
+        );
         assert_eq!(extract_key(CHAT, br#"[1]"#, None, 1024), Err(ExtractError::InvalidField("body")));
         assert!(matches!(
             extract_key(CHAT, br#"{"messages":[{"role":"user","content":"\ud800"}]}"#, None, 1024),

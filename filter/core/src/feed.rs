@@ -70,7 +70,10 @@ impl FeedSnapshot {
                 .ok_or_else(|| FeedError(format!("address {:?} is not IP:port", e.address)))?;
             if let Some(l) = e.load {
                 if !(0.0..=1.0).contains(&l.kv_cache_usage) {
-                    return Err(FeedError(format!("kv_cache_usage {} of {} is outside 0..=1", l.kv_cache_usage, e.address)));
+                    return Err(FeedError(format!(
+                        "kv_cache_usage {} of {} is outside 0..=1",
+                        l.kv_cache_usage, e.address
+                    )));
                 }
             }
         }
@@ -80,23 +83,29 @@ impl FeedSnapshot {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
-    use super::*;
 
     #[test]
     fn round_trips_and_validates() {
         let snap = FeedSnapshot {
             version: 3,
             endpoints: vec![
-                FeedEndpoint { address: "10.0.0.1:8000".into(), load: Some(FeedLoad { waiting: 1, running: 2, kv_cache_usage: 0.5 }) },
+                FeedEndpoint {
+                    address: "10.0.0.1:8000".into(),
+                    load: Some(FeedLoad { waiting: 1, running: 2, kv_cache_usage: 0.5 }),
+                },
                 FeedEndpoint { address: "[::1]:8000".into(), load: None },
             ],
         };
         let text = serde_json::to_string(&snap).unwrap();
         assert_eq!(FeedSnapshot::from_json(text.as_bytes()).unwrap(), snap);
         assert!(FeedSnapshot::from_json(br#"{"version":1,"endpoints":[{"address":"nope"}]}"#).is_err());
-        assert!(FeedSnapshot::from_json(br#"{"version":1,"endpoints":[{"address":"10.0.0.1:1","load":{"kv_cache_usage":2.0}}]}"#).is_err());
+        assert!(FeedSnapshot::from_json(
+            br#"{"version":1,"endpoints":[{"address":"10.0.0.1:1","load":{"kv_cache_usage":2.0}}]}"#
+        )
+        .is_err());
         assert!(FeedSnapshot::from_json(b"{").is_err());
     }
 }

@@ -61,9 +61,9 @@ pub fn order(key: u64, endpoints: &[Endpoint]) -> Vec<usize> {
 #[cfg(test)]
 mod tests {
     // Under wasm32 the same tests run through wasm-bindgen-test (scripts/test.d/15-core-wasm.sh).
+    use super::*;
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
-    use super::*;
 
     fn eps(n: usize) -> Vec<Endpoint> {
         (0..n).map(|i| Endpoint::new(format!("10.0.0.{i}:8000"), i as u32)).collect()

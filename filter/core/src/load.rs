@@ -56,10 +56,10 @@ pub fn least_loaded(key: u64, endpoints: &[Endpoint], loads: &[EndpointLoad]) ->
 #[cfg(test)]
 mod tests {
     // Under wasm32 the same tests run through wasm-bindgen-test (scripts/test.d/15-core-wasm.sh).
-    #[cfg(target_arch = "wasm32")]
-    use wasm_bindgen_test::wasm_bindgen_test as test;
     use super::*;
     use crate::endpoint::ServerLoad;
+    #[cfg(target_arch = "wasm32")]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     #[test]
     fn the_threshold_refuses_and_a_full_kv_cache_alone_does_not() {

@@ -75,9 +75,9 @@ impl PrefixHashes {
 #[cfg(test)]
 mod tests {
     // Under wasm32 the same tests run through wasm-bindgen-test (scripts/test.d/15-core-wasm.sh).
+    use super::*;
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
-    use super::*;
 
     #[test]
     fn chain_is_prefix_stable() {

@@ -3,9 +3,9 @@
 use std::collections::{HashMap, HashSet};
 
 use crate::config::{normalize_address, Settings, Strategy};
-use crate::error::ConfigError;
 use crate::decision::{Decision, Reason};
 use crate::endpoint::{Endpoint, EndpointLoad, ServerLoad};
+use crate::error::ConfigError;
 use crate::extract::RequestKey;
 use crate::load::least_loaded;
 use crate::policy::{self, PickInput, Policy};
@@ -38,7 +38,17 @@ impl Router {
     /// A router for `settings` with `settings.endpoints` as the endpoint set and an empty prefix index.
     pub fn new(settings: Settings) -> Router {
         let policy = policy::create(&settings);
-        let mut r = Router { endpoints: Vec::new(), server_loads: Vec::new(), has_server_loads: false, ids: HashMap::new(), positions: HashMap::new(), next_id: 0, policy, settings, last_pick: None };
+        let mut r = Router {
+            endpoints: Vec::new(),
+            server_loads: Vec::new(),
+            has_server_loads: false,
+            ids: HashMap::new(),
+            positions: HashMap::new(),
+            next_id: 0,
+            policy,
+            settings,
+            last_pick: None,
+        };
         let eps = r.settings.endpoints.clone();
         r.install_endpoints(eps);
         r
@@ -95,16 +105,15 @@ impl Router {
     pub fn set_feed_endpoints(&mut self, endpoints: Vec<(String, Option<ServerLoad>)>) -> Result<(), ConfigError> {
         // Most snapshots of a feed that reports loads only change the loads: keep the endpoint set as it is (the
         // addresses compared as given: a feed's are already normalised, and any other form takes the full path).
-        if endpoints.len() == self.endpoints.len() && endpoints.iter().zip(&self.endpoints).all(|((a, _), e)| *a == e.address)
+        if endpoints.len() == self.endpoints.len()
+            && endpoints.iter().zip(&self.endpoints).all(|((a, _), e)| *a == e.address)
         {
             self.server_loads = endpoints.into_iter().map(|(_, l)| l).collect();
             self.has_server_loads = self.server_loads.iter().any(Option::is_some);
             return Ok(());
         }
-        let loads: HashMap<String, ServerLoad> = endpoints
-            .iter()
-            .filter_map(|(a, l)| Some((normalize_address(a)?, (*l)?)))
-            .collect();
+        let loads: HashMap<String, ServerLoad> =
+            endpoints.iter().filter_map(|(a, l)| Some((normalize_address(a)?, (*l)?))).collect();
         self.set_endpoints(endpoints.into_iter().map(|(a, _)| a).collect())?;
         self.server_loads = self.endpoints.iter().map(|e| loads.get(&e.address).copied()).collect();
         self.has_server_loads = self.server_loads.iter().any(Option::is_some);
@@ -127,7 +136,8 @@ impl Router {
             .zip(&self.server_loads)
             .filter_map(|(e, l)| Some((e.address.as_str(), (*l)?)))
             .collect();
-        let server_loads: Vec<Option<ServerLoad>> = addresses.iter().map(|a| old_loads.get(a.as_str()).copied()).collect();
+        let server_loads: Vec<Option<ServerLoad>> =
+            addresses.iter().map(|a| old_loads.get(a.as_str()).copied()).collect();
         drop(old_loads);
         self.has_server_loads = server_loads.iter().any(Option::is_some);
         self.server_loads = server_loads;
@@ -154,7 +164,8 @@ impl Router {
         if !same {
             self.policy = policy::create(&settings);
         }
-        let eps = if settings.endpoints.is_empty() { self.settings.endpoints.clone() } else { settings.endpoints.clone() };
+        let eps =
+            if settings.endpoints.is_empty() { self.settings.endpoints.clone() } else { settings.endpoints.clone() };
         self.settings = settings;
         self.install_endpoints(eps);
     }

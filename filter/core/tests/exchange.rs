@@ -1,9 +1,9 @@
 //! Index exchange between routers serving the same traffic (the workers of one Envoy): a router that applied
 //! another's records routes as if it had seen those requests itself.
 
+use warmpath_core::{extract_key, EndpointLoad, Reason, Router, Settings, Strategy};
 #[cfg(target_arch = "wasm32")]
 use wasm_bindgen_test::wasm_bindgen_test as test;
-use warmpath_core::{extract_key, EndpointLoad, Reason, Router, Settings, Strategy};
 
 fn settings(block_size: usize) -> Settings {
     Settings {
@@ -19,7 +19,9 @@ fn turn(conv: usize, turns: usize) -> Vec<u8> {
     let mut msgs = vec![serde_json::json!({"role": "system", "content": "You are a helpful assistant."})];
     for t in 0..turns {
         msgs.push(serde_json::json!({"role": "user", "content": format!("conversation {conv} question {t} {}", "words ".repeat(40))}));
-        msgs.push(serde_json::json!({"role": "assistant", "content": format!("answer {t} of {conv} {}", "more ".repeat(30))}));
+        msgs.push(
+            serde_json::json!({"role": "assistant", "content": format!("answer {t} of {conv} {}", "more ".repeat(30))}),
+        );
     }
     msgs.push(serde_json::json!({"role": "user", "content": format!("conversation {conv} next question")}));
     serde_json::to_vec(&serde_json::json!({"model": "m", "messages": msgs})).unwrap()

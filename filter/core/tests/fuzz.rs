@@ -93,22 +93,29 @@ where
 
 #[test]
 fn fuzz_extract_key() {
-    let n = fuzz("extract_key", (input(BODIES), 0usize..3, 1usize..300, any::<bool>()), |(body, path, limit, tenant)| {
-        let path = ["/v1/chat/completions", "/v1/completions", "/raw"][path];
-        let tenant = tenant.then_some("tenant-1");
-        if let Ok(k) = extract_key(path, &body, tenant, limit) {
-            // Bounded output: at most `limit` characters (4 bytes each) of text, never more than the unit count says.
-            prop_assert!(k.text_units <= limit);
-            prop_assert!(k.text.len() <= 4 * limit);
-            prop_assert!(k.model.as_ref().is_none_or(|m| m.len() <= 256));
-            prop_assert!(k.tenant.as_ref().is_none_or(|t| t.len() <= 64));
-            // Whatever was extracted can be routed.
-            let mut r = Router::new(Settings { endpoints: vec!["127.0.0.1:1".into(), "127.0.0.1:2".into()], block_size: 16, ..Settings::default() });
-            let d = r.route(&PickInput { key: Some(&k), ..PickInput::default() }, &[EndpointLoad::in_flight(1)]).unwrap();
-            prop_assert!(d.endpoint < 2);
-        }
-        Ok(())
-    });
+    let n =
+        fuzz("extract_key", (input(BODIES), 0usize..3, 1usize..300, any::<bool>()), |(body, path, limit, tenant)| {
+            let path = ["/v1/chat/completions", "/v1/completions", "/raw"][path];
+            let tenant = tenant.then_some("tenant-1");
+            if let Ok(k) = extract_key(path, &body, tenant, limit) {
+                // Bounded output: at most `limit` characters (4 bytes each) of text, never more than the unit count says.
+                prop_assert!(k.text_units <= limit);
+                prop_assert!(k.text.len() <= 4 * limit);
+                prop_assert!(k.model.as_ref().is_none_or(|m| m.len() <= 256));
+                prop_assert!(k.tenant.as_ref().is_none_or(|t| t.len() <= 64));
+                // Whatever was extracted can be routed.
+                let mut r = Router::new(Settings {
+                    endpoints: vec!["127.0.0.1:1".into(), "127.0.0.1:2".into()],
+                    block_size: 16,
+                    ..Settings::default()
+                });
+                let d = r
+                    .route(&PickInput { key: Some(&k), ..PickInput::default() }, &[EndpointLoad::in_flight(1)])
+                    .unwrap();
+                prop_assert!(d.endpoint < 2);
+            }
+            Ok(())
+        });
     assert!(n > 0);
 }
 

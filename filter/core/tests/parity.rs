@@ -90,7 +90,9 @@ fn extraction_table() -> Value {
                     "blocks_64": block_hashes(k.namespace, &k.text, 64).into_iter().map(hex).collect::<Vec<_>>(),
                     "blocks_128": block_hashes(k.namespace, &k.text, 128).into_iter().map(hex).collect::<Vec<_>>(),
                 }),
-                Err(e) => json!({"path": path, "body_xxh3": hex(xxh3_64(&body)), "prefix_length": prefix_length, "error": e.as_str()}),
+                Err(e) => {
+                    json!({"path": path, "body_xxh3": hex(xxh3_64(&body)), "prefix_length": prefix_length, "error": e.as_str()})
+                }
             };
             rows.push(row);
         }
@@ -127,8 +129,13 @@ fn routing_table() -> Value {
     let mut histories: Vec<Vec<(&str, String)>> = (0..6).map(|_| vec![("system", sys.clone())]).collect();
     for step in 0..240u64 {
         if step == 120 {
-            r.set_endpoints(vec!["127.0.0.1:7001".into(), "127.0.0.1:7004".into(), "127.0.0.1:7002".into(), "127.0.0.1:7005".into()])
-                .unwrap();
+            r.set_endpoints(vec![
+                "127.0.0.1:7001".into(),
+                "127.0.0.1:7004".into(),
+                "127.0.0.1:7002".into(),
+                "127.0.0.1:7005".into(),
+            ])
+            .unwrap();
         }
         let body = if step % 3 == 0 {
             let c = (step / 3 % 6) as usize;
@@ -148,7 +155,11 @@ fn routing_table() -> Value {
                 EndpointLoad {
                     in_flight: (x % 6) as u32,
                     pending_prefill: ((x >> 16) % 1500) as u32,
-                    server: (x >> 60 == 0).then_some(ServerLoad { waiting: (x >> 8) as u32 % 3, running: 2, kv_cache_usage: 0.97 }),
+                    server: (x >> 60 == 0).then_some(ServerLoad {
+                        waiting: (x >> 8) as u32 % 3,
+                        running: 2,
+                        kv_cache_usage: 0.97,
+                    }),
                 }
             })
             .collect();
@@ -190,6 +201,9 @@ fn fixture_equals_what_this_target_computes() {
     // The table exercises what it claims to: several reasons and both error and success rows.
     let reasons: std::collections::BTreeSet<&str> =
         want["routing"].as_array().unwrap().iter().map(|r| r[1].as_str().unwrap()).collect();
-    assert!(reasons.contains("prefix_match") && reasons.contains("consistent_pick") && reasons.contains("overflow"), "{reasons:?}");
+    assert!(
+        reasons.contains("prefix_match") && reasons.contains("consistent_pick") && reasons.contains("overflow"),
+        "{reasons:?}"
+    );
     assert!(want["extraction"].as_array().unwrap().iter().any(|r| r.get("error").is_some()));
 }

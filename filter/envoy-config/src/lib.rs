@@ -38,9 +38,11 @@ pub mod type_url {
     /// The wasm HTTP filter.
     pub const WASM: &str = "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm";
     /// The native header mutation HTTP filter.
-    pub const HEADER_MUTATION: &str = "type.googleapis.com/envoy.extensions.filters.http.header_mutation.v3.HeaderMutation";
+    pub const HEADER_MUTATION: &str =
+        "type.googleapis.com/envoy.extensions.filters.http.header_mutation.v3.HeaderMutation";
     /// The TLS inspector listener filter.
-    pub const TLS_INSPECTOR: &str = "type.googleapis.com/envoy.extensions.filters.listener.tls_inspector.v3.TlsInspector";
+    pub const TLS_INSPECTOR: &str =
+        "type.googleapis.com/envoy.extensions.filters.listener.tls_inspector.v3.TlsInspector";
     /// The `override_host` load-balancing policy.
     pub const OVERRIDE_HOST: &str =
         "type.googleapis.com/envoy.extensions.load_balancing_policies.override_host.v3.OverrideHost";
@@ -48,7 +50,8 @@ pub mod type_url {
     pub const LEAST_REQUEST: &str =
         "type.googleapis.com/envoy.extensions.load_balancing_policies.least_request.v3.LeastRequest";
     /// The `previous_hosts` retry host predicate.
-    pub const PREVIOUS_HOSTS: &str = "type.googleapis.com/envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate";
+    pub const PREVIOUS_HOSTS: &str =
+        "type.googleapis.com/envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate";
     /// `google.protobuf.StringValue` (the wasm filter's plugin configuration).
     pub const STRING_VALUE: &str = "type.googleapis.com/google.protobuf.StringValue";
 }
@@ -258,7 +261,13 @@ pub enum Discovery {
 
 /// A cluster `name` of `hosts` (`(IP or DNS name, port)`), connect timeout `connect_timeout_s` seconds, with the
 /// given load-balancing policy (`None`: Envoy's default round robin).
-pub fn cluster(name: &str, discovery: Discovery, hosts: &[(String, u16)], connect_timeout_s: u32, lb_policy: Option<Value>) -> Value {
+pub fn cluster(
+    name: &str,
+    discovery: Discovery,
+    hosts: &[(String, u16)],
+    connect_timeout_s: u32,
+    lb_policy: Option<Value>,
+) -> Value {
     let endpoints: Vec<Value> = hosts
         .iter()
         .map(|(address, port)| json!({ "endpoint": { "address": { "socket_address": { "address": address, "port_value": port } } } }))
@@ -324,7 +333,10 @@ mod tests {
     fn clusters_carry_their_policy() {
         let c = cluster("m", Discovery::Static, &[("127.0.0.1".into(), 1)], 1, Some(override_host_lb_policy()));
         assert_eq!(c["type"], "STATIC");
-        assert_eq!(c["load_balancing_policy"]["policies"][0]["typed_extension_config"]["name"], "envoy.load_balancing_policies.override_host");
+        assert_eq!(
+            c["load_balancing_policy"]["policies"][0]["typed_extension_config"]["name"],
+            "envoy.load_balancing_policies.override_host"
+        );
         let c = cluster("f", Discovery::StrictDns, &[("svc.ns".into(), 80)], 2, None);
         assert_eq!((c["type"].as_str(), c.get("load_balancing_policy")), (Some("STRICT_DNS"), None));
     }

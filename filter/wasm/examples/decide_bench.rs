@@ -32,7 +32,9 @@ fn bodies(n: usize, size: usize) -> Vec<Vec<u8>> {
 }
 
 fn settings(strategy: &str) -> Settings {
-    let cfg = format!(r#"{{"strategy":"{strategy}","endpoints":["10.0.0.1:8000","10.0.0.2:8000","10.0.0.3:8000","10.0.0.4:8000"]}}"#);
+    let cfg = format!(
+        r#"{{"strategy":"{strategy}","endpoints":["10.0.0.1:8000","10.0.0.2:8000","10.0.0.3:8000","10.0.0.4:8000"]}}"#
+    );
     match Settings::from_json(cfg.as_bytes()) {
         Ok(s) => s,
         Err(e) => panic!("benchmark config: {e}"),

@@ -230,7 +230,13 @@ impl FeedPoller {
             (REPORTER_HEADER, reporter.as_str()),
             (CURSOR_HEADER, cursor.as_str()),
         ];
-        match hostcalls::dispatch_http_call(&self.settings.cluster, headers, Some(&body), vec![], report_timeout(&self.settings)) {
+        match hostcalls::dispatch_http_call(
+            &self.settings.cluster,
+            headers,
+            Some(&body),
+            vec![],
+            report_timeout(&self.settings),
+        ) {
             Ok(token) => {
                 self.index_pending = Some(token);
                 if n > 0 {
@@ -269,7 +275,13 @@ impl FeedPoller {
 
     /// Handles the answer of the index exchange: apply and forward the other gateways' records, store their pending
     /// work, keep the cursor.
-    fn on_index_response(&mut self, body_size: usize, router: &Rc<RefCell<Router>>, exchange: &Exchange, metrics: &Metrics) {
+    fn on_index_response(
+        &mut self,
+        body_size: usize,
+        router: &Rc<RefCell<Router>>,
+        exchange: &Exchange,
+        metrics: &Metrics,
+    ) {
         self.index_pending = None;
         // An answer says whether to send the next report's section (a feed server replaced by one without sections
         // answers without the header, and the next report leaves the section out); no answer (a timeout) says
@@ -287,7 +299,8 @@ impl FeedPoller {
             .flatten()
             .and_then(|v| std::str::from_utf8(&v).ok()?.trim().parse::<u64>().ok());
         let Some(cursor) = cursor else { return metrics.count("warmpath.feed.failures.index", 1) };
-        let body = hostcalls::get_buffer(BufferType::HttpCallResponseBody, 0, body_size).ok().flatten().unwrap_or_default();
+        let body =
+            hostcalls::get_buffer(BufferType::HttpCallResponseBody, 0, body_size).ok().flatten().unwrap_or_default();
         let (records, pending) = split_report(&body);
         if let Some(pending) = pending {
             shared::store_remote(&self.remote_pending_key, pending, crate::root::now_ms());
@@ -307,7 +320,14 @@ impl FeedPoller {
 
     /// Handles the feed's answers: the snapshot (publish and apply a valid, newer one; count anything else) or the
     /// index exchange.
-    pub fn on_response(&mut self, token: u32, body_size: usize, router: &Rc<RefCell<Router>>, exchange: &Exchange, metrics: &Metrics) {
+    pub fn on_response(
+        &mut self,
+        token: u32,
+        body_size: usize,
+        router: &Rc<RefCell<Router>>,
+        exchange: &Exchange,
+        metrics: &Metrics,
+    ) {
         if self.index_pending == Some(token) {
             return self.on_index_response(body_size, router, exchange, metrics);
         }
@@ -320,10 +340,8 @@ impl FeedPoller {
             None => return metrics.count("warmpath.feed.failures.unreachable", 1),
             Some(_) => return metrics.count("warmpath.feed.failures.status", 1),
         }
-        let body = hostcalls::get_buffer(BufferType::HttpCallResponseBody, 0, body_size)
-            .ok()
-            .flatten()
-            .unwrap_or_default();
+        let body =
+            hostcalls::get_buffer(BufferType::HttpCallResponseBody, 0, body_size).ok().flatten().unwrap_or_default();
         let snapshot = match FeedSnapshot::from_json(&body) {
             Ok(s) => s,
             Err(e) => {

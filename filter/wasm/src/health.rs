@@ -117,7 +117,6 @@ pub fn update(address: &str, change: impl Fn(&mut Health)) -> Option<Health> {
     None
 }
 
-
 /// Where a pick goes once endpoint health is taken into account.
 #[derive(Debug, Default)]
 pub struct Placement {
@@ -218,7 +217,10 @@ mod tests {
         assert!(t.get("127.0.0.1:1").is_clear());
         let down = Health { failures: 2, down_until_ms: 1_234_567, probing: true };
         let t = HealthTable { bytes: t.with("127.0.0.1:1", down).expect("fits"), cas: None };
-        let t = HealthTable { bytes: t.with("[::1]:2", Health { failures: 1, down_until_ms: 9, probing: false }).expect("fits"), cas: None };
+        let t = HealthTable {
+            bytes: t.with("[::1]:2", Health { failures: 1, down_until_ms: 9, probing: false }).expect("fits"),
+            cas: None,
+        };
         assert_eq!(t.get("127.0.0.1:1"), down);
         assert_eq!(t.get("[::1]:2").failures, 1);
         let t = HealthTable { bytes: t.with("127.0.0.1:1", Health::default()).expect("fits"), cas: None };

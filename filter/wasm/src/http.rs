@@ -16,10 +16,10 @@ use proxy_wasm::types::{Action, BufferType, MapType};
 use warmpath_core::headers::{ENVOY_RETRY_ON_HEADER, RETRY_ON};
 use warmpath_core::{extract_key, EndpointLoad, PickInput, Reason, RequestKey, Strategy};
 
-use crate::stream::{Mode, RouteOn, Step, Stream};
 use crate::outcome::Outcome;
 use crate::root::{now_ms, random_u64, Shared};
 use crate::shared::Counter;
+use crate::stream::{Mode, RouteOn, Step, Stream};
 use crate::{health, shared, DEBUG_HEADER, DECISION_PROPERTY, DESTINATION_HEADER, ORIGINAL_DST_HEADER};
 
 /// Counters of passive failure learning (`health`).
@@ -58,7 +58,10 @@ fn request_body(max: usize) -> Option<Vec<u8>> {
 /// connection manager resolves the route before the HTTP filters run), `None` when Envoy reports none (no route
 /// matched, unknown cluster, or a host without the attribute).
 fn upstream_cluster() -> Option<String> {
-    hostcalls::get_property(vec!["xds", "cluster_name"]).ok().flatten().map(|b| String::from_utf8_lossy(&b).into_owned())
+    hostcalls::get_property(vec!["xds", "cluster_name"])
+        .ok()
+        .flatten()
+        .map(|b| String::from_utf8_lossy(&b).into_owned())
 }
 
 /// The settings one request is handled with, copied from the router when its headers arrive.
@@ -196,7 +199,12 @@ impl FilterHttp {
                 server: None,
             })
             .collect();
-        let input = PickInput { key, random: random_u64(u64::from(self.context_id)), body_len: self.body_len, ..PickInput::default() };
+        let input = PickInput {
+            key,
+            random: random_u64(u64::from(self.context_id)),
+            body_len: self.body_len,
+            ..PickInput::default()
+        };
         let strategy = router.settings().strategy;
         let routed = router.route(&input, &loads);
         if let Some(record) = router.take_index_record() {

@@ -74,7 +74,12 @@ mod tests {
 
     const PICK: &str = "127.0.0.1:8001";
 
-    fn observed(upstream: Option<&'static str>, status: Option<u16>, attempts: Option<u64>, details: Option<&'static str>) -> Outcome {
+    fn observed(
+        upstream: Option<&'static str>,
+        status: Option<u16>,
+        attempts: Option<u64>,
+        details: Option<&'static str>,
+    ) -> Outcome {
         classify(&Observed { picked: PICK, upstream, status, attempts, details })
     }
 

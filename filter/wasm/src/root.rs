@@ -217,7 +217,9 @@ impl RootContext for FilterRoot {
         let tick = settings.feed.as_ref().map_or(DEFAULT_TICK, |f| Duration::from_millis(f.interval_ms).min(FEED_TICK));
         let exchange = EXCHANGES.with(|x| {
             let mut x = x.borrow_mut();
-            let e = x.entry(plugin.clone()).or_insert_with(|| Rc::new(Exchange::join(&plugin, random_u64(u64::from(self.context_id)))));
+            let e = x
+                .entry(plugin.clone())
+                .or_insert_with(|| Rc::new(Exchange::join(&plugin, random_u64(u64::from(self.context_id)))));
             e.clone()
         });
         self.feed = settings.feed.clone().map(|f| FeedPoller::new(f, self.context_id, tick));
@@ -238,10 +240,8 @@ impl RootContext for FilterRoot {
         );
         let keyless = RequestKey::new(BodyKind::Raw, None, None, Vec::new());
         let metrics = Rc::new(metrics::Metrics::new());
-        let remote_pending = settings
-            .feed
-            .as_ref()
-            .map(|f| (feed::remote_pending_key(f), feed::remote_pending_max_age(f, tick)));
+        let remote_pending =
+            settings.feed.as_ref().map(|f| (feed::remote_pending_key(f), feed::remote_pending_max_age(f, tick)));
         self.shared = Some(Rc::new(Shared { router, exchange, metrics, remote_pending, keyless }));
         self.settings = Some(settings);
         true

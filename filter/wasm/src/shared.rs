@@ -69,7 +69,11 @@ impl Table {
         let bytes = match hostcalls::get_shared_data(key) {
             Ok((Some(b), _)) if b.len() >= 8 => {
                 let at = u64::from_le_bytes(b[..8].try_into().expect("8 bytes"));
-                if now_ms.saturating_sub(at) <= max_age_ms { b[8..].to_vec() } else { Vec::new() }
+                if now_ms.saturating_sub(at) <= max_age_ms {
+                    b[8..].to_vec()
+                } else {
+                    Vec::new()
+                }
             }
             _ => Vec::new(),
         };
@@ -216,7 +220,6 @@ fn lease_value(owner: u64, expiry: u64) -> [u8; 16] {
 #[cfg(test)]
 mod tests {
     use super::*;
-
 
     #[test]
     fn a_lease_value_reads_back_and_anything_else_is_free() {

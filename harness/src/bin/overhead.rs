@@ -18,8 +18,8 @@ use anyhow::{bail, Result};
 use clap::Parser;
 use serde_json::json;
 use warmpath_core::feed::{FeedEndpoint, FeedLoad, FeedSnapshot};
-use warmpath_harness::{filter_wasm, EnvoyConfig, EnvoyProcess, FeedCluster, FeedServer, Upstream};
 use warmpath_harness::cpu::tree_cpu_seconds;
+use warmpath_harness::{filter_wasm, EnvoyConfig, EnvoyProcess, FeedCluster, FeedServer, Upstream};
 
 #[derive(Parser)]
 #[command(about = "Envoy + warmpath filter overhead vs plain Envoy (4 KB chat bodies, JSON or streamed answers)")]
@@ -170,7 +170,11 @@ async fn main() -> Result<()> {
     // Config 0 is the baseline (same listener and cluster, no wasm filter); all Envoys run for the whole session
     // and are measured in alternation, so drift in machine load hits every config alike.
     // (label, Envoy, whether its filter polls the feed)
-    let mut configs = vec![("Envoy, no filter".to_string(), EnvoyProcess::start(EnvoyConfig::new(addrs.clone(), "{}"), args.concurrency).await?, false)];
+    let mut configs = vec![(
+        "Envoy, no filter".to_string(),
+        EnvoyProcess::start(EnvoyConfig::new(addrs.clone(), "{}"), args.concurrency).await?,
+        false,
+    )];
     let feed = match args.feed_interval_ms {
         Some(interval_ms) => {
             let endpoints = addrs.iter().map(|a| FeedEndpoint { address: a.to_string(), load: None }).collect();
@@ -203,7 +207,8 @@ async fn main() -> Result<()> {
             // one would exchange records and pending work with each other (two gateways, not one).
             let path = format!("/v1/feed/overhead/{}", configs.len());
             let feed = json!({"cluster": cluster, "path": path, "interval_ms": interval_ms});
-            let plugin = EnvoyConfig::plugin_json(&addrs, json!({"strategy": strategy, "debug_header": false, "feed": feed}));
+            let plugin =
+                EnvoyConfig::plugin_json(&addrs, json!({"strategy": strategy, "debug_header": false, "feed": feed}));
             let config = EnvoyConfig::new(addrs.clone(), plugin)
                 .with_wasm(wasm)
                 .with_feed(FeedCluster { name: cluster.into(), address: server.addr() });

@@ -149,8 +149,12 @@ fn main() -> Result<()> {
             std::fs::create_dir_all(&out)?;
             let path = out.join("envoy.yaml");
             std::fs::write(&path, render.config()?.render_static_yaml())?;
-            eprintln!("warmpath-envoy: {} (listener 127.0.0.1:{}, admin 127.0.0.1:{})",
-                path.display(), render.listener_port, render.admin_port);
+            eprintln!(
+                "warmpath-envoy: {} (listener 127.0.0.1:{}, admin 127.0.0.1:{})",
+                path.display(),
+                render.listener_port,
+                render.admin_port
+            );
             let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
             let code = rt.block_on(run_envoy(&path, concurrency))?;
             std::process::exit(code);

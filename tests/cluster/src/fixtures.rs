@@ -135,7 +135,8 @@ pub async fn get_owned(client: &Client, kind: &str, ns: &str, name: &str) -> Opt
 /// finalizers and drops `deletionTimestamp` on create, so the pending-deletion state is built here;
 /// the test then checks the finalizer was released and deletes the object for real.)
 pub fn as_deleted<K: kube::Resource>(mut obj: K) -> K {
-    obj.meta_mut().deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now()));
+    obj.meta_mut().deletion_timestamp =
+        Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now()));
     obj
 }
 
@@ -143,8 +144,18 @@ pub fn as_deleted<K: kube::Resource>(mut obj: K) -> K {
 /// with conditions `(type, status, reason, message)`. Without `observedGeneration`: kube-fake-client
 /// 0.3 bumps `metadata.generation` on every write (this status write, and each no-op re-apply),
 /// where an API server bumps it on spec changes only, so no generation written here would stay current.
-pub async fn eg_status(client: &Client, kind: &str, ns: &str, name: &str, (gw_ns, gw): (&str, &str), conds: &[(&str, &str, &str, &str)]) {
-    let ar = warmpath_controller::foreign::owned_kinds().into_iter().find(|a| a.kind == kind).expect("an Envoy Gateway kind");
+pub async fn eg_status(
+    client: &Client,
+    kind: &str,
+    ns: &str,
+    name: &str,
+    (gw_ns, gw): (&str, &str),
+    conds: &[(&str, &str, &str, &str)],
+) {
+    let ar = warmpath_controller::foreign::owned_kinds()
+        .into_iter()
+        .find(|a| a.kind == kind)
+        .expect("an Envoy Gateway kind");
     let api = Api::<DynamicObject>::namespaced_with(client.clone(), ns, &ar);
     let conditions: Vec<Value> = conds
         .iter()
@@ -154,7 +165,9 @@ pub async fn eg_status(client: &Client, kind: &str, ns: &str, name: &str, (gw_ns
         "ancestorRef": {"group": "gateway.networking.k8s.io", "kind": "Gateway", "namespace": gw_ns, "name": gw},
         "controllerName": "gateway.envoyproxy.io/gatewayclass-controller",
         "conditions": conditions}]}});
-    api.patch(name, &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&status)).await.expect("status written");
+    api.patch(name, &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&status))
+        .await
+        .expect("status written");
 }
 
 /// Plays Envoy Gateway accepting every Envoy Gateway object the controller rendered, and
@@ -162,8 +175,13 @@ pub async fn eg_status(client: &Client, kind: &str, ns: &str, name: &str, (gw_ns
 pub async fn eg_reports_programmed(client: &Client, gw: (&str, &str)) {
     for (kind, ns, name) in owned_objects(client).await {
         let conds: &[(&str, &str, &str, &str)] = match kind.as_str() {
-            "EnvoyPatchPolicy" => &[("Accepted", "True", "Accepted", "Policy has been accepted."), ("Programmed", "True", "Programmed", "Patches have been successfully applied.")],
-            "EnvoyExtensionPolicy" | "BackendTrafficPolicy" => &[("Accepted", "True", "Accepted", "Policy has been accepted.")],
+            "EnvoyPatchPolicy" => &[
+                ("Accepted", "True", "Accepted", "Policy has been accepted."),
+                ("Programmed", "True", "Programmed", "Patches have been successfully applied."),
+            ],
+            "EnvoyExtensionPolicy" | "BackendTrafficPolicy" => {
+                &[("Accepted", "True", "Accepted", "Policy has been accepted.")]
+            }
             _ => continue,
         };
         eg_status(client, &kind, &ns, &name, gw, conds).await;

@@ -20,7 +20,8 @@ use warmpath_controller::crd::inference_endpoint::{
     phase as ie_phase, InferenceEndpoint, InferenceEndpointSpec, ModelCacheConfig, MODEL_CACHE_ANNOTATION,
 };
 use warmpath_controller::crd::model_cache::{
-    cache_ready_label, phase as mc_phase, report_key, ModelCache, ModelSource, NodeCacheReport, S3Source, NODE_CACHE_STATES,
+    cache_ready_label, phase as mc_phase, report_key, ModelCache, ModelSource, NodeCacheReport, S3Source,
+    NODE_CACHE_STATES,
 };
 use warmpath_controller::crd::routing_policy::InferenceRoutingPolicy;
 use warmpath_controller::reconcile::{Context, ControllerConfig};
@@ -36,7 +37,11 @@ fn node(name: &str, labels: &[(&str, &str)]) -> Node {
             ..Default::default()
         },
         status: Some(NodeStatus {
-            conditions: Some(vec![NodeCondition { type_: "Ready".into(), status: "True".into(), ..Default::default() }]),
+            conditions: Some(vec![NodeCondition {
+                type_: "Ready".into(),
+                status: "True".into(),
+                ..Default::default()
+            }]),
             ..Default::default()
         }),
         ..Default::default()
@@ -157,7 +162,10 @@ async fn agent_removes(client: &Client, node: &str, cache: &str) {
     nodes.patch(node, &PatchParams::default(), &Patch::Merge(patch)).await.unwrap();
 }
 
-async fn ie_status(client: &Client, name: &str) -> warmpath_controller::crd::inference_endpoint::InferenceEndpointStatus {
+async fn ie_status(
+    client: &Client,
+    name: &str,
+) -> warmpath_controller::crd::inference_endpoint::InferenceEndpointStatus {
     Api::<InferenceEndpoint>::namespaced(client.clone(), NS).get(name).await.unwrap().status.unwrap()
 }
 
@@ -187,7 +195,10 @@ async fn make_ready(c: &Client, ctx: &Arc<Context>, cache: &str) {
 async fn weights_block_the_deployment_and_the_image_does_not() {
     let c = client(gpu_nodes()).await;
     let ctx = ctx(&c);
-    Api::<InferenceEndpoint>::namespaced(c.clone(), NS).create(&PostParams::default(), &endpoint("llama", "llama/", "vllm:1")).await.unwrap();
+    Api::<InferenceEndpoint>::namespaced(c.clone(), NS)
+        .create(&PostParams::default(), &endpoint("llama", "llama/", "vllm:1"))
+        .await
+        .unwrap();
     reconcile_ie(&ctx, "llama", 2).await;
 
     let st = ie_status(&c, "llama").await;
@@ -195,7 +206,11 @@ async fn weights_block_the_deployment_and_the_image_does_not() {
     let cache = st.model_cache.clone().unwrap();
     let mc = Api::<ModelCache>::namespaced(c.clone(), NS).get(&cache).await.unwrap();
     assert_eq!(mc.owner_references()[0].kind, "InferenceEndpoint");
-    assert!(Api::<ImageCache>::namespaced(c.clone(), NS).get_opt(st.image_cache.as_ref().unwrap()).await.unwrap().is_some());
+    assert!(Api::<ImageCache>::namespaced(c.clone(), NS)
+        .get_opt(st.image_cache.as_ref().unwrap())
+        .await
+        .unwrap()
+        .is_some());
     let deployments: Api<Deployment> = Api::namespaced(c.clone(), NS);
     assert!(deployments.get_opt("llama").await.unwrap().is_none(), "no Deployment before the weights are ready");
 
@@ -232,7 +247,11 @@ async fn weights_block_the_deployment_and_the_image_does_not() {
     let hp = pod.volumes.unwrap()[0].host_path.clone().unwrap();
     assert_eq!(hp.path, format!("/opt/warmpath/models/{NS}.{cache}"));
     let init = &pod.init_containers.unwrap()[0];
-    assert!(init.args.as_ref().unwrap().windows(2).any(|w| w[0] == "--source" && w[1] == "s3://models/llama/"), "{:?}", init.args);
+    assert!(
+        init.args.as_ref().unwrap().windows(2).any(|w| w[0] == "--source" && w[1] == "s3://models/llama/"),
+        "{:?}",
+        init.args
+    );
     // Service and routing policy for the gateway.
     assert!(Api::<Service>::namespaced(c.clone(), NS).get_opt("llama").await.unwrap().is_some());
     let irp = Api::<InferenceRoutingPolicy>::namespaced(c.clone(), NS).get("llama").await.unwrap();
@@ -249,7 +268,10 @@ async fn weights_block_the_deployment_and_the_image_does_not() {
 async fn failed_node_fails_the_cache_with_the_agent_reason() {
     let c = client(gpu_nodes()).await;
     let ctx = ctx(&c);
-    Api::<InferenceEndpoint>::namespaced(c.clone(), NS).create(&PostParams::default(), &endpoint("llama", "llama/", "vllm:1")).await.unwrap();
+    Api::<InferenceEndpoint>::namespaced(c.clone(), NS)
+        .create(&PostParams::default(), &endpoint("llama", "llama/", "vllm:1"))
+        .await
+        .unwrap();
     reconcile_ie(&ctx, "llama", 2).await;
     let cache = ie_status(&c, "llama").await.model_cache.unwrap();
     agent_reports(&c, "gpu-a", &cache, mc_phase::READY).await;
@@ -268,7 +290,10 @@ async fn failed_node_fails_the_cache_with_the_agent_reason() {
 async fn node_addition_and_loss_are_reconciled() {
     let c = client(gpu_nodes()).await;
     let ctx = ctx(&c);
-    Api::<InferenceEndpoint>::namespaced(c.clone(), NS).create(&PostParams::default(), &endpoint("llama", "llama/", "vllm:1")).await.unwrap();
+    Api::<InferenceEndpoint>::namespaced(c.clone(), NS)
+        .create(&PostParams::default(), &endpoint("llama", "llama/", "vllm:1"))
+        .await
+        .unwrap();
     reconcile_ie(&ctx, "llama", 2).await;
     let cache = ie_status(&c, "llama").await.model_cache.unwrap();
     make_ready(&c, &ctx, &cache).await;
@@ -335,12 +360,17 @@ async fn image_cache_cleanup_removes_daemonset_and_node_labels() {
     let c = client(gpu_nodes()).await;
     let ctx = ctx(&c);
     let ics: Api<ImageCache> = Api::namespaced(c.clone(), NS);
-    let mut ic: ImageCache = serde_json::from_value(json!({"apiVersion": "warmpath.dev/v1alpha1", "kind": "ImageCache",
-        "metadata": {"name": "sglang", "namespace": NS}, "spec": {"image": "sglang:0.5"}})).unwrap();
+    let mut ic: ImageCache =
+        serde_json::from_value(json!({"apiVersion": "warmpath.dev/v1alpha1", "kind": "ImageCache",
+        "metadata": {"name": "sglang", "namespace": NS}, "spec": {"image": "sglang:0.5"}}))
+        .unwrap();
     ics.create(&PostParams::default(), &ic).await.unwrap();
     reconcile_ic(&ctx, "sglang").await.expect("user-created cache without references is kept");
     let label = image_ready_label(NS, "sglang");
-    Api::<Node>::all(c.clone()).patch("gpu-a", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"labels": {&label: "true"}}}))).await.unwrap();
+    Api::<Node>::all(c.clone())
+        .patch("gpu-a", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"labels": {&label: "true"}}})))
+        .await
+        .unwrap();
     ic = ics.get("sglang").await.unwrap();
     assert!(ic.finalizers().contains(&"warmpath.dev/image-cache-cleanup".to_string()));
     ic.metadata.deletion_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::now()));
@@ -410,7 +440,10 @@ async fn source_change_rolls_out_before_the_old_cache_goes() {
 async fn model_cache_finalizer_waits_for_nodes_to_drop_the_cache() {
     let c = client(gpu_nodes()).await;
     let ctx = ctx(&c);
-    Api::<InferenceEndpoint>::namespaced(c.clone(), NS).create(&PostParams::default(), &endpoint("llama", "llama/", "vllm:1")).await.unwrap();
+    Api::<InferenceEndpoint>::namespaced(c.clone(), NS)
+        .create(&PostParams::default(), &endpoint("llama", "llama/", "vllm:1"))
+        .await
+        .unwrap();
     reconcile_ie(&ctx, "llama", 2).await;
     let cache = ie_status(&c, "llama").await.model_cache.unwrap();
     make_ready(&c, &ctx, &cache).await;
@@ -440,7 +473,10 @@ async fn model_cache_finalizer_waits_for_nodes_to_drop_the_cache() {
 async fn restarted_controller_creates_no_duplicates() {
     let c = client(gpu_nodes()).await;
     let first = ctx(&c);
-    Api::<InferenceEndpoint>::namespaced(c.clone(), NS).create(&PostParams::default(), &endpoint("llama", "llama/", "vllm:1")).await.unwrap();
+    Api::<InferenceEndpoint>::namespaced(c.clone(), NS)
+        .create(&PostParams::default(), &endpoint("llama", "llama/", "vllm:1"))
+        .await
+        .unwrap();
     reconcile_ie(&first, "llama", 2).await;
     let cache = ie_status(&c, "llama").await.model_cache.unwrap();
     make_ready(&c, &first, &cache).await;
@@ -479,7 +515,15 @@ fn server_image(d: &Deployment) -> String {
 /// What the ImageCache reconciler writes once the kubelets of both target nodes have pulled `image`.
 async fn image_pulled_everywhere(c: &Client, image: &str) {
     let api = Api::<ImageCache>::namespaced(c.clone(), NS);
-    let name = api.list(&ListParams::default()).await.unwrap().items.into_iter().find(|i| i.spec.image == image).unwrap().name_any();
+    let name = api
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .find(|i| i.spec.image == image)
+        .unwrap()
+        .name_any();
     let st = json!({"status": {"phase": "Cached", "target": 2, "cached": 2, "references": 1}});
     api.patch_status(&name, &PatchParams::default(), &Patch::Merge(st)).await.unwrap();
 }
@@ -506,7 +550,9 @@ async fn pods_get_readiness_tolerations_and_source_credentials() {
     ie.spec.service_account_name = Some("model-reader".into());
     ie.spec.env = vec![serde_json::from_value(json!({"name": "AWS_REGION", "value": "eu-west-1"})).unwrap()];
     ie.spec.env_from = vec![serde_json::from_value(json!({"secretRef": {"name": "s3-creds"}})).unwrap()];
-    ie.spec.tolerations = vec![serde_json::from_value(json!({"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"})).unwrap()];
+    ie.spec.tolerations =
+        vec![serde_json::from_value(json!({"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}))
+            .unwrap()];
     serving(&c, &ctx, ie).await;
     let d = Api::<Deployment>::namespaced(c.clone(), NS).get("llama").await.unwrap();
     let pod = d.spec.unwrap().template.spec.unwrap();
@@ -515,7 +561,10 @@ async fn pods_get_readiness_tolerations_and_source_credentials() {
     let server = &pod.containers[0];
     let probe = server.readiness_probe.as_ref().expect("a readiness probe by default");
     let get = probe.http_get.as_ref().unwrap();
-    assert_eq!((get.path.as_deref(), &get.port), (Some("/health"), &k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::String("http".into())));
+    assert_eq!(
+        (get.path.as_deref(), &get.port),
+        (Some("/health"), &k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::String("http".into()))
+    );
     let init = &pod.init_containers.unwrap()[0];
     for (what, ctr) in [("server", server), ("fallback fetch", init)] {
         assert!(ctr.env.as_ref().unwrap().iter().any(|e| e.name == "AWS_REGION"), "{what}: env");
@@ -525,7 +574,9 @@ async fn pods_get_readiness_tolerations_and_source_credentials() {
     // A configured probe replaces the default.
     let ies: Api<InferenceEndpoint> = Api::namespaced(c.clone(), NS);
     let mut ie = ies.get("llama").await.unwrap();
-    ie.spec.readiness_probe = Some(serde_json::from_value(json!({"httpGet": {"path": "/v1/models", "port": 8000}, "periodSeconds": 10})).unwrap());
+    ie.spec.readiness_probe = Some(
+        serde_json::from_value(json!({"httpGet": {"path": "/v1/models", "port": 8000}, "periodSeconds": 10})).unwrap(),
+    );
     ies.replace("llama", &PostParams::default(), &ie).await.unwrap();
     reconcile_ie(&ctx, "llama", 1).await;
     let d = Api::<Deployment>::namespaced(c.clone(), NS).get("llama").await.unwrap();
@@ -541,7 +592,11 @@ async fn an_autoscaler_owns_replicas_when_configured() {
     ie.spec.autoscaling = Some(serde_json::from_value(json!({"enabled": true})).unwrap());
     serving(&c, &ctx, ie).await;
     let deployments: Api<Deployment> = Api::namespaced(c.clone(), NS);
-    assert_eq!(deployments.get("llama").await.unwrap().spec.unwrap().replicas, None, "replicas not applied by the controller");
+    assert_eq!(
+        deployments.get("llama").await.unwrap().spec.unwrap().replicas,
+        None,
+        "replicas not applied by the controller"
+    );
     // The HPA scales out (through the scale subresource in a cluster; a patch by another manager here).
     let hpa = PatchParams { field_manager: Some("horizontal-pod-autoscaler".into()), ..Default::default() };
     deployments.patch("llama", &hpa, &Patch::Merge(json!({"spec": {"replicas": 5}}))).await.unwrap();
@@ -552,7 +607,11 @@ async fn an_autoscaler_owns_replicas_when_configured() {
     ies.replace("llama", &PostParams::default(), &e).await.unwrap();
     reconcile_ie(&ctx, "llama", 2).await;
     let d = deployments.get("llama").await.unwrap();
-    assert!(d.spec.as_ref().unwrap().template.spec.as_ref().unwrap().containers[0].args.as_ref().unwrap().contains(&"--enable-prefix-caching".to_string()));
+    assert!(d.spec.as_ref().unwrap().template.spec.as_ref().unwrap().containers[0]
+        .args
+        .as_ref()
+        .unwrap()
+        .contains(&"--enable-prefix-caching".to_string()));
     assert_eq!(d.spec.unwrap().replicas, Some(5), "the autoscaler's replicas are kept");
 }
 
@@ -561,7 +620,10 @@ async fn scale_from_zero_creates_the_deployment_and_warms_nodes_as_they_join() {
     // No GPU node yet: a cluster autoscaler adds one only for a pending pod.
     let c = client(vec![node("cpu-a", &[("pool", "cpu")])]).await;
     let ctx = ctx(&c);
-    Api::<InferenceEndpoint>::namespaced(c.clone(), NS).create(&PostParams::default(), &endpoint("llama", "llama/", "vllm:1")).await.unwrap();
+    Api::<InferenceEndpoint>::namespaced(c.clone(), NS)
+        .create(&PostParams::default(), &endpoint("llama", "llama/", "vllm:1"))
+        .await
+        .unwrap();
     reconcile_ie(&ctx, "llama", 1).await;
     let cache = ie_status(&c, "llama").await.model_cache.unwrap();
     let st = reconcile_mc(&ctx, &cache).await.status.unwrap();
@@ -571,7 +633,10 @@ async fn scale_from_zero_creates_the_deployment_and_warms_nodes_as_they_join() {
     let d = deployments.get_opt("llama").await.unwrap().expect("Deployment created with no target node");
     assert_eq!(d.annotations().get(MODEL_CACHE_ANNOTATION), Some(&cache));
     let pod = d.spec.unwrap().template.spec.unwrap();
-    assert!(pod.affinity.unwrap().node_affinity.unwrap().required_during_scheduling_ignored_during_execution.is_none(), "preferred only");
+    assert!(
+        pod.affinity.unwrap().node_affinity.unwrap().required_during_scheduling_ignored_during_execution.is_none(),
+        "preferred only"
+    );
     assert_eq!(pod.init_containers.unwrap()[0].name, "weights", "cold-node fallback fetch in front");
     assert_eq!(ie_status(&c, "llama").await.phase.as_deref(), Some(ie_phase::PROGRESSING));
 
@@ -602,14 +667,26 @@ async fn a_serving_endpoint_stays_serving_when_a_node_joins_or_fails() {
     reconcile_mc(&ctx, &cache).await;
     reconcile_ie(&ctx, "llama", 1).await;
     let st = ie_status(&c, "llama").await;
-    assert_eq!((st.phase.as_deref(), st.degraded_nodes), (Some(ie_phase::READY), 1), "a joining node does not stop serving");
+    assert_eq!(
+        (st.phase.as_deref(), st.degraded_nodes),
+        (Some(ie_phase::READY), 1),
+        "a joining node does not stop serving"
+    );
     assert_eq!(st.conditions[0].reason, "Degraded");
     agent_reports(&c, "gpu-c", &cache, mc_phase::FAILED).await;
     assert_eq!(reconcile_mc(&ctx, &cache).await.status.unwrap().phase.as_deref(), Some(mc_phase::FAILED));
     reconcile_ie(&ctx, "llama", 1).await;
     let st = ie_status(&c, "llama").await;
-    assert_eq!((st.phase.as_deref(), st.degraded_nodes), (Some(ie_phase::READY), 1), "one failed node does not fail the endpoint");
-    assert!(st.conditions[0].message.contains("1 target nodes do not hold the weights"), "{}", st.conditions[0].message);
+    assert_eq!(
+        (st.phase.as_deref(), st.degraded_nodes),
+        (Some(ie_phase::READY), 1),
+        "one failed node does not fail the endpoint"
+    );
+    assert!(
+        st.conditions[0].message.contains("1 target nodes do not hold the weights"),
+        "{}",
+        st.conditions[0].message
+    );
 }
 
 #[tokio::test]
@@ -623,16 +700,27 @@ async fn an_image_change_waits_for_its_image_cache() {
     ies.replace("llama", &PostParams::default(), &ie).await.unwrap();
     reconcile_ie(&ctx, "llama", 2).await;
     let deployments: Api<Deployment> = Api::namespaced(c.clone(), NS);
-    assert_eq!(server_image(&deployments.get("llama").await.unwrap()), "vllm:1", "old image until the new one is pulled");
+    assert_eq!(
+        server_image(&deployments.get("llama").await.unwrap()),
+        "vllm:1",
+        "old image until the new one is pulled"
+    );
     let st = ie_status(&c, "llama").await;
-    assert_eq!((st.phase.as_deref(), st.conditions[0].reason.as_str()), (Some(ie_phase::PROGRESSING), "WaitingForImage"));
+    assert_eq!(
+        (st.phase.as_deref(), st.conditions[0].reason.as_str()),
+        (Some(ie_phase::PROGRESSING), "WaitingForImage")
+    );
     image_pulled_everywhere(&c, "vllm:2").await;
     reconcile_ie(&ctx, "llama", 1).await;
     assert_eq!(server_image(&deployments.get("llama").await.unwrap()), "vllm:2");
     deployment_rolled_out(&c, "llama").await;
     reconcile_ie(&ctx, "llama", 1).await;
     let images = Api::<ImageCache>::namespaced(c.clone(), NS).list(&ListParams::default()).await.unwrap().items;
-    assert_eq!(images.iter().map(|i| i.spec.image.as_str()).collect::<Vec<_>>(), ["vllm:2"], "old image released after the rollout");
+    assert_eq!(
+        images.iter().map(|i| i.spec.image.as_str()).collect::<Vec<_>>(),
+        ["vllm:2"],
+        "old image released after the rollout"
+    );
 }
 
 /// The CRD schema carries the sha256 pattern on every map value (a JSON-schema validator refusing a
@@ -642,7 +730,11 @@ fn crd_schema_requires_hex_sha256_values() {
     for crd in [<ModelCache as kube::CustomResourceExt>::crd(), <InferenceEndpoint as kube::CustomResourceExt>::crd()] {
         let schema = serde_json::to_value(&crd.spec.versions[0].schema.as_ref().unwrap().open_api_v3_schema).unwrap();
         let sha = &schema["properties"]["spec"]["properties"]["sha256"];
-        assert_eq!(sha["additionalProperties"]["pattern"], warmpath_controller::crd::model_cache::SHA256_PATTERN, "{sha}");
+        assert_eq!(
+            sha["additionalProperties"]["pattern"],
+            warmpath_controller::crd::model_cache::SHA256_PATTERN,
+            "{sha}"
+        );
     }
 }
 
@@ -661,7 +753,11 @@ async fn endpoints_on_different_nodes_get_their_own_image_cache() {
     for n in ["gpu", "cpu", "gpu2"] {
         reconcile_ie(&ctx, n, 2).await;
     }
-    let (gpu, cpu, gpu2) = (ie_status(&c, "gpu").await.image_cache.unwrap(), ie_status(&c, "cpu").await.image_cache.unwrap(), ie_status(&c, "gpu2").await.image_cache.unwrap());
+    let (gpu, cpu, gpu2) = (
+        ie_status(&c, "gpu").await.image_cache.unwrap(),
+        ie_status(&c, "cpu").await.image_cache.unwrap(),
+        ie_status(&c, "gpu2").await.image_cache.unwrap(),
+    );
     assert_eq!(gpu, gpu2, "same image on the same nodes: shared");
     assert_ne!(gpu, cpu, "same image on other nodes: its own cache");
     for (ic, pool) in [(&gpu, "gpu"), (&cpu, "cpu")] {
@@ -677,7 +773,8 @@ async fn agent_verified(client: &Client, node: &str, cache: &str, version: &str)
     agent_reports(client, node, cache, mc_phase::READY).await;
     let nodes: Api<Node> = Api::all(client.clone());
     let n = nodes.get(node).await.unwrap();
-    let mut reports: BTreeMap<String, NodeCacheReport> = serde_json::from_str(&n.annotations()[NODE_CACHE_STATES]).unwrap();
+    let mut reports: BTreeMap<String, NodeCacheReport> =
+        serde_json::from_str(&n.annotations()[NODE_CACHE_STATES]).unwrap();
     reports.get_mut(&report_key(NS, cache)).unwrap().version = Some(version.into());
     let patch = json!({"metadata": {"annotations": { NODE_CACHE_STATES: serde_json::to_string(&reports).unwrap() }}});
     nodes.patch(node, &PatchParams::default(), &Patch::Merge(patch)).await.unwrap();
@@ -694,7 +791,10 @@ fn fetch_args(d: &Deployment) -> Vec<String> {
 async fn the_first_verified_version_is_pinned_and_reaches_the_pods() {
     let c = client(gpu_nodes()).await;
     let ctx = ctx(&c);
-    Api::<InferenceEndpoint>::namespaced(c.clone(), NS).create(&PostParams::default(), &endpoint("llama", "llama/", "vllm:1")).await.unwrap();
+    Api::<InferenceEndpoint>::namespaced(c.clone(), NS)
+        .create(&PostParams::default(), &endpoint("llama", "llama/", "vllm:1"))
+        .await
+        .unwrap();
     reconcile_ie(&ctx, "llama", 2).await;
     let cache = ie_status(&c, "llama").await.model_cache.unwrap();
     assert!(reconcile_mc(&ctx, &cache).await.status.unwrap().pinned.is_none(), "nothing verified yet");
@@ -713,7 +813,10 @@ async fn the_first_verified_version_is_pinned_and_reaches_the_pods() {
     assert_eq!(a.reason.as_deref(), Some("SourceChanged"));
     assert!(a.message.as_deref().unwrap().contains("pinned to version 1111111111111111"), "{a:?}");
     reconcile_ie(&ctx, "llama", 1).await;
-    assert!(Api::<Deployment>::namespaced(c.clone(), NS).get_opt("llama").await.unwrap().is_none(), "not every node holds the pin");
+    assert!(
+        Api::<Deployment>::namespaced(c.clone(), NS).get_opt("llama").await.unwrap().is_none(),
+        "not every node holds the pin"
+    );
 
     // gpu-a's agent replaces its copy with the pinned version: Ready, and the pods fetch exactly the pin.
     agent_verified(&c, "gpu-a", &cache, "1111111111111111").await;
@@ -731,7 +834,10 @@ async fn the_first_verified_version_is_pinned_and_reaches_the_pods() {
 async fn scale_from_zero_pins_the_pods_once_the_first_node_verified() {
     let c = client(vec![node("cpu-a", &[("pool", "cpu")])]).await;
     let ctx = ctx(&c);
-    Api::<InferenceEndpoint>::namespaced(c.clone(), NS).create(&PostParams::default(), &endpoint("llama", "llama/", "vllm:1")).await.unwrap();
+    Api::<InferenceEndpoint>::namespaced(c.clone(), NS)
+        .create(&PostParams::default(), &endpoint("llama", "llama/", "vllm:1"))
+        .await
+        .unwrap();
     reconcile_ie(&ctx, "llama", 1).await;
     let cache = ie_status(&c, "llama").await.model_cache.unwrap();
     reconcile_mc(&ctx, &cache).await;

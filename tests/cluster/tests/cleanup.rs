@@ -1,8 +1,6 @@
 //! The cleanup subcommand against the in-memory API client.
 #![allow(unused_imports)]
 
-use std::collections::BTreeSet;
-use std::time::Duration;
 use gateway_api::apis::standard::httproutes::HttpRoute;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::jiff::Timestamp;
@@ -10,18 +8,20 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::core::DynamicObject;
 use kube::{Client, ResourceExt};
 use serde_json::json;
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
 use warmpath_controller::crd::routing_policy::InferenceRoutingPolicy;
-use warmpath_controller::leader::Elector;
 use warmpath_controller::gateway::{program, route_annotations, routing_policy};
+use warmpath_controller::leader::Elector;
 use warmpath_controller::reconcile::{finalizers, Context};
 use warmpath_controller::render::LABEL_OWNER_UID;
 use warmpath_controller::Result;
-use std::sync::Arc;
 
 use kube::api::PostParams;
 
-use warmpath_controller::cleanup::*;
 use warmpath_cluster_tests::fixtures::{self, *};
+use warmpath_controller::cleanup::*;
 
 const NS: &str = "llm";
 const GW_NS: &str = "gateways";
@@ -39,9 +39,24 @@ async fn cleanup_releases_finalizers_and_deletes_rendered_objects_only() {
     ])
     .await;
     let ctx = fixtures::context(client.clone());
-    let _: HttpRoute = create(&client, NS, http_route(NS, "annotated", GW_NS, "inference-gw", "vllm", 8000, json!({"warmpath.dev/routing-strategy": "PREFIX_AWARE"}))).await;
-    let _: HttpRoute = create(&client, NS, http_route(NS, "chat", GW_NS, "inference-gw", "vllm", 8000, json!({}))).await;
-    let _: InferenceRoutingPolicy = create(&client, NS, policy(NS, "chat-routing", "chat", json!({"strategy": "PREFIX_AWARE"}))).await;
+    let _: HttpRoute = create(
+        &client,
+        NS,
+        http_route(
+            NS,
+            "annotated",
+            GW_NS,
+            "inference-gw",
+            "vllm",
+            8000,
+            json!({"warmpath.dev/routing-strategy": "PREFIX_AWARE"}),
+        ),
+    )
+    .await;
+    let _: HttpRoute =
+        create(&client, NS, http_route(NS, "chat", GW_NS, "inference-gw", "vllm", 8000, json!({}))).await;
+    let _: InferenceRoutingPolicy =
+        create(&client, NS, policy(NS, "chat-routing", "chat", json!({"strategy": "PREFIX_AWARE"}))).await;
     let users = json!({"apiVersion": "gateway.envoyproxy.io/v1alpha1", "kind": "BackendTrafficPolicy",
         "metadata": {"name": "users-own", "namespace": NS}, "spec": {"targetRefs": []}});
     Api::<DynamicObject>::namespaced_with(client.clone(), NS, &warmpath_controller::foreign::backend_traffic_policy())
@@ -51,8 +66,12 @@ async fn cleanup_releases_finalizers_and_deletes_rendered_objects_only() {
     let routes: Api<HttpRoute> = Api::namespaced(client.clone(), NS);
     let policies: Api<InferenceRoutingPolicy> = Api::namespaced(client.clone(), NS);
     for _ in 0..2 {
-        route_annotations::reconcile(Arc::new(routes.get("annotated").await.unwrap()), Arc::new(ctx.clone())).await.unwrap();
-        routing_policy::reconcile(Arc::new(policies.get("chat-routing").await.unwrap()), Arc::new(ctx.clone())).await.unwrap();
+        route_annotations::reconcile(Arc::new(routes.get("annotated").await.unwrap()), Arc::new(ctx.clone()))
+            .await
+            .unwrap();
+        routing_policy::reconcile(Arc::new(policies.get("chat-routing").await.unwrap()), Arc::new(ctx.clone()))
+            .await
+            .unwrap();
     }
     let before = owned_objects(&client).await;
     assert!(before.len() >= 5, "both owners programmed: {before:?}");
@@ -62,7 +81,10 @@ async fn cleanup_releases_finalizers_and_deletes_rendered_objects_only() {
     let report = remove_all(&ctx).await.unwrap();
     assert_eq!((report.routes_released, report.policies_released), (1, 1));
     assert_eq!(report.objects_deleted, before.len() - 1, "every rendered object but the user's");
-    assert_eq!(owned_objects(&client).await, vec![("BackendTrafficPolicy".to_string(), NS.to_string(), "users-own".to_string())]);
+    assert_eq!(
+        owned_objects(&client).await,
+        vec![("BackendTrafficPolicy".to_string(), NS.to_string(), "users-own".to_string())]
+    );
     assert!(routes.get("annotated").await.unwrap().finalizers().is_empty(), "route finalizer released");
     assert!(policies.get("chat-routing").await.unwrap().finalizers().is_empty(), "policy finalizer released");
     assert_eq!(remove_all(&ctx).await.unwrap(), Report::default(), "a second run finds nothing to do");
@@ -121,6 +143,9 @@ async fn cleanup_releases_the_cache_warming_finalizers() {
     assert!(ie.finalizers().is_empty(), "the endpoint stays, released: {:?}", ie.finalizers());
     let mc = Api::<ModelCache>::namespaced(client.clone(), NS).get("qwen-weights").await.unwrap();
     assert_eq!(mc.finalizers(), ["example.com/keep"], "another controller's finalizer stays");
-    assert!(Api::<ImageCache>::namespaced(client.clone(), NS).get_opt("vllm").await.unwrap().is_none(), "a deletion held only by warmpath completes");
+    assert!(
+        Api::<ImageCache>::namespaced(client.clone(), NS).get_opt("vllm").await.unwrap().is_none(),
+        "a deletion held only by warmpath completes"
+    );
     assert_eq!(remove_all(&ctx).await.unwrap(), Report::default(), "a second run finds nothing to do");
 }

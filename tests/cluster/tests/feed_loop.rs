@@ -13,14 +13,18 @@ async fn metrics_server(body: &'static str) -> (std::net::SocketAddr, tokio::tas
     let app = axum::Router::new().route("/metrics", axum::routing::get(move || async move { body }));
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
-    (addr, tokio::spawn(async move {
-        let _ = axum::serve(l, app).await;
-    }))
+    (
+        addr,
+        tokio::spawn(async move {
+            let _ = axum::serve(l, app).await;
+        }),
+    )
 }
 
 #[tokio::test]
 async fn endpoint_slices_are_scraped_into_a_versioned_snapshot() {
-    let (addr, srv) = metrics_server("sglang:num_queue_reqs 4\nsglang:num_running_reqs 6\nsglang:token_usage 0.7\n").await;
+    let (addr, srv) =
+        metrics_server("sglang:num_queue_reqs 4\nsglang:num_running_reqs 6\nsglang:token_usage 0.7\n").await;
     let port = addr.port() as i64;
     let mut slice = fixtures::endpoint_slice("llm", "sglang", port, &["127.0.0.1"]);
     // A not-ready endpoint is left out of the feed.
@@ -29,10 +33,13 @@ async fn endpoint_slices_are_scraped_into_a_versioned_snapshot() {
     // The Service port is 30000, its target port (in the slice) is the metrics server's port.
     let ctx = fixtures::context(client);
     let key = "policy/llm/p";
-    ctx.set_feed_source(key, FeedSource {
-        backend: ResolvedBackend::Service { namespace: "llm".into(), name: "sglang".into(), port: 30000 },
-        load: LoadSource::default(),
-    });
+    ctx.set_feed_source(
+        key,
+        FeedSource {
+            backend: ResolvedBackend::Service { namespace: "llm".into(), name: "sglang".into(), port: 30000 },
+            load: LoadSource::default(),
+        },
+    );
     let http = reqwest::Client::new();
     assert_eq!(refresh(&ctx, &http, key).await.unwrap(), 1);
     let snap = ctx.feeds.get(key).unwrap();
@@ -55,10 +62,12 @@ async fn inference_pool_pods_are_discovered() {
     let pool = json!({"apiVersion": "inference.networking.k8s.io/v1", "kind": "InferencePool",
         "metadata": {"name": "pool", "namespace": "llm"},
         "spec": {"selector": {"matchLabels": {"app": "vllm"}}, "targetPorts": [{"number": 8000}]}});
-    let pod = |name: &str, ip: &str, ready: &str, app: &str| json!({"apiVersion": "v1", "kind": "Pod",
+    let pod = |name: &str, ip: &str, ready: &str, app: &str| {
+        json!({"apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name, "namespace": "llm", "labels": {"app": app}},
         "spec": {"containers": [{"name": "c", "image": "i"}]},
-        "status": {"podIP": ip, "conditions": [{"type": "Ready", "status": ready}]}});
+        "status": {"podIP": ip, "conditions": [{"type": "Ready", "status": ready}]}})
+    };
     let client = fixtures::client(vec![
         pool,
         pod("a", "10.0.0.1", "True", "vllm"),
@@ -67,7 +76,9 @@ async fn inference_pool_pods_are_discovered() {
     ])
     .await;
     let backend = ResolvedBackend::InferencePool { namespace: "llm".into(), name: "pool".into() };
-    let t = discovery::targets(&client, &backend, &LoadSource { metrics_port: Some(9100), ..LoadSource::default() }).await.unwrap();
+    let t = discovery::targets(&client, &backend, &LoadSource { metrics_port: Some(9100), ..LoadSource::default() })
+        .await
+        .unwrap();
     assert_eq!(t.len(), 1, "{t:?}");
     assert_eq!((t[0].address.as_str(), t[0].metrics_address.as_str()), ("10.0.0.1:8000", "10.0.0.1:9100"));
     let missing = ResolvedBackend::InferencePool { namespace: "llm".into(), name: "nope".into() };

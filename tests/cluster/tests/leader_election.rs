@@ -80,7 +80,10 @@ async fn renewals_seen_by_the_follower_push_expiry_back() {
     assert!(!b.try_acquire_or_renew(t0).await.unwrap());
     assert!(a.try_acquire_or_renew(at(t0, 10)).await.unwrap(), "A renews at t0+10");
     assert!(!b.try_acquire_or_renew(at(t0, 12)).await.unwrap(), "B sees the renewed record at t0+12");
-    assert!(!b.try_acquire_or_renew(at(t0, 20)).await.unwrap(), "t0+20 is past t0+15 but within 15 s of the renewal B saw");
+    assert!(
+        !b.try_acquire_or_renew(at(t0, 20)).await.unwrap(),
+        "t0+20 is past t0+15 but within 15 s of the renewal B saw"
+    );
     assert!(b.try_acquire_or_renew(at(t0, 28)).await.unwrap(), "15 s after B last saw a change");
 }
 
@@ -138,7 +141,12 @@ fn spawn_candidate(client: &Client, id: &'static str, running: Arc<AtomicUsize>)
 }
 
 /// A candidate; with `label_pod`, it marks its pod (named `id`) while leading, as `run` does.
-fn spawn_candidate_with_pod(client: &Client, id: &'static str, running: Arc<AtomicUsize>, label_pod: bool) -> tokio::task::JoinHandle<()> {
+fn spawn_candidate_with_pod(
+    client: &Client,
+    id: &'static str,
+    running: Arc<AtomicUsize>,
+    label_pod: bool,
+) -> tokio::task::JoinHandle<()> {
     let client = client.clone();
     tokio::spawn(async move {
         let elector = Elector::new(client.clone(), fast(id));
@@ -151,7 +159,9 @@ fn spawn_candidate_with_pod(client: &Client, id: &'static str, running: Arc<Atom
                 async move {
                     running.fetch_add(1, Ordering::SeqCst);
                     let _guard = Work { running };
-                    let cm: ConfigMap = serde_json::from_value(serde_json::json!({"metadata": {"name": format!("written-by-{id}")}})).unwrap();
+                    let cm: ConfigMap =
+                        serde_json::from_value(serde_json::json!({"metadata": {"name": format!("written-by-{id}")}}))
+                            .unwrap();
                     let _ = Api::<ConfigMap>::namespaced(client, NS).create(&PostParams::default(), &cm).await;
                     std::future::pending::<()>().await
                 }
@@ -173,8 +183,14 @@ async fn eventually(what: &str, f: impl Fn() -> bool) {
 }
 
 async fn written(client: &Client) -> Vec<String> {
-    let mut names: Vec<String> =
-        Api::<ConfigMap>::namespaced(client.clone(), NS).list(&Default::default()).await.unwrap().items.into_iter().filter_map(|c| c.metadata.name).collect();
+    let mut names: Vec<String> = Api::<ConfigMap>::namespaced(client.clone(), NS)
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter_map(|c| c.metadata.name)
+        .collect();
     names.sort();
     names
 }
@@ -229,7 +245,14 @@ fn pod(name: &str, labels: serde_json::Value) -> serde_json::Value {
 /// The pods the controller Service selects (`warmpath.dev/leader: <Lease name>`), by name.
 async fn selected_by_the_service(client: &Client) -> Vec<String> {
     let lp = kube::api::ListParams::default().labels(&format!("{LEADER_LABEL}={LEASE}"));
-    let mut names: Vec<String> = Api::<k8s_openapi::api::core::v1::Pod>::namespaced(client.clone(), NS).list(&lp).await.unwrap().items.into_iter().filter_map(|p| p.metadata.name).collect();
+    let mut names: Vec<String> = Api::<k8s_openapi::api::core::v1::Pod>::namespaced(client.clone(), NS)
+        .list(&lp)
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter_map(|p| p.metadata.name)
+        .collect();
     names.sort();
     names
 }
@@ -265,9 +288,17 @@ async fn the_leader_label_is_on_exactly_one_pod_of_the_installation() {
     assert_eq!(selected_by_the_service(&client).await, ["pod-b"]);
     let pods = Api::<k8s_openapi::api::core::v1::Pod>::namespaced(client.clone(), NS);
     let a = pods.get("pod-a").await.unwrap();
-    assert_eq!(a.metadata.labels.unwrap().get("app").map(String::as_str), Some("warmpath"), "only the leader label goes");
+    assert_eq!(
+        a.metadata.labels.unwrap().get("app").map(String::as_str),
+        Some("warmpath"),
+        "only the leader label goes"
+    );
     let other = pods.get("other-install").await.unwrap();
-    assert_eq!(other.metadata.labels.unwrap().get(LEADER_LABEL).map(String::as_str), Some("other-lease"), "another installation's mark stays");
+    assert_eq!(
+        other.metadata.labels.unwrap().get(LEADER_LABEL).map(String::as_str),
+        Some("other-lease"),
+        "another installation's mark stays"
+    );
     b.unmark().await.unwrap();
     b.unmark().await.unwrap();
     assert!(selected_by_the_service(&client).await.is_empty());

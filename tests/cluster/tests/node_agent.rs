@@ -17,11 +17,11 @@ use kube::{
 use kube_fake_client::ClientBuilder;
 use tokio::sync::Semaphore;
 use warmpath_agent::{disk::FixedFreeSpace, node::NodeAgent, SyncOptions};
-use warmpath_controller::warming::model_cache::compute_status;
 use warmpath_api::model_cache::{
     cache_ready_label, parse_reports, phase, report_key, HttpSource, ModelCache, ModelCacheSpec, ModelSource, S3Source,
     NODE_CACHE_STATES,
 };
+use warmpath_controller::warming::model_cache::compute_status;
 
 const NS: &str = "ml";
 const HOST_PATH: &str = "/opt/warmpath/models";
@@ -46,7 +46,12 @@ fn cache(name: &str, moto: &Moto, prefix: &str, selector: &str, sha: BTreeMap<St
         name,
         ModelCacheSpec {
             source: ModelSource {
-                s3: Some(S3Source { bucket: "models".into(), prefix: prefix.into(), region: None, endpoint: Some(moto.endpoint.clone()) }),
+                s3: Some(S3Source {
+                    bucket: "models".into(),
+                    prefix: prefix.into(),
+                    region: None,
+                    endpoint: Some(moto.endpoint.clone()),
+                }),
                 ..Default::default()
             },
             node_selector: BTreeMap::from([("pool".to_string(), selector.to_string())]),
@@ -81,7 +86,13 @@ async fn syncs_targeted_caches_reports_and_removes_them() {
     moto.put("models", "llama/w.bin", w.clone()).await;
     let c = client().await;
     let caches: Api<ModelCache> = Api::namespaced(c.clone(), NS);
-    caches.create(&PostParams::default(), &cache("llama", &moto, "llama/", "gpu", BTreeMap::from([("w.bin".into(), sha256_hex(&w))]))).await.unwrap();
+    caches
+        .create(
+            &PostParams::default(),
+            &cache("llama", &moto, "llama/", "gpu", BTreeMap::from([("w.bin".into(), sha256_hex(&w))])),
+        )
+        .await
+        .unwrap();
     caches.create(&PostParams::default(), &cache("elsewhere", &moto, "llama/", "cpu", BTreeMap::new())).await.unwrap();
 
     let root = tempfile::tempdir().unwrap();
@@ -133,7 +144,13 @@ async fn failures_are_reported_with_their_reason() {
     moto.put("models", "big/w.bin", payload(400 * 1024, 13)).await;
     let c = client().await;
     let caches: Api<ModelCache> = Api::namespaced(c.clone(), NS);
-    caches.create(&PostParams::default(), &cache("bad", &moto, "bad/", "gpu", BTreeMap::from([("w.bin".into(), "00".repeat(32))]))).await.unwrap();
+    caches
+        .create(
+            &PostParams::default(),
+            &cache("bad", &moto, "bad/", "gpu", BTreeMap::from([("w.bin".into(), "00".repeat(32))])),
+        )
+        .await
+        .unwrap();
     caches.create(&PostParams::default(), &cache("big", &moto, "big/", "gpu", BTreeMap::new())).await.unwrap();
     let root = tempfile::tempdir().unwrap();
     // 300 KiB "free": the 200 KiB cache fits, the 400 KiB one is refused before downloading.
@@ -157,7 +174,11 @@ async fn failures_are_reported_with_their_reason() {
     assert_eq!((entry.node.as_str(), entry.reason.as_deref()), ("gpu-a", Some("InsufficientDisk")));
     assert_eq!((entry.needed_bytes, entry.available_bytes), (Some(409600), Some(300 * 1024)));
     let ready = &st.conditions[0];
-    assert!(ready.message.starts_with("node gpu-a: does not fit") && ready.message.contains("307200 bytes available"), "{}", ready.message);
+    assert!(
+        ready.message.starts_with("node gpu-a: does not fit") && ready.message.contains("307200 bytes available"),
+        "{}",
+        ready.message
+    );
 }
 
 fn now() -> k8s_openapi::apimachinery::pkg::apis::meta::v1::Time {
@@ -186,7 +207,10 @@ async fn a_pinned_cache_never_fetches_a_changed_object() {
     let server = SwitchServer::start(served.path()).await;
     let c = client().await;
     let caches: Api<ModelCache> = Api::namespaced(c.clone(), NS);
-    caches.create(&PostParams::default(), &http_cache("m", &format!("{}/w.bin", server.base), BTreeMap::new())).await.unwrap();
+    caches
+        .create(&PostParams::default(), &http_cache("m", &format!("{}/w.bin", server.base), BTreeMap::new()))
+        .await
+        .unwrap();
     let warm = tempfile::tempdir().unwrap();
     let a = agent(&c, warm.path(), None);
     a.reconcile_once().await.unwrap();
@@ -200,7 +224,11 @@ async fn a_pinned_cache_never_fetches_a_changed_object() {
     a.reconcile_once().await.unwrap();
     a.wait_idle().await;
     let r = report_of(&c, "m").await;
-    assert_eq!((r.state.as_str(), r.reason.as_deref(), r.version.as_deref()), (phase::READY, Some("SourceChanged"), Some(version.as_str())), "{r:?}");
+    assert_eq!(
+        (r.state.as_str(), r.reason.as_deref(), r.version.as_deref()),
+        (phase::READY, Some("SourceChanged"), Some(version.as_str())),
+        "{r:?}"
+    );
     assert_eq!(std::fs::read(warm.path().join("ml.m/current/w.bin")).unwrap(), v1);
     assert_eq!(node(&c).await.labels().get(&cache_ready_label(NS, "m")).map(String::as_str), Some("true"));
     assert_eq!(controller_pass(&c, "m").await.status.unwrap().pinned.unwrap().version, version, "the pin never moves");
@@ -213,7 +241,10 @@ async fn a_pinned_cache_never_fetches_a_changed_object() {
     let r = report_of(&c, "m").await;
     assert_eq!((r.state.as_str(), r.reason.as_deref()), (phase::FAILED, Some("SourceChanged")), "{r:?}");
     assert!(r.message.as_deref().unwrap().contains(&version), "{r:?}");
-    assert!(!node(&c).await.labels().contains_key(&cache_ready_label(NS, "m")), "no ready label without the pinned version");
+    assert!(
+        !node(&c).await.labels().contains_key(&cache_ready_label(NS, "m")),
+        "no ready label without the pinned version"
+    );
     assert!(!cold.path().join("ml.m/current").exists());
 }
 
@@ -245,7 +276,10 @@ async fn never_deletes_what_it_did_not_create() {
     let c = client().await;
     let caches: Api<ModelCache> = Api::namespaced(c.clone(), NS);
     let url = format!("{}/w.bin", server.base);
-    caches.create(&PostParams::default(), &http_cache("llama", &url, BTreeMap::from([("w.bin".into(), sha256_hex(&w))]))).await.unwrap();
+    caches
+        .create(&PostParams::default(), &http_cache("llama", &url, BTreeMap::from([("w.bin".into(), sha256_hex(&w))])))
+        .await
+        .unwrap();
 
     let root = tempfile::tempdir().unwrap();
     std::fs::create_dir_all(root.path().join("team.checkpoints")).unwrap();
@@ -297,9 +331,13 @@ async fn checksum_mismatch_backs_off_exponentially() {
     let c = client().await;
     let caches: Api<ModelCache> = Api::namespaced(c.clone(), NS);
     let url = format!("{}/w.bin", server.base);
-    caches.create(&PostParams::default(), &http_cache("bad", &url, BTreeMap::from([("w.bin".into(), "00".repeat(32))]))).await.unwrap();
+    caches
+        .create(&PostParams::default(), &http_cache("bad", &url, BTreeMap::from([("w.bin".into(), "00".repeat(32))])))
+        .await
+        .unwrap();
     let root = tempfile::tempdir().unwrap();
-    let a = agent(&c, root.path(), None).with_retry_backoff(std::time::Duration::from_secs(2), std::time::Duration::from_secs(60));
+    let a = agent(&c, root.path(), None)
+        .with_retry_backoff(std::time::Duration::from_secs(2), std::time::Duration::from_secs(60));
     let pass = || async {
         a.reconcile_once().await.unwrap();
         a.wait_idle().await;
@@ -341,7 +379,10 @@ async fn source_gone_keeps_a_warm_node_ready() {
     let c = client().await;
     let caches: Api<ModelCache> = Api::namespaced(c.clone(), NS);
     let url = format!("{}/w.bin", server.base);
-    caches.create(&PostParams::default(), &http_cache("m", &url, BTreeMap::from([("w.bin".into(), sha256_hex(&w))]))).await.unwrap();
+    caches
+        .create(&PostParams::default(), &http_cache("m", &url, BTreeMap::from([("w.bin".into(), sha256_hex(&w))])))
+        .await
+        .unwrap();
     let root = tempfile::tempdir().unwrap();
     let a = agent(&c, root.path(), None);
     a.reconcile_once().await.unwrap();

@@ -30,7 +30,8 @@ fn base(controller: &str) -> Vec<serde_json::Value> {
 
 async fn setup(controller: &str, route_annotations: serde_json::Value) -> (kube::Client, Context) {
     let client = fixtures::client(base(controller)).await;
-    let _: HttpRoute = create(&client, NS, http_route(NS, "chat", GW_NS, "inference-gw", "vllm", 8000, route_annotations)).await;
+    let _: HttpRoute =
+        create(&client, NS, http_route(NS, "chat", GW_NS, "inference-gw", "vllm", 8000, route_annotations)).await;
     let ctx = fixtures::context(client.clone());
     (client, ctx)
 }
@@ -47,7 +48,10 @@ async fn reconcile_policy(client: &kube::Client, ctx: &Context, name: &str) {
     }
 }
 
-fn condition<'a>(p: &'a InferenceRoutingPolicy, type_: &str) -> &'a k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+fn condition<'a>(
+    p: &'a InferenceRoutingPolicy,
+    type_: &str,
+) -> &'a k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
     let st = p.status.as_ref().expect("status written");
     conditions::find(&st.ancestors[0].conditions, type_).expect("condition present")
 }
@@ -90,7 +94,12 @@ async fn envoy_gateway_create_switch_restart_delete() {
         .create(&PostParams::default(), &serde_json::from_value(foreign).unwrap())
         .await
         .unwrap();
-    let _: InferenceRoutingPolicy = create(&client, NS, policy(NS, "chat-routing", "chat", json!({"strategy": "PREFIX_AWARE", "prefixLength": 4096}))).await;
+    let _: InferenceRoutingPolicy = create(
+        &client,
+        NS,
+        policy(NS, "chat-routing", "chat", json!({"strategy": "PREFIX_AWARE", "prefixLength": 4096})),
+    )
+    .await;
 
     reconcile_policy(&client, &ctx, "chat-routing").await;
     let objs = owned_objects(&client).await;
@@ -115,8 +124,10 @@ async fn envoy_gateway_create_switch_restart_delete() {
     assert_eq!(epp.data["spec"]["jsonPatches"][0]["name"], plugin(&eep)["feed"]["cluster"], "feed cluster added");
     // First the native strip of client destination headers, at the head of every HTTP filter chain of the listener.
     let strip = &epp.data["spec"]["jsonPatches"][1];
-    assert_eq!((strip["name"].as_str(), strip["operation"]["jsonPath"].as_str(), strip["operation"]["path"].as_str()),
-        (Some("gateways/inference-gw/http"), Some("$..http_filters"), Some("/0")));
+    assert_eq!(
+        (strip["name"].as_str(), strip["operation"]["jsonPath"].as_str(), strip["operation"]["path"].as_str()),
+        (Some("gateways/inference-gw/http"), Some("$..http_filters"), Some("/0"))
+    );
     assert_eq!(strip["operation"]["value"], warmpath_envoy_config::strip_client_destination_headers());
     let listener_patch = &epp.data["spec"]["jsonPatches"][2];
     assert_eq!(listener_patch["name"], "gateways/inference-gw/http");
@@ -128,19 +139,26 @@ async fn envoy_gateway_create_switch_restart_delete() {
     assert_eq!(listener_patch["operation"]["value"], true, "PREFIX_AWARE pauses in the headers callback");
     // Then, in that listener's route configuration, room for the bodies the filter holds on the routes it runs on.
     let route_patch = &epp.data["spec"]["jsonPatches"][3];
-    assert_eq!((route_patch["type"].as_str(), route_patch["name"].as_str()),
-        (Some(type_url::ROUTE_CONFIGURATION), Some("gateways/inference-gw/http")));
+    assert_eq!(
+        (route_patch["type"].as_str(), route_patch["name"].as_str()),
+        (Some(type_url::ROUTE_CONFIGURATION), Some("gateways/inference-gw/http"))
+    );
     assert_eq!(
         route_patch["operation"]["jsonPath"],
         "$..routes[?@.typed_per_filter_config['envoy.filters.http.wasm/envoyextensionpolicy/llm/warmpath-chat/wasm/0']]"
     );
-    assert_eq!((route_patch["operation"]["path"].as_str(), route_patch["operation"]["value"].as_u64()),
-        (Some("/request_body_buffer_limit"), Some(warmpath_envoy_config::ROUTE_BODY_BUFFER_LIMIT_BYTES)));
+    assert_eq!(
+        (route_patch["operation"]["path"].as_str(), route_patch["operation"]["value"].as_u64()),
+        (Some("/request_body_buffer_limit"), Some(warmpath_envoy_config::ROUTE_BODY_BUFFER_LIMIT_BYTES))
+    );
     assert!(epp.metadata.owner_references.is_none(), "no cross-namespace owner reference");
     let btp = get_owned(&client, "BackendTrafficPolicy", NS, "warmpath-chat").await.unwrap();
     let owner_refs = btp.metadata.owner_references.clone().unwrap();
     assert_eq!((owner_refs[0].kind.as_str(), owner_refs[0].name.as_str()), ("InferenceRoutingPolicy", "chat-routing"));
-    assert_eq!(btp.data["spec"]["loadBalancer"]["endpointOverride"]["extractFrom"][0]["header"], "x-gateway-destination-endpoint");
+    assert_eq!(
+        btp.data["spec"]["loadBalancer"]["endpointOverride"]["extractFrom"][0]["header"],
+        "x-gateway-destination-endpoint"
+    );
 
     // Programmed only once Envoy Gateway reports it (status read back), then True.
     let p = get_policy(&client, "chat-routing").await;
@@ -157,13 +175,22 @@ async fn envoy_gateway_create_switch_restart_delete() {
     assert_eq!(st.feed_path.as_deref(), Some("/v1/feed/policy/llm/chat-routing"));
     assert!(ctx.feed_sources.lock().unwrap().contains_key("policy/llm/chat-routing"));
     let first_transition = condition(&p, conditions::ACCEPTED).last_transition_time.clone();
-    let events = Api::<k8s_openapi::api::events::v1::Event>::all(client.clone()).list(&Default::default()).await.unwrap();
-    assert!(events.items.iter().any(|e| e.reason.as_deref() == Some("Programmed") && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("chat-routing")),
-        "a Programmed event on the policy: {:?}", events.items.iter().map(|e| &e.reason).collect::<Vec<_>>());
+    let events =
+        Api::<k8s_openapi::api::events::v1::Event>::all(client.clone()).list(&Default::default()).await.unwrap();
+    assert!(
+        events.items.iter().any(|e| e.reason.as_deref() == Some("Programmed")
+            && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("chat-routing")),
+        "a Programmed event on the policy: {:?}",
+        events.items.iter().map(|e| &e.reason).collect::<Vec<_>>()
+    );
 
     // Strategy switch: same objects, new configuration, nothing else redeployed.
     Api::<InferenceRoutingPolicy>::namespaced(client.clone(), NS)
-        .patch("chat-routing", &PatchParams::default(), &Patch::Merge(json!({"spec": {"strategy": "LEAST_OUTSTANDING_REQUESTS", "prefixLength": null}})))
+        .patch(
+            "chat-routing",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"strategy": "LEAST_OUTSTANDING_REQUESTS", "prefixLength": null}})),
+        )
         .await
         .unwrap();
     reconcile_policy(&client, &ctx, "chat-routing").await;
@@ -171,7 +198,11 @@ async fn envoy_gateway_create_switch_restart_delete() {
     let eep = get_owned(&client, "EnvoyExtensionPolicy", NS, "warmpath-chat").await.unwrap();
     assert_eq!(plugin_strategy(&eep), "LEAST_OUTSTANDING_REQUESTS");
     let p = get_policy(&client, "chat-routing").await;
-    assert_eq!(condition(&p, conditions::ACCEPTED).last_transition_time, first_transition, "unchanged status keeps its transition time");
+    assert_eq!(
+        condition(&p, conditions::ACCEPTED).last_transition_time,
+        first_transition,
+        "unchanged status keeps its transition time"
+    );
 
     // Restart: a fresh controller (new context, same API state) creates no duplicates.
     let ctx2 = fixtures::context(client.clone());
@@ -181,7 +212,10 @@ async fn envoy_gateway_create_switch_restart_delete() {
     // Deletion: the finalizer removes exactly what was created (also across namespaces).
     let p = as_deleted((*get_policy(&client, "chat-routing").await).clone());
     routing_policy::reconcile(Arc::new(p), Arc::new(ctx2.clone())).await.unwrap();
-    assert_eq!(owned_objects(&client).await, vec![("BackendTrafficPolicy".to_string(), NS.to_string(), "users-own".to_string())]);
+    assert_eq!(
+        owned_objects(&client).await,
+        vec![("BackendTrafficPolicy".to_string(), NS.to_string(), "users-own".to_string())]
+    );
     let p = get_policy(&client, "chat-routing").await;
     assert!(!p.finalizers().contains(&routing_policy::FINALIZER.to_string()), "finalizer released");
     assert!(!ctx2.feed_sources.lock().unwrap().contains_key("policy/llm/chat-routing"));
@@ -190,25 +224,38 @@ async fn envoy_gateway_create_switch_restart_delete() {
 #[tokio::test]
 async fn istio_provider_is_detected_from_the_gateway_class() {
     let (client, ctx) = setup(ISTIO_CONTROLLER, json!({})).await;
-    let _: InferenceRoutingPolicy = create(&client, NS, policy(NS, "chat-routing", "chat", json!({"failureMode": "FailClosed"}))).await;
+    let _: InferenceRoutingPolicy =
+        create(&client, NS, policy(NS, "chat-routing", "chat", json!({"failureMode": "FailClosed"}))).await;
     reconcile_policy(&client, &ctx, "chat-routing").await;
     let objs = owned_objects(&client).await;
-    assert_eq!(objs, vec![("EnvoyFilter".to_string(), GW_NS.to_string(), "warmpath-policy-llm-chat-routing".to_string())]);
+    assert_eq!(
+        objs,
+        vec![("EnvoyFilter".to_string(), GW_NS.to_string(), "warmpath-policy-llm-chat-routing".to_string())]
+    );
     let ef = get_owned(&client, "EnvoyFilter", GW_NS, "warmpath-policy-llm-chat-routing").await.unwrap();
     assert_eq!(ef.data["spec"]["targetRefs"][0]["kind"], "Gateway");
     let wasm = wasm_plugin_config(&ef);
     assert_eq!(wasm["failure_policy"], "FAIL_CLOSED");
     assert_eq!(wasm["allow_on_headers_stop_iteration"], true);
     assert_eq!(wasm["name"], "warmpath/policy/llm/chat-routing", "plugin name unique per owner");
-    assert_eq!(plugin(&ef)["upstream_clusters"], json!(["outbound|8000||vllm.llm.svc.cluster.local"]), "acts only on its backend's requests");
+    assert_eq!(
+        plugin(&ef)["upstream_clusters"],
+        json!(["outbound|8000||vllm.llm.svc.cluster.local"]),
+        "acts only on its backend's requests"
+    );
     let feed_cluster = "outbound|8080||warmpath-controller.warmpath-system.svc.cluster.local";
     assert_eq!(plugin(&ef)["feed"]["cluster"], feed_cluster);
     assert_eq!(wasm["vm_config"]["code"]["remote"]["http_uri"]["cluster"], feed_cluster);
     let patches = ef.data["spec"]["configPatches"].as_array().unwrap();
     // First in the gateway's chain, the native strip of client destination headers; the wasm filter before the router.
-    let ops: Vec<&str> = patches.iter().filter(|p| p["applyTo"] == "HTTP_FILTER").filter_map(|p| p["patch"]["operation"].as_str()).collect();
+    let ops: Vec<&str> = patches
+        .iter()
+        .filter(|p| p["applyTo"] == "HTTP_FILTER")
+        .filter_map(|p| p["patch"]["operation"].as_str())
+        .collect();
     assert_eq!(ops, ["INSERT_FIRST", "INSERT_BEFORE"]);
-    let http = patches.iter().find(|p| p["applyTo"] == "HTTP_FILTER" && p["patch"]["operation"] == "INSERT_BEFORE").unwrap();
+    let http =
+        patches.iter().find(|p| p["applyTo"] == "HTTP_FILTER" && p["patch"]["operation"] == "INSERT_BEFORE").unwrap();
     assert_eq!(http["match"]["listener"]["filterChain"]["filter"]["subFilter"]["name"], "envoy.filters.http.router");
     let cluster = patches.iter().find(|p| p["applyTo"] == "CLUSTER").unwrap();
     assert_eq!(cluster["match"]["cluster"]["service"], "vllm.llm.svc.cluster.local");
@@ -221,15 +268,22 @@ async fn istio_provider_is_detected_from_the_gateway_class() {
 #[tokio::test]
 async fn service_names_are_rendered_with_the_configured_cluster_domain() {
     use warmpath_controller::render::{ControllerEndpoint, WasmModule};
-    let controller = ControllerEndpoint { cluster_domain: "corp.example".into(), ..ControllerEndpoint::new("warmpath-controller", "warmpath-system", 8080) };
+    let controller = ControllerEndpoint {
+        cluster_domain: "corp.example".into(),
+        ..ControllerEndpoint::new("warmpath-controller", "warmpath-system", 8080)
+    };
     let config = warmpath_controller::reconcile::ControllerConfig {
-        wasm: WasmModule { url: format!("http://{}:8080/wasm/warmpath_filter-0123456789abcdef.wasm", controller.host()), sha256: "0123456789abcdef".repeat(4) },
+        wasm: WasmModule {
+            url: format!("http://{}:8080/wasm/warmpath_filter-0123456789abcdef.wasm", controller.host()),
+            sha256: "0123456789abcdef".repeat(4),
+        },
         controller,
         ..Default::default()
     };
-    for (gateway_controller, kind, ns, name) in
-        [(ISTIO_CONTROLLER, "EnvoyFilter", GW_NS, "warmpath-policy-llm-chat-routing"), (EG_CONTROLLER, "EnvoyPatchPolicy", GW_NS, "warmpath-feed-policy-llm-chat-routing")]
-    {
+    for (gateway_controller, kind, ns, name) in [
+        (ISTIO_CONTROLLER, "EnvoyFilter", GW_NS, "warmpath-policy-llm-chat-routing"),
+        (EG_CONTROLLER, "EnvoyPatchPolicy", GW_NS, "warmpath-feed-policy-llm-chat-routing"),
+    ] {
         let (client, _) = setup(gateway_controller, json!({})).await;
         let ctx = Context::new(client.clone(), config.clone());
         let _: InferenceRoutingPolicy = create(&client, NS, policy(NS, "chat-routing", "chat", json!({}))).await;
@@ -240,7 +294,13 @@ async fn service_names_are_rendered_with_the_configured_cluster_domain() {
         assert!(text.contains("warmpath-controller.warmpath-system.svc.corp.example"), "{kind}: {text}");
         if kind == "EnvoyFilter" {
             assert_eq!(plugin(&o)["upstream_clusters"], json!(["outbound|8000||vllm.llm.svc.corp.example"]));
-            let cluster = o.data["spec"]["configPatches"].as_array().unwrap().iter().find(|p| p["applyTo"] == "CLUSTER").unwrap().clone();
+            let cluster = o.data["spec"]["configPatches"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|p| p["applyTo"] == "CLUSTER")
+                .unwrap()
+                .clone();
             assert_eq!(cluster["match"]["cluster"]["service"], "vllm.llm.svc.corp.example");
         }
     }
@@ -250,10 +310,31 @@ async fn service_names_are_rendered_with_the_configured_cluster_domain() {
 #[tokio::test]
 async fn bad_input_is_reported_and_touches_nothing() {
     let cases = [
-        ("unknown-strategy", json!({"strategy": "ROUND_ROBIN"}), "chat", conditions::ACCEPTED, "Invalid", "ROUND_ROBIN"),
+        (
+            "unknown-strategy",
+            json!({"strategy": "ROUND_ROBIN"}),
+            "chat",
+            conditions::ACCEPTED,
+            "Invalid",
+            "ROUND_ROBIN",
+        ),
         ("prefix-too-short", json!({"prefixLength": 10}), "chat", conditions::ACCEPTED, "Invalid", "1024..=65536"),
-        ("threshold-too-big", json!({"concurrencyThreshold": 5000}), "chat", conditions::ACCEPTED, "Invalid", "concurrencyThreshold"),
-        ("missing-backend", json!({"backend": {"service": {"name": "nope", "port": 8000}}}), "chat", conditions::RESOLVED_REFS, "BackendNotFound", "nope"),
+        (
+            "threshold-too-big",
+            json!({"concurrencyThreshold": 5000}),
+            "chat",
+            conditions::ACCEPTED,
+            "Invalid",
+            "concurrencyThreshold",
+        ),
+        (
+            "missing-backend",
+            json!({"backend": {"service": {"name": "nope", "port": 8000}}}),
+            "chat",
+            conditions::RESOLVED_REFS,
+            "BackendNotFound",
+            "nope",
+        ),
         ("missing-route", json!({}), "ghost", conditions::ACCEPTED, "TargetNotFound", "ghost"),
     ];
     for (name, extra, route, cond, reason, needle) in cases {
@@ -280,7 +361,8 @@ async fn second_policy_on_the_same_route_is_conflicted() {
     let (client, ctx) = setup(EG_CONTROLLER, json!({})).await;
     let _: InferenceRoutingPolicy = create(&client, NS, policy(NS, "a-first", "chat", json!({}))).await;
     tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-    let _: InferenceRoutingPolicy = create(&client, NS, policy(NS, "b-second", "chat", json!({"strategy": "RANDOM"}))).await;
+    let _: InferenceRoutingPolicy =
+        create(&client, NS, policy(NS, "b-second", "chat", json!({"strategy": "RANDOM"}))).await;
     reconcile_policy(&client, &ctx, "a-first").await;
     reconcile_policy(&client, &ctx, "b-second").await;
     let b = get_policy(&client, "b-second").await;
@@ -289,7 +371,10 @@ async fn second_policy_on_the_same_route_is_conflicted() {
     assert!(c.message.contains("a-first"));
     let eep = get_owned(&client, "EnvoyExtensionPolicy", NS, "warmpath-chat").await.unwrap();
     assert_eq!(plugin_strategy(&eep), "PREFIX_AWARE", "the older policy's configuration stays");
-    assert!(get_owned(&client, "EnvoyPatchPolicy", GW_NS, "warmpath-feed-policy-llm-b-second").await.is_none(), "nothing for the conflicted policy");
+    assert!(
+        get_owned(&client, "EnvoyPatchPolicy", GW_NS, "warmpath-feed-policy-llm-b-second").await.is_none(),
+        "nothing for the conflicted policy"
+    );
 }
 
 async fn reconcile_route(client: &kube::Client, ctx: &Context) {
@@ -317,7 +402,8 @@ async fn annotations_program_the_route_and_removal_cleans_up() {
     assert!(route.finalizers().contains(&route_annotations::FINALIZER.to_string()));
 
     // Precedence: a policy on the route takes over; annotation-owned objects go away.
-    let _: InferenceRoutingPolicy = create(&client, NS, policy(NS, "explicit", "chat", json!({"strategy": "RANDOM"}))).await;
+    let _: InferenceRoutingPolicy =
+        create(&client, NS, policy(NS, "explicit", "chat", json!({"strategy": "RANDOM"}))).await;
     reconcile_route(&client, &ctx).await;
     assert!(owned_objects(&client).await.is_empty());
     reconcile_policy(&client, &ctx, "explicit").await;
@@ -330,7 +416,10 @@ async fn annotations_program_the_route_and_removal_cleans_up() {
     // Policy gone: the annotations apply again.
     let p = as_deleted((*get_policy(&client, "explicit").await).clone());
     routing_policy::reconcile(Arc::new(p), Arc::new(ctx.clone())).await.unwrap();
-    Api::<InferenceRoutingPolicy>::namespaced(client.clone(), NS).delete("explicit", &Default::default()).await.unwrap();
+    Api::<InferenceRoutingPolicy>::namespaced(client.clone(), NS)
+        .delete("explicit", &Default::default())
+        .await
+        .unwrap();
     reconcile_route(&client, &ctx).await;
     assert!(get_owned(&client, "EnvoyPatchPolicy", GW_NS, "warmpath-feed-httproute-llm-chat").await.is_some());
     let eep = get_owned(&client, "EnvoyExtensionPolicy", NS, "warmpath-chat").await.unwrap();
@@ -338,7 +427,11 @@ async fn annotations_program_the_route_and_removal_cleans_up() {
 
     // Annotation removed: exactly the annotation's objects go, and the finalizer is released.
     Api::<HttpRoute>::namespaced(client.clone(), NS)
-        .patch("chat", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"annotations": {"warmpath.dev/routing-strategy": null}}})))
+        .patch(
+            "chat",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {"warmpath.dev/routing-strategy": null}}})),
+        )
         .await
         .unwrap();
     reconcile_route(&client, &ctx).await;
@@ -429,7 +522,8 @@ async fn one_policy_on_several_routes_of_one_gateway() {
         objs.push(service(NS, "other", 8000));
         let client = fixtures::client(objs).await;
         for (route, svc) in [("chat", "vllm"), ("chat-v2", "vllm"), ("embed", "other")] {
-            let _: HttpRoute = create(&client, NS, http_route(NS, route, GW_NS, "inference-gw", svc, 8000, json!({}))).await;
+            let _: HttpRoute =
+                create(&client, NS, http_route(NS, route, GW_NS, "inference-gw", svc, 8000, json!({}))).await;
         }
         let ctx = fixtures::context(client.clone());
         let mut p = policy(NS, "multi", "chat", json!({}));
@@ -447,31 +541,49 @@ async fn one_policy_on_several_routes_of_one_gateway() {
         assert!(c.message.contains("other") && c.message.contains("vllm"), "{}", c.message);
         if controller == EG_CONTROLLER {
             let s = |k: &str, ns: &str, n: &str| (k.to_string(), ns.to_string(), n.to_string());
-            assert_eq!(owned, vec![
-                s("BackendTrafficPolicy", NS, "warmpath-chat"),
-                s("BackendTrafficPolicy", NS, "warmpath-chat-v2"),
-                s("EnvoyExtensionPolicy", NS, "warmpath-chat"),
-                s("EnvoyExtensionPolicy", NS, "warmpath-chat-v2"),
-                s("EnvoyPatchPolicy", GW_NS, "warmpath-feed-policy-llm-multi"),
-            ]);
+            assert_eq!(
+                owned,
+                vec![
+                    s("BackendTrafficPolicy", NS, "warmpath-chat"),
+                    s("BackendTrafficPolicy", NS, "warmpath-chat-v2"),
+                    s("EnvoyExtensionPolicy", NS, "warmpath-chat"),
+                    s("EnvoyExtensionPolicy", NS, "warmpath-chat-v2"),
+                    s("EnvoyPatchPolicy", GW_NS, "warmpath-feed-policy-llm-multi"),
+                ]
+            );
             let epp = get_owned(&client, "EnvoyPatchPolicy", GW_NS, "warmpath-feed-policy-llm-multi").await.unwrap();
             let patches = epp.data["spec"]["jsonPatches"].as_array().unwrap();
             let clusters = patches.iter().filter(|p| p["type"] == type_url::CLUSTER).count();
             let on = |ty: &'static str| {
-                patches.iter().filter(move |p| p["type"] == ty).filter_map(|p| p["operation"]["jsonPath"].as_str()).filter(|p| p.contains("/wasm/0"))
+                patches
+                    .iter()
+                    .filter(move |p| p["type"] == ty)
+                    .filter_map(|p| p["operation"]["jsonPath"].as_str())
+                    .filter(|p| p.contains("/wasm/0"))
             };
             let paths: Vec<&str> = on(type_url::LISTENER).collect();
             let routes: Vec<&str> = on(type_url::ROUTE_CONFIGURATION).collect();
-            assert!(routes.len() == 2 && routes[0].contains("/llm/warmpath-chat/wasm/0") && routes[1].contains("/llm/warmpath-chat-v2/wasm/0"),
-                "the body limit on each route's routes: {routes:?}");
+            assert!(
+                routes.len() == 2
+                    && routes[0].contains("/llm/warmpath-chat/wasm/0")
+                    && routes[1].contains("/llm/warmpath-chat-v2/wasm/0"),
+                "the body limit on each route's routes: {routes:?}"
+            );
             let strips = patches.iter().filter(|p| p["operation"]["path"] == "/0").count();
             assert_eq!(strips, 1, "the native strip is inserted once per listener, not once per route");
             assert_eq!(clusters, 1, "the feed cluster is added once");
             assert_eq!(paths.len(), 2, "{paths:?}");
-            assert!(paths[0].contains("/llm/warmpath-chat/wasm/0") && paths[1].contains("/llm/warmpath-chat-v2/wasm/0"), "{paths:?}");
+            assert!(
+                paths[0].contains("/llm/warmpath-chat/wasm/0") && paths[1].contains("/llm/warmpath-chat-v2/wasm/0"),
+                "{paths:?}"
+            );
         } else {
             let s = |k: &str, ns: &str, n: &str| (k.to_string(), ns.to_string(), n.to_string());
-            assert_eq!(owned, vec![s("EnvoyFilter", GW_NS, "warmpath-policy-llm-multi")], "one filter instance for the policy");
+            assert_eq!(
+                owned,
+                vec![s("EnvoyFilter", GW_NS, "warmpath-policy-llm-multi")],
+                "one filter instance for the policy"
+            );
         }
     }
 }
@@ -494,7 +606,11 @@ async fn explicit_provider_is_checked_against_the_gateway_class() {
     let p = get_policy(&client, "chat-routing").await;
     let c = condition(&p, conditions::ACCEPTED);
     assert_eq!((c.status.as_str(), c.reason.as_str()), ("False", "UnsupportedProvider"), "{c:?}");
-    assert!(c.message.contains("Istio") && c.message.contains("EnvoyGateway") && c.message.contains("provider"), "{}", c.message);
+    assert!(
+        c.message.contains("Istio") && c.message.contains("EnvoyGateway") && c.message.contains("provider"),
+        "{}",
+        c.message
+    );
     assert_eq!(condition(&p, conditions::PROGRAMMED).status, "False");
     assert!(owned_objects(&client).await.is_empty(), "no Envoy Gateway objects for an Istio gateway");
 
@@ -507,7 +623,10 @@ async fn explicit_provider_is_checked_against_the_gateway_class() {
     let (client, auto) = setup("example.com/custom-envoy-gateway", json!({})).await;
     let _: InferenceRoutingPolicy = create(&client, NS, policy(NS, "chat-routing", "chat", json!({}))).await;
     reconcile_policy(&client, &auto, "chat-routing").await;
-    assert_eq!(condition(&*get_policy(&client, "chat-routing").await, conditions::ACCEPTED).reason, "UnsupportedProvider");
+    assert_eq!(
+        condition(&*get_policy(&client, "chat-routing").await, conditions::ACCEPTED).reason,
+        "UnsupportedProvider"
+    );
     reconcile_policy(&client, &with_provider(&client, Provider::EnvoyGateway), "chat-routing").await;
     assert_eq!(condition(&*get_policy(&client, "chat-routing").await, conditions::ACCEPTED).status, "True");
 }

@@ -1,29 +1,29 @@
 //! Programmed mirrors Envoy Gateway's status on the written objects (status_readback), against the in-memory API client playing Envoy Gateway.
 #![allow(unused_imports)]
 
-use std::time::Duration;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{Api, ListParams};
 use kube::core::DynamicObject;
 use kube::ResourceExt;
 use serde_json::Value;
-use warmpath_controller::reconcile::Context;
+use std::sync::Arc;
+use std::time::Duration;
 use warmpath_controller::conditions::{self, reason, PROGRAMMED};
 use warmpath_controller::crd::routing_policy::PolicyAncestorStatus;
+use warmpath_controller::reconcile::Context;
 use warmpath_controller::render::LABEL_OWNER_UID;
 use warmpath_controller::{foreign, Result};
-use std::sync::Arc;
 
 use gateway_api::apis::standard::httproutes::HttpRoute;
 use kube::api::PostParams;
 use serde_json::json;
 
-use warmpath_controller::gateway::status_readback::*;
+use warmpath_cluster_tests::fixtures::{self, *};
 use warmpath_controller::conditions::{ACCEPTED, RESOLVED_REFS};
 use warmpath_controller::crd::routing_policy::InferenceRoutingPolicy;
-use warmpath_cluster_tests::fixtures::{self, *};
 use warmpath_controller::gateway::routing_policy;
+use warmpath_controller::gateway::status_readback::*;
 
 const NS: &str = "llm";
 const GW_NS: &str = "gateways";
@@ -40,7 +40,8 @@ async fn setup(route: serde_json::Value) -> (kube::Client, Context) {
     ])
     .await;
     let _: HttpRoute = create(&client, NS, route).await;
-    let _: InferenceRoutingPolicy = create(&client, NS, policy(NS, "chat-routing", "chat", json!({"strategy": "PREFIX_AWARE"}))).await;
+    let _: InferenceRoutingPolicy =
+        create(&client, NS, policy(NS, "chat-routing", "chat", json!({"strategy": "PREFIX_AWARE"}))).await;
     let ctx = fixtures::context(client.clone());
     (client, ctx)
 }
@@ -48,7 +49,9 @@ async fn setup(route: serde_json::Value) -> (kube::Client, Context) {
 async fn reconcile(client: &kube::Client, ctx: &Context) -> InferenceRoutingPolicy {
     let api: Api<InferenceRoutingPolicy> = Api::namespaced(client.clone(), NS);
     for _ in 0..2 {
-        routing_policy::reconcile(Arc::new(api.get("chat-routing").await.unwrap()), Arc::new(ctx.clone())).await.unwrap();
+        routing_policy::reconcile(Arc::new(api.get("chat-routing").await.unwrap()), Arc::new(ctx.clone()))
+            .await
+            .unwrap();
     }
     api.get("chat-routing").await.unwrap()
 }
@@ -78,21 +81,42 @@ async fn programmed_mirrors_envoy_gateway_status() {
 
     // A patch does not apply (e.g. another xDS listener name, or an Envoy Gateway before v1.7): reason and message
     // mirrored, with both causes named.
-    let failed = [("Accepted", "True", "Accepted", "ok"), ("Programmed", "False", "ResourceNotFound", "unable to find xds resource gateways/inference-gw/http")];
+    let failed = [
+        ("Accepted", "True", "Accepted", "ok"),
+        ("Programmed", "False", "ResourceNotFound", "unable to find xds resource gateways/inference-gw/http"),
+    ];
     fixtures::eg_status(&client, "EnvoyPatchPolicy", GW_NS, EPP, GW, &failed).await;
     let (s, r, m) = cond(&reconcile(&client, &ctx).await, PROGRAMMED);
     assert_eq!((s.as_str(), r.as_str()), ("False", "ResourceNotFound"));
-    assert!(m.contains("unable to find xds resource gateways/inference-gw/http") && m.contains("listener or route configuration name") && m.contains("v1.7"), "{m}");
+    assert!(
+        m.contains("unable to find xds resource gateways/inference-gw/http")
+            && m.contains("listener or route configuration name")
+            && m.contains("v1.7"),
+        "{m}"
+    );
 
     // Recent Envoy Gateway releases report a disabled EnvoyPatchPolicy as Accepted=False/Disabled.
-    fixtures::eg_status(&client, "EnvoyPatchPolicy", GW_NS, EPP, GW, &[("Accepted", "False", "Disabled", "EnvoyPatchPolicy is disabled")]).await;
+    fixtures::eg_status(
+        &client,
+        "EnvoyPatchPolicy",
+        GW_NS,
+        EPP,
+        GW,
+        &[("Accepted", "False", "Disabled", "EnvoyPatchPolicy is disabled")],
+    )
+    .await;
     let (s, r, m) = cond(&reconcile(&client, &ctx).await, PROGRAMMED);
     assert_eq!((s.as_str(), r.as_str()), ("False", "Disabled"));
     assert!(m.contains("enableEnvoyPatchPolicy"), "{m}");
 
     // Our BackendTrafficPolicy lost to an older one on the route.
     fixtures::eg_reports_programmed(&client, GW).await;
-    let conflicted = [("Accepted", "False", "Conflicted", "Unable to target HTTPRoute chat, another BackendTrafficPolicy has already attached to it")];
+    let conflicted = [(
+        "Accepted",
+        "False",
+        "Conflicted",
+        "Unable to target HTTPRoute chat, another BackendTrafficPolicy has already attached to it",
+    )];
     fixtures::eg_status(&client, "BackendTrafficPolicy", NS, "warmpath-chat", GW, &conflicted).await;
     let (s, r, m) = cond(&reconcile(&client, &ctx).await, PROGRAMMED);
     assert_eq!((s.as_str(), r.as_str()), ("False", "Conflicted"));
@@ -130,7 +154,14 @@ fn status_of_an_older_generation_is_not_current() {
     let v = |o: &DynamicObject| verdict(&[("EnvoyPatchPolicy".to_string(), o.clone())], GW_NS, "inference-gw", now);
     assert_eq!(v(&epp).1, mirrored::AWAITING_GATEWAY, "generation 3, status for 2");
     epp.metadata.generation = Some(2);
-    assert_eq!(v(&epp), (true, "Programmed".to_string(), "Envoy Gateway accepted every object and programmed the EnvoyPatchPolicy".to_string()));
+    assert_eq!(
+        v(&epp),
+        (
+            true,
+            "Programmed".to_string(),
+            "Envoy Gateway accepted every object and programmed the EnvoyPatchPolicy".to_string()
+        )
+    );
 }
 
 /// A user's own BackendTrafficPolicy on the route: warmpath writes nothing for it and says why.
@@ -150,7 +181,11 @@ async fn user_policy_on_the_route_is_reported_conflicted() {
     assert!(m.contains("BackendTrafficPolicy llm/chat-timeouts") && m.contains("Merge"), "{m}");
     assert_eq!(cond(&p, RESOLVED_REFS).0, "True", "the references themselves resolved");
     let owned = owned_objects(&client).await;
-    assert_eq!(owned, vec![("BackendTrafficPolicy".to_string(), NS.to_string(), "chat-timeouts".to_string())], "only the user's object");
+    assert_eq!(
+        owned,
+        vec![("BackendTrafficPolicy".to_string(), NS.to_string(), "chat-timeouts".to_string())],
+        "only the user's object"
+    );
 }
 
 /// A user's EnvoyExtensionPolicy that selects the route by label (`targetSelectors`) conflicts
@@ -169,7 +204,10 @@ async fn user_policy_selecting_the_route_by_label_is_reported_conflicted() {
     for (name, selectors) in [
         ("other-team", json!([{"kind": "HTTPRoute", "matchLabels": {"team": "search"}}])),
         ("gateways-only", json!([{"kind": "Gateway", "matchLabels": {"team": "llm"}}])),
-        ("not-prod", json!([{"kind": "HTTPRoute", "matchExpressions": [{"key": "tier", "operator": "NotIn", "values": ["prod"]}]}])),
+        (
+            "not-prod",
+            json!([{"kind": "HTTPRoute", "matchExpressions": [{"key": "tier", "operator": "NotIn", "values": ["prod"]}]}]),
+        ),
     ] {
         api.create(&PostParams::default(), &serde_json::from_value(user(name, selectors)).unwrap()).await.unwrap();
     }
@@ -182,19 +220,28 @@ async fn user_policy_selecting_the_route_by_label_is_reported_conflicted() {
     let p = reconcile(&client, &ctx).await;
     let (s, r, m) = cond(&p, ACCEPTED);
     assert_eq!((s.as_str(), r.as_str()), ("False", "Conflicted"), "{m}");
-    assert!(m.contains("EnvoyExtensionPolicy llm/llm-auth") && !m.contains("other-team") && !m.contains("not-prod"), "{m}");
+    assert!(
+        m.contains("EnvoyExtensionPolicy llm/llm-auth") && !m.contains("other-team") && !m.contains("not-prod"),
+        "{m}"
+    );
 }
 
 /// A 90/10 canary (two backendRefs): refused with a condition naming both backends; nothing written.
 #[tokio::test]
 async fn several_backend_refs_are_refused() {
     let mut r = route();
-    r["spec"]["rules"][0]["backendRefs"] = json!([{"name": "vllm", "port": 8000, "weight": 90}, {"name": "vllm-canary", "port": 8000, "weight": 10}]);
+    r["spec"]["rules"][0]["backendRefs"] =
+        json!([{"name": "vllm", "port": 8000, "weight": 90}, {"name": "vllm-canary", "port": 8000, "weight": 10}]);
     let (client, ctx) = setup(r).await;
     let p = reconcile(&client, &ctx).await;
     let (s, reason, m) = cond(&p, RESOLVED_REFS);
     assert_eq!((s.as_str(), reason.as_str()), ("False", conditions::reason::MULTIPLE_BACKENDS));
-    assert!(m.contains("Service llm/vllm:8000") && m.contains("Service llm/vllm-canary:8000") && m.contains("own HTTPRoute"), "{m}");
+    assert!(
+        m.contains("Service llm/vllm:8000")
+            && m.contains("Service llm/vllm-canary:8000")
+            && m.contains("own HTTPRoute"),
+        "{m}"
+    );
     assert_eq!(cond(&p, PROGRAMMED).0, "False");
     assert!(owned_objects(&client).await.is_empty());
 }

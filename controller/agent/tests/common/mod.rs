@@ -24,7 +24,11 @@ impl Moto {
     /// Starts moto from the repo's `.venv` (installed by `scripts/test.d/60-agent.sh`).
     pub fn start() -> Moto {
         let bin = repo_root().join(".venv/bin/moto_server");
-        assert!(bin.exists(), "{} missing: run scripts/test.d/60-agent.sh (installs moto[server] into .venv)", bin.display());
+        assert!(
+            bin.exists(),
+            "{} missing: run scripts/test.d/60-agent.sh (installs moto[server] into .venv)",
+            bin.display()
+        );
         // moto binds a port of its own choosing (`-p 0`) and prints it; a port picked here and passed in could be
         // taken by another process before moto bound it.
         let mut child = Command::new(&bin)
@@ -182,14 +186,15 @@ impl SwitchServer {
         let requests = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let (m, n) = (mode.clone(), requests.clone());
         let root = dir.to_path_buf();
-        let app = axum::Router::new().fallback_service(tower_http::services::ServeDir::new(dir)).layer(axum::middleware::from_fn(
-            move |req: axum::extract::Request, next: axum::middleware::Next| {
+        let app = axum::Router::new().fallback_service(tower_http::services::ServeDir::new(dir)).layer(
+            axum::middleware::from_fn(move |req: axum::extract::Request, next: axum::middleware::Next| {
                 let (m, n, root) = (m.clone(), n.clone(), root.clone());
                 async move {
                     use axum::response::IntoResponse;
                     n.fetch_add(1, Ordering::SeqCst);
                     match m.load(Ordering::SeqCst) {
-                        1 => (axum::http::StatusCode::TOO_MANY_REQUESTS, [("retry-after", "1")], "slow down").into_response(),
+                        1 => (axum::http::StatusCode::TOO_MANY_REQUESTS, [("retry-after", "1")], "slow down")
+                            .into_response(),
                         2 => {
                             tokio::time::sleep(Duration::from_secs(3600)).await;
                             axum::http::StatusCode::GATEWAY_TIMEOUT.into_response()
@@ -198,7 +203,8 @@ impl SwitchServer {
                         _ => {
                             let file = root.join(req.uri().path().trim_start_matches('/'));
                             let etag = std::fs::read(&file).ok().map(|b| format!("\"{}\"", &sha256_hex(&b)[..16]));
-                            let wanted = req.headers().get("if-match").and_then(|v| v.to_str().ok()).map(str::to_string);
+                            let wanted =
+                                req.headers().get("if-match").and_then(|v| v.to_str().ok()).map(str::to_string);
                             if let (Some(want), Some(tag)) = (&wanted, &etag) {
                                 if want != "*" && want != tag {
                                     return axum::http::StatusCode::PRECONDITION_FAILED.into_response();
@@ -212,8 +218,8 @@ impl SwitchServer {
                         }
                     }
                 }
-            },
-        ));
+            }),
+        );
         let task = tokio::spawn(async move {
             axum::serve(listener, app).await.unwrap();
         });

@@ -35,7 +35,12 @@ pub fn takes_new_requests(conditions: Option<&EndpointConditions>) -> bool {
 /// Endpoints of a Service port that take new requests ([`takes_new_requests`]), from its
 /// EndpointSlices. The Service port is matched to the slice port by name (how the EndpointSlice
 /// controller names them).
-pub fn service_targets(service: &Service, port: u16, slices: &[EndpointSlice], load: &LoadSource) -> Result<Vec<Target>, String> {
+pub fn service_targets(
+    service: &Service,
+    port: u16,
+    slices: &[EndpointSlice],
+    load: &LoadSource,
+) -> Result<Vec<Target>, String> {
     let svc_port = service
         .spec
         .as_ref()
@@ -122,11 +127,12 @@ pub async fn targets(client: &Client, backend: &ResolvedBackend, load: &LoadSour
             service_targets(&svc, *port, &slices.items, load)
         }
         ResolvedBackend::InferencePool { namespace, name } => {
-            let pool = Api::<DynamicObject>::namespaced_with(client.clone(), namespace, &crate::foreign::inference_pool())
-                .get_opt(name)
-                .await
-                .map_err(|e| e.to_string())?
-                .ok_or_else(|| format!("InferencePool {namespace}/{name} not found"))?;
+            let pool =
+                Api::<DynamicObject>::namespaced_with(client.clone(), namespace, &crate::foreign::inference_pool())
+                    .get_opt(name)
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .ok_or_else(|| format!("InferencePool {namespace}/{name} not found"))?;
             let selector = pool_selector(&pool)?;
             let pods = Api::<Pod>::namespaced(client.clone(), namespace)
                 .list(&ListParams::default().labels(&selector))
@@ -168,7 +174,11 @@ mod tests {
             }),
             ..Default::default()
         };
-        let ep = |ip: &str, c: EndpointConditions| Endpoint { addresses: vec![ip.into()], conditions: Some(c), ..Default::default() };
+        let ep = |ip: &str, c: EndpointConditions| Endpoint {
+            addresses: vec![ip.into()],
+            conditions: Some(c),
+            ..Default::default()
+        };
         let slice = EndpointSlice {
             address_type: "IPv4".into(),
             endpoints: Some(vec![
@@ -181,7 +191,8 @@ mod tests {
             metadata: Default::default(),
         };
         let load = LoadSource::default();
-        let got: Vec<String> = service_targets(&service, 80, &[slice], &load).unwrap().into_iter().map(|t| t.address).collect();
+        let got: Vec<String> =
+            service_targets(&service, 80, &[slice], &load).unwrap().into_iter().map(|t| t.address).collect();
         assert_eq!(got, ["10.0.0.1:8000", "10.0.0.4:8000"]);
     }
 }

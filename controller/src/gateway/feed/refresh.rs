@@ -8,8 +8,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::{discovery, scrape};
-use crate::reconcile::Context;
 use crate::metrics::ScrapeLabels;
+use crate::reconcile::Context;
 
 /// Refreshes one feed now. Errors (backend gone, API failure) leave the last snapshot in place.
 pub async fn refresh(ctx: &Context, http: &reqwest::Client, key: &str) -> Result<u64, String> {

@@ -136,9 +136,12 @@ mod tests {
     async fn serve(app: Router) -> (String, tokio::task::JoinHandle<()>) {
         let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", l.local_addr().unwrap());
-        (base, tokio::spawn(async move {
-            let _ = axum::serve(l, app).await;
-        }))
+        (
+            base,
+            tokio::spawn(async move {
+                let _ = axum::serve(l, app).await;
+            }),
+        )
     }
 
     #[tokio::test]
@@ -153,8 +156,12 @@ mod tests {
         assert_eq!(got.headers()[header::CONTENT_TYPE], "application/wasm");
         let bytes = got.bytes().await.unwrap();
         assert_eq!(hex::encode(Sha256::digest(&bytes)), blob.sha256, "served bytes match the rendered sha256");
-        assert_eq!(reqwest::get(format!("{base}/wasm/warmpath_filter-0000000000000000.wasm")).await.unwrap().status(), 404);
-        let snap: FeedSnapshot = reqwest::get(format!("{base}/v1/feed/policy/ns/p")).await.unwrap().json().await.unwrap();
+        assert_eq!(
+            reqwest::get(format!("{base}/wasm/warmpath_filter-0000000000000000.wasm")).await.unwrap().status(),
+            404
+        );
+        let snap: FeedSnapshot =
+            reqwest::get(format!("{base}/v1/feed/policy/ns/p")).await.unwrap().json().await.unwrap();
         assert_eq!((snap.version, snap.endpoints.len()), (1, 1));
         assert_eq!(reqwest::get(format!("{base}/v1/feed/policy/ns/q")).await.unwrap().status(), 404);
         assert_eq!(reqwest::get(format!("{base}/healthz")).await.unwrap().text().await.unwrap(), "ok");
@@ -164,11 +171,21 @@ mod tests {
         let report = |who: &'static str, body: Vec<u8>, path: &'static str| {
             let url = format!("{base}{path}");
             async move {
-                reqwest::Client::new().post(url).header(REPORTER_HEADER, who).header(CURSOR_HEADER, "0").body(body).send().await.unwrap()
+                reqwest::Client::new()
+                    .post(url)
+                    .header(REPORTER_HEADER, who)
+                    .header(CURSOR_HEADER, "0")
+                    .body(body)
+                    .send()
+                    .await
+                    .unwrap()
             }
         };
         let a = report("00000000000000aa", rec.clone(), "/v1/feed/policy/ns/p/index").await;
-        assert_eq!((a.status(), a.headers()[CURSOR_HEADER].to_str().unwrap().to_string()), (StatusCode::OK, "1".to_string()));
+        assert_eq!(
+            (a.status(), a.headers()[CURSOR_HEADER].to_str().unwrap().to_string()),
+            (StatusCode::OK, "1".to_string())
+        );
         assert_eq!(a.headers()[PENDING_HEADER], "1", "the gateways may send their pending work");
         assert!(a.bytes().await.unwrap().is_empty(), "its own record is not sent back");
         let b = report("00000000000000bb", Vec::new(), "/v1/feed/policy/ns/p/index").await;
@@ -177,8 +194,15 @@ mod tests {
         use warmpath_core::exchange::{counts, push_count, split_report, PENDING_SECTION};
         let mut with_section = vec![PENDING_SECTION];
         push_count(&mut with_section, b"10.0.0.1:8000", 4096);
-        assert_eq!(report("00000000000000aa", with_section, "/v1/feed/policy/ns/p/index").await.status(), StatusCode::OK);
-        let b = report("00000000000000bb", vec![PENDING_SECTION], "/v1/feed/policy/ns/p/index").await.bytes().await.unwrap();
+        assert_eq!(
+            report("00000000000000aa", with_section, "/v1/feed/policy/ns/p/index").await.status(),
+            StatusCode::OK
+        );
+        let b = report("00000000000000bb", vec![PENDING_SECTION], "/v1/feed/policy/ns/p/index")
+            .await
+            .bytes()
+            .await
+            .unwrap();
         let (records, pending) = split_report(&b);
         assert_eq!(records, &rec[..]);
         assert_eq!(counts(pending.expect("a section")).collect::<Vec<_>>(), vec![(&b"10.0.0.1:8000"[..], 4096)]);

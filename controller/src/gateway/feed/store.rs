@@ -61,7 +61,13 @@ impl FeedStore {
     /// One gateway's report to the index exchange of feed `key` ([`RecordLog::serve`]): `None` when the feed does
     /// not exist, else the other gateways' records since the cursor (and their pending work, when the report
     /// carried its own) and the next cursor, or why the report was refused.
-    pub fn index_exchange(&self, key: &str, reporter: Option<&str>, cursor: Option<&str>, body: &[u8]) -> Option<Result<(Vec<u8>, u64), String>> {
+    pub fn index_exchange(
+        &self,
+        key: &str,
+        reporter: Option<&str>,
+        cursor: Option<&str>,
+        body: &[u8],
+    ) -> Option<Result<(Vec<u8>, u64), String>> {
         if !self.inner.read().unwrap_or_else(|p| p.into_inner()).contains_key(key) {
             return None;
         }

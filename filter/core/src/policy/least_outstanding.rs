@@ -36,10 +36,10 @@ impl Policy for LeastOutstandingPolicy {
 #[cfg(test)]
 mod tests {
     // Under wasm32 the same tests run through wasm-bindgen-test (scripts/test.d/15-core-wasm.sh).
-    #[cfg(target_arch = "wasm32")]
-    use wasm_bindgen_test::wasm_bindgen_test as test;
     use super::*;
     use crate::endpoint::ServerLoad;
+    #[cfg(target_arch = "wasm32")]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     #[test]
     fn picks_least_loaded_and_breaks_ties_randomly() {
@@ -55,7 +55,10 @@ mod tests {
         // Server-reported queue counts as load.
         let loads = [
             EndpointLoad::in_flight(2),
-            EndpointLoad { server: Some(ServerLoad { waiting: 4, running: 2, kv_cache_usage: 0.5 }), ..Default::default() },
+            EndpointLoad {
+                server: Some(ServerLoad { waiting: 4, running: 2, kv_cache_usage: 0.5 }),
+                ..Default::default()
+            },
             EndpointLoad::in_flight(3),
         ];
         assert_eq!(p.pick(&PickInput::default(), &eps, &loads).unwrap().endpoint, 0);

@@ -80,6 +80,7 @@
 
 use std::borrow::Cow;
 
+use super::scan::{least_admitted, TopCache};
 use super::{PickInput, Policy};
 use crate::config::Settings;
 use crate::decision::{Decision, Reason};
@@ -87,9 +88,8 @@ use crate::endpoint::{Endpoint, EndpointLoad};
 use crate::hrw;
 use crate::index::{BlockInfo, PrefixIndex, MAX_HOLDERS};
 use crate::load::{least_loaded, load_at, LoadGuard};
-use super::scan::{least_admitted, TopCache};
-use crate::RequestKey;
 use crate::prefix::{checkpoint_hash, checkpoint_step, PrefixHashes};
+use crate::RequestKey;
 
 /// A node is common when the traffic diverged below it at least `BRANCH_FACTOR × N` times (N endpoints).
 pub const BRANCH_FACTOR: u16 = 2;
@@ -329,7 +329,9 @@ impl PrefixAwarePolicy {
         chain.extend_from_slice(&ph.blocks[..common]);
         let begin = common * bs;
         chain.extend(
-            self.checkpoints(text, common).into_iter().map(|c| checkpoint_hash(ph.parent(common), &text[begin..begin + c])),
+            self.checkpoints(text, common)
+                .into_iter()
+                .map(|c| checkpoint_hash(ph.parent(common), &text[begin..begin + c])),
         );
         if common < nb {
             chain.extend_from_slice(&ph.blocks[common..]);
@@ -381,7 +383,15 @@ impl PrefixAwarePolicy {
     }
 
     /// The decision for a request with text (steps 1–5 of the module docs), without recording it.
-    fn decide(&mut self, key: &RequestKey, ph: &PrefixHashes, plan: &Plan, body_len: usize, endpoints: &[Endpoint], loads: &[EndpointLoad]) -> Decision {
+    fn decide(
+        &mut self,
+        key: &RequestKey,
+        ph: &PrefixHashes,
+        plan: &Plan,
+        body_len: usize,
+        endpoints: &[Endpoint],
+        loads: &[EndpointLoad],
+    ) -> Decision {
         let guard = LoadGuard::new(self.threshold);
         let key_hash = self.consistent_key(&key.text, ph, plan.common_blocks);
         let kf = hrw::key_factor(key_hash);

@@ -173,7 +173,8 @@ fn an_address_position_follows_the_endpoint_set() {
     assert_eq!(r.position("127.0.0.1:8001"), None, "removed, although its id is remembered");
     r.set_endpoints(vec!["[0:0::1]:80".into()]).unwrap();
     assert_eq!(r.position("[::1]:80"), Some(0), "by the normalised address");
-    r.set_endpoints(vec![addrs(3)[2].clone(), addrs(3)[0].clone(), "127.0.0.1:8002".into(), addrs(3)[0].clone()]).unwrap();
+    r.set_endpoints(vec![addrs(3)[2].clone(), addrs(3)[0].clone(), "127.0.0.1:8002".into(), addrs(3)[0].clone()])
+        .unwrap();
     let kept: Vec<&str> = r.endpoints().iter().map(|e| e.address.as_str()).collect();
     assert_eq!(kept, ["127.0.0.1:8002", "127.0.0.1:8000"], "duplicates dropped, first places kept");
 }
@@ -362,7 +363,11 @@ fn server_load_joins_the_guard() {
     let queued = case(ServerLoad { waiting: 3, running: 1, kv_cache_usage: 0.2 });
     assert_eq!(queued.reason, Reason::Overflow, "queue at the server");
     let full = case(ServerLoad { waiting: 1, running: 0, kv_cache_usage: 0.99 });
-    assert_eq!((full.endpoint, full.reason), (p, Reason::PrefixMatch), "a full KV cache with a short queue is under the cap");
+    assert_eq!(
+        (full.endpoint, full.reason),
+        (p, Reason::PrefixMatch),
+        "a full KV cache with a short queue is under the cap"
+    );
     let busy = case(ServerLoad { waiting: 0, running: 2, kv_cache_usage: 0.99 });
     assert_eq!((busy.endpoint, busy.reason), (p, Reason::PrefixMatch), "full cache without a queue is fine");
 }
@@ -411,8 +416,10 @@ fn index_stays_bounded() {
         route(&mut r, &key(&[("user", &words(i, 2000))]));
     }
     // The index size is not public through the Router; the bound is checked through a policy directly.
-    let mut p = crate::policy::PrefixAwarePolicy::new(&Settings { index_capacity: 64, block_size: 64, ..Settings::default() });
-    let eps: Vec<crate::Endpoint> = addrs(3).into_iter().enumerate().map(|(i, a)| crate::Endpoint::new(a, i as u32)).collect();
+    let mut p =
+        crate::policy::PrefixAwarePolicy::new(&Settings { index_capacity: 64, block_size: 64, ..Settings::default() });
+    let eps: Vec<crate::Endpoint> =
+        addrs(3).into_iter().enumerate().map(|(i, a)| crate::Endpoint::new(a, i as u32)).collect();
     use crate::policy::Policy;
     for i in 0..100 {
         let k = key(&[("user", &words(i, 2000))]);
@@ -578,7 +585,8 @@ fn a_key_held_whole_past_its_cut_counts_the_whole_prompt_as_cached() {
     let (_, p) = primed(s.clone(), &k1);
     let prompt = body2.len() as u32;
     let n = 4;
-    for (work, stays) in [(0, true), (4 * 1024, true), (prompt, true), (2 * prompt - 1, true), (2 * prompt + 1, false)] {
+    for (work, stays) in [(0, true), (4 * 1024, true), (prompt, true), (2 * prompt - 1, true), (2 * prompt + 1, false)]
+    {
         let (mut r, _) = primed(s.clone(), &k1);
         let mut w = vec![0u32; n];
         w[p] = work;

@@ -56,7 +56,13 @@ fn rank(l: &EndpointLoad, guard: LoadGuard) -> u64 {
 /// with the least waiting work, then the fewest outstanding requests, then the higher score for the key (`score`
 /// of a position; `top` is the key's [`rendezvous_top`], which settles most ties without scoring). `None` when the
 /// guard refuses every endpoint.
-pub fn least_admitted(loads: &[EndpointLoad], n: usize, guard: LoadGuard, top: &Top, score: impl Fn(usize) -> u64) -> Option<usize> {
+pub fn least_admitted(
+    loads: &[EndpointLoad],
+    n: usize,
+    guard: LoadGuard,
+    top: &Top,
+    score: impl Fn(usize) -> u64,
+) -> Option<usize> {
     let mut best = (u64::MAX, usize::MAX);
     let mut tied = false;
     for (i, l) in loads.iter().take(n).enumerate() {

@@ -159,7 +159,8 @@ pub struct Reply {
 impl Reply {
     async fn from(r: reqwest::Response) -> Reply {
         let h = |n: &str| r.headers().get(n).and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
-        let (status, upstream, decision, debug) = (r.status().as_u16(), h("x-upstream"), h(RIG_DECISION_HEADER), h(DEBUG_HEADER));
+        let (status, upstream, decision, debug) =
+            (r.status().as_u16(), h("x-upstream"), h(RIG_DECISION_HEADER), h(DEBUG_HEADER));
         let _ = r.bytes().await;
         Reply { status, upstream, decision, debug }
     }
@@ -237,7 +238,9 @@ pub async fn hold_filler(upstream: &Upstream, mut send: impl FnMut(usize) -> Sen
             break;
         }
     }
-    let unsettled = |filler: &[Sent]| filler.len().saturating_sub(filler.iter().filter(|h| h.is_finished()).count() + upstream.active());
+    let unsettled = |filler: &[Sent]| {
+        filler.len().saturating_sub(filler.iter().filter(|h| h.is_finished()).count() + upstream.active())
+    };
     for _ in 0..200 {
         if unsettled(&filler) == 0 {
             break;
@@ -245,7 +248,12 @@ pub async fn hold_filler(upstream: &Upstream, mut send: impl FnMut(usize) -> Sen
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let left = unsettled(&filler);
-    assert_eq!(left, 0, "{left} of {} filler requests neither answered nor waiting at the held upstream after 10 s", filler.len());
+    assert_eq!(
+        left,
+        0,
+        "{left} of {} filler requests neither answered nor waiting at the held upstream after 10 s",
+        filler.len()
+    );
     let waiting = upstream.active();
     assert!(waiting >= 1, "none of {} filler requests reached the held upstream", filler.len());
     (filler, waiting)

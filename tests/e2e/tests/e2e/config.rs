@@ -88,12 +88,16 @@ async fn invalid_plugin_config_is_rejected_with_a_clear_message() {
 async fn a_plugin_config_that_is_not_an_object_is_refused_as_such() {
     let upstreams = Upstream::start_many(1).await.expect("upstreams");
     let addr = upstreams[0].addr();
-    let cfg = EnvoyConfig::new(vec![addr], format!(r#"["{addr}"]"#)).with_wasm(warmpath_harness::filter_wasm().expect("filter module"));
+    let cfg = EnvoyConfig::new(vec![addr], format!(r#"["{addr}"]"#))
+        .with_wasm(warmpath_harness::filter_wasm().expect("filter module"));
     let mut envoy = EnvoyProcess::spawn(cfg, CONCURRENCY, false).expect("spawn");
     let code = envoy.wait_exit(Duration::from_secs(30)).await.expect("envoy refuses to start");
     assert_ne!(code, 0);
     let log = envoy.log();
-    assert!(log.contains("the plugin configuration must be a JSON object"), "unclear log:
-{log}");
+    assert!(
+        log.contains("the plugin configuration must be a JSON object"),
+        "unclear log:
+{log}"
+    );
     assert!(!log.contains("unknown variant"), "{log}");
 }

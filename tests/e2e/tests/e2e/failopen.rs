@@ -13,7 +13,13 @@ async fn bad_bodies_fail_open_and_are_counted() {
         ("malformed_json", b"{\"model\": \"m\", \"messages\": [".to_vec(), chat),
         ("not_utf8", vec![0xff, 0xfe, 0x7b, 0x22, 0x80, 0x81], chat),
         ("missing_field", br#"{"model": "m"}"#.to_vec(), chat),
-        ("body_too_large", json!({"model": "m", "messages": [{"role": "user", "content": "x".repeat(64 * 1024)}]}).to_string().into_bytes(), chat),
+        (
+            "body_too_large",
+            json!({"model": "m", "messages": [{"role": "user", "content": "x".repeat(64 * 1024)}]})
+                .to_string()
+                .into_bytes(),
+            chat,
+        ),
     ];
     for (cause, body, path) in &cases {
         for _ in 0..3 {
@@ -27,9 +33,16 @@ async fn bad_bodies_fail_open_and_are_counted() {
         assert_eq!((r.status, r.reason()), (200, "fail_open"));
     }
     // Decision counters reach Envoy on the filter's tick.
-    let s = rig.stats_until(|s| s.filter("fail_open.no_body") >= 3 && s.filter("decisions.prefix_aware.fail_open") >= 15).await;
+    let s = rig
+        .stats_until(|s| s.filter("fail_open.no_body") >= 3 && s.filter("decisions.prefix_aware.fail_open") >= 15)
+        .await;
     for (cause, _, _) in &cases {
-        assert_eq!(s.filter(&format!("fail_open.{cause}")), 3, "fail_open.{cause}: {:?}", s.with_prefix("wasmcustom").collect::<Vec<_>>());
+        assert_eq!(
+            s.filter(&format!("fail_open.{cause}")),
+            3,
+            "fail_open.{cause}: {:?}",
+            s.with_prefix("wasmcustom").collect::<Vec<_>>()
+        );
     }
     assert_eq!(s.filter("fail_open.no_body"), 3);
     assert_eq!(s.filter("decisions.prefix_aware.fail_open"), 15);
@@ -122,11 +135,20 @@ async fn route_body_limit_serves_prompts_above_a_small_listener_limit() {
     let mut routed = limited.clone();
     routed.route_body_buffer_limit_bytes = Some(warmpath_envoy_config::ROUTE_BODY_BUFFER_LIMIT_BYTES);
     let start = |c| warmpath_harness::EnvoyProcess::start(c, crate::common::CONCURRENCY);
-    let (limited, plain, routed) = (start(limited).await.expect("envoy"), start(plain).await.expect("envoy"), start(routed).await.expect("envoy"));
+    let (limited, plain, routed) =
+        (start(limited).await.expect("envoy"), start(plain).await.expect("envoy"), start(routed).await.expect("envoy"));
     let client = reqwest::Client::new();
     for size in [64 << 10, 1000 << 10] {
-        assert_eq!(post_prompt(&client, &limited, size, false).await.status, 413, "the filter holds a {size}-byte prompt past a 32 KiB listener limit");
-        assert_eq!(post_prompt(&client, &plain, size, false).await.status, 200, "without the filter nothing holds a {size}-byte prompt");
+        assert_eq!(
+            post_prompt(&client, &limited, size, false).await.status,
+            413,
+            "the filter holds a {size}-byte prompt past a 32 KiB listener limit"
+        );
+        assert_eq!(
+            post_prompt(&client, &plain, size, false).await.status,
+            200,
+            "without the filter nothing holds a {size}-byte prompt"
+        );
     }
     let max_body_bytes = warmpath_core::config::DEFAULT_MAX_BODY_BYTES;
     for size in [4 << 10, 64 << 10, 512 << 10, 1000 << 10, 3 << 20] {
@@ -158,7 +180,12 @@ async fn non_utf8_header_values_are_harmless() {
             .await
             .expect("request");
         assert_eq!(r.status(), 200);
-        let decision = r.headers().get(warmpath_harness::RIG_DECISION_HEADER).and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
+        let decision = r
+            .headers()
+            .get(warmpath_harness::RIG_DECISION_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_string();
         assert!(decision.ends_with("fail_open;matched=0"), "{decision:?}");
     }
     // The VM is alive and still decides normal requests.

@@ -50,7 +50,8 @@ impl Load {
         let done = Arc::new(Mutex::new(Vec::new()));
         let sent = Arc::new(AtomicUsize::new(0));
         let client = reqwest::Client::builder().timeout(Duration::from_secs(10)).build().expect("client");
-        let prompts: Arc<Vec<String>> = Arc::new((0..PREFIXES).map(|p| prompt(&format!("failover {p}"), 1500)).collect());
+        let prompts: Arc<Vec<String>> =
+            Arc::new((0..PREFIXES).map(|p| prompt(&format!("failover {p}"), 1500)).collect());
         let tasks = (0..CLIENTS)
             .map(|_| {
                 let (stop, done, sent, client, url, prompts) =
@@ -198,7 +199,10 @@ async fn a_killed_endpoint_stops_getting_traffic_and_comes_back_after_restart() 
     // Down for 2.5 s: back-off periods of 1 s then 2 s, so the next probe after the restart comes within 2 s (one
     // more base period of slack for the shared machine).
     let bound = Duration::from_millis(3 * BACKOFF_BASE_MS);
-    assert!(run.back_after.is_some_and(|t| t <= bound), "the restarted endpoint got no traffic within {bound:?}: {report}");
+    assert!(
+        run.back_after.is_some_and(|t| t <= bound),
+        "the restarted endpoint got no traffic within {bound:?}: {report}"
+    );
 }
 
 /// The baseline of the kill figures: the same scenario through the same Envoy bootstrap without the filter — the

@@ -187,7 +187,8 @@ async fn two_plugins_keep_their_own_feeds_server_loads() {
     rig.used();
     for i in 0..30 {
         for (_, prefix, _, _) in pools {
-            let body = json!({"model": "m", "messages": [{"role": "user", "content": prompt(&format!("loads {i}"), 500)}]});
+            let body =
+                json!({"model": "m", "messages": [{"role": "user", "content": prompt(&format!("loads {i}"), 500)}]});
             let r = rig.post(&format!("{prefix}v1/chat/completions"), body.to_string().into_bytes(), &[]).await;
             assert_eq!(r.status, 200, "{r:?}");
         }

@@ -82,7 +82,11 @@ impl Fleet {
 /// (B's own filler requests waiting there), then its second turn through B. A gateway that does not know where
 /// the conversation went sees that work and an idle endpoint elsewhere and moves the turn; one that learned that
 /// the endpoint holds 3,000 cached characters keeps it there. Returns the first turn's upstream and the second's.
-async fn second_turn_through_the_other_gateway(f: Arc<Fleet>, name: &str, learned: impl Fn(&Stats) -> bool) -> (String, String) {
+async fn second_turn_through_the_other_gateway(
+    f: Arc<Fleet>,
+    name: &str,
+    learned: impl Fn(&Stats) -> bool,
+) -> (String, String) {
     f.wait_for_snapshot().await;
     let history = prompt(name, 3000);
     let (status, first) = post_fresh(&f.gateways[0], turn(&history, "first question")).await;
@@ -92,7 +96,14 @@ async fn second_turn_through_the_other_gateway(f: Arc<Fleet>, name: &str, learne
     let s = f.stats_until(1, &learned).await;
     if !learned(&s) {
         let a = f.gateways[0].stats().await.expect("stats");
-        let show = |s: &Stats| format!("{:?}", s.with_prefix("wasmcustom.warmpath.").filter(|(k, _)| k.contains("exchange") || k.contains("feed")).collect::<Vec<_>>());
+        let show = |s: &Stats| {
+            format!(
+                "{:?}",
+                s.with_prefix("wasmcustom.warmpath.")
+                    .filter(|(k, _)| k.contains("exchange") || k.contains("feed"))
+                    .collect::<Vec<_>>()
+            )
+        };
         panic!("gateway B did not learn: A {} B {}; feed reports {}", show(&a), show(&s), f.feed.index_reports());
     }
 
@@ -107,7 +118,13 @@ async fn second_turn_through_the_other_gateway(f: Arc<Fleet>, name: &str, learne
 
 /// Sends a conversation's second turn through gateway B while `waiting` requests wait at the held upstream `home`,
 /// then releases it; returns the upstream that answered the turn (every filler request is answered with 200).
-async fn second_turn_while_held(f: &Arc<Fleet>, history: String, home: usize, waiting: usize, filler: Vec<Sent>) -> String {
+async fn second_turn_while_held(
+    f: &Arc<Fleet>,
+    history: String,
+    home: usize,
+    waiting: usize,
+    filler: Vec<Sent>,
+) -> String {
     let second = spawn_post(f.gateways[1].url(), turn(&history, "second question"));
     // The turn either waits at the held endpoint or is answered by another one.
     for _ in 0..100 {
@@ -128,8 +145,10 @@ async fn second_turn_while_held(f: &Arc<Fleet>, history: String, home: usize, wa
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_conversation_stays_on_one_endpoint_across_gateways_through_the_feed() {
     let f = Arc::new(Fleet::start(true, true).await);
-    let (first, second) =
-        second_turn_through_the_other_gateway(f.clone(), "across gateways", |s| s.filter("index_exchange.received") >= 1).await;
+    let (first, second) = second_turn_through_the_other_gateway(f.clone(), "across gateways", |s| {
+        s.filter("index_exchange.received") >= 1
+    })
+    .await;
     assert_eq!(second, first, "the second turn left the conversation's endpoint");
     assert!(f.feed.index_reports() >= 2, "both gateways report to the feed");
     let a = f.stats_until(0, |s| s.filter("index_exchange.reported") >= 1).await;
@@ -148,7 +167,8 @@ async fn without_the_feeds_exchange_each_gateway_routes_on_its_own_index() {
     let f = Arc::new(Fleet::start(false, true).await);
     // Nothing to learn: wait until gateway B has polled (and been refused) a few times instead.
     let (first, second) =
-        second_turn_through_the_other_gateway(f.clone(), "gateways alone", |s| s.filter("feed.failures.index") >= 2).await;
+        second_turn_through_the_other_gateway(f.clone(), "gateways alone", |s| s.filter("feed.failures.index") >= 2)
+            .await;
     assert_ne!(second, first, "gateway B kept a turn it knew nothing of at a loaded endpoint");
     let b = f.stats_until(1, |_| true).await;
     assert_eq!(b.filter("index_exchange.received"), 0);

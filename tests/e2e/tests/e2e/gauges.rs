@@ -22,7 +22,9 @@ async fn gauges_of_removed_endpoints_drop_to_zero() {
     let held: Vec<_> = (0..6)
         .map(|i| {
             let (client, url) = (rig.client.clone(), url.clone());
-            tokio::spawn(async move { client.post(url).body(format!(r#"{{"prompt":"{i}"}}"#)).send().await.map(|r| r.status().as_u16()) })
+            tokio::spawn(async move {
+                client.post(url).body(format!(r#"{{"prompt":"{i}"}}"#)).send().await.map(|r| r.status().as_u16())
+            })
         })
         .collect();
     let s = rig.stats_until(|s| gauge(s, &removed) == 2).await;

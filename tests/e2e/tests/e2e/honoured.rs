@@ -23,7 +23,12 @@ async fn picks_of_a_non_member_are_counted_and_logged_once() {
     let client = reqwest::Client::builder().timeout(Duration::from_secs(10)).build().expect("client");
     let requests = 60;
     for i in 0..requests {
-        let r = client.post(format!("{}/v1/completions", envoy.url())).body(format!(r#"{{"prompt":"{i}"}}"#)).send().await.expect("request");
+        let r = client
+            .post(format!("{}/v1/completions", envoy.url()))
+            .body(format!(r#"{{"prompt":"{i}"}}"#))
+            .send()
+            .await
+            .expect("request");
         assert_eq!(r.status(), 200, "Envoy's fallback serves the request");
     }
     // Counters reach Envoy on the tick.
@@ -64,5 +69,9 @@ async fn a_missing_feed_cluster_is_logged_once() {
     let lines = log.lines().filter(|l| l.contains("cannot call cluster") && l.contains("no_such_cluster")).count();
     // Once per poller VM. The lease rarely moves, so at most one more than the workers, though Envoy runs two more
     // VMs than workers (docs/filter.md, "Shared state").
-    assert!((1..=CONCURRENCY as usize + 1).contains(&lines), "{lines} log lines for {} failed dispatches:\n{log}", s.filter("feed.failures.dispatch"));
+    assert!(
+        (1..=CONCURRENCY as usize + 1).contains(&lines),
+        "{lines} log lines for {} failed dispatches:\n{log}",
+        s.filter("feed.failures.dispatch")
+    );
 }

@@ -28,7 +28,8 @@ async fn counters_return_to_zero_after_client_aborts() {
     let mut tasks = Vec::new();
     for i in 0..12 {
         let (c, url) = (impatient.clone(), format!("{}/v1/chat/completions", rig.envoy.url()));
-        let body = json!({"model": "m", "messages": [{"role": "user", "content": prompt(&format!("abort {i}"), 2000)}]});
+        let body =
+            json!({"model": "m", "messages": [{"role": "user", "content": prompt(&format!("abort {i}"), 2000)}]});
         tasks.push(tokio::spawn(async move { c.post(url).body(body.to_string()).send().await.is_err() }));
     }
     let during = rig.stats_until(|s| total_in_flight(&rig, s) == 12).await;
@@ -69,7 +70,9 @@ async fn counters_return_to_zero_after_upstream_timeouts() {
     for i in 0..6 {
         let (c, url) = (rig.client.clone(), format!("{}/v1/chat/completions", rig.envoy.url()));
         let body = json!({"model": "m", "messages": [{"role": "user", "content": prompt(&format!("slow {i}"), 2000)}]});
-        tasks.push(tokio::spawn(async move { c.post(url).body(body.to_string()).send().await.map(|r| r.status().as_u16()) }));
+        tasks.push(tokio::spawn(async move {
+            c.post(url).body(body.to_string()).send().await.map(|r| r.status().as_u16())
+        }));
     }
     for t in tasks {
         assert_eq!(t.await.expect("join").expect("envoy answers"), 504, "route timeout resets the upstream stream");
@@ -101,12 +104,17 @@ async fn pending_prefill_returns_to_zero_after_every_stream() {
     let mut tasks = Vec::new();
     for i in 0..6 {
         let (c, url) = (impatient.clone(), format!("{}/v1/chat/completions", rig.envoy.url()));
-        let body = json!({"model": "m", "messages": [{"role": "user", "content": prompt(&format!("pending {i}"), 2000)}]});
+        let body =
+            json!({"model": "m", "messages": [{"role": "user", "content": prompt(&format!("pending {i}"), 2000)}]});
         tasks.push(tokio::spawn(async move { c.post(url).body(body.to_string()).send().await.is_err() }));
     }
     let during = rig.stats_until(|s| total_in_flight(&rig, s) == 6 && total_pending(&rig, s) >= 6 * 2000).await;
     assert_eq!(total_in_flight(&rig, &during), 6);
-    assert!(total_pending(&rig, &during) >= 6 * 2000, "held prompts count as pending prefill: {}", total_pending(&rig, &during));
+    assert!(
+        total_pending(&rig, &during) >= 6 * 2000,
+        "held prompts count as pending prefill: {}",
+        total_pending(&rig, &during)
+    );
     for t in tasks {
         assert!(t.await.expect("join"), "client should have timed out");
     }

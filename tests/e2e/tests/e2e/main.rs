@@ -8,9 +8,9 @@ mod common;
 
 mod config;
 mod debug_header;
-mod feed;
 mod failopen;
 mod failover;
+mod feed;
 mod gateways;
 mod gauges;
 mod honoured;

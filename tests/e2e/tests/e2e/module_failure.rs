@@ -19,7 +19,8 @@ const REQUESTS: usize = 12;
 async fn unfetchable_module_rig(strip_in_envoy: bool) -> (Vec<Upstream>, EnvoyProcess) {
     let upstreams = Upstream::start_many(3).await.expect("upstreams");
     let addrs: Vec<_> = upstreams.iter().map(Upstream::addr).collect();
-    let mut cfg = EnvoyConfig::new(addrs.clone(), EnvoyConfig::plugin_json(&addrs, json!({}))).with_wasm(filter_wasm().expect("module"));
+    let mut cfg = EnvoyConfig::new(addrs.clone(), EnvoyConfig::plugin_json(&addrs, json!({})))
+        .with_wasm(filter_wasm().expect("module"));
     let address = SocketAddr::from(([127, 0, 0, 1], free_port().expect("port")));
     cfg.wasm_remote = Some(RemoteModule { address, path: "/warmpath_filter.wasm".into(), sha256: "0".repeat(64) });
     cfg.strip_in_envoy = strip_in_envoy;
@@ -63,5 +64,9 @@ async fn a_module_that_cannot_be_fetched_does_not_let_the_client_choose() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_the_native_strip_a_failed_module_lets_the_client_choose() {
     let (upstreams, envoy) = unfetchable_module_rig(false).await;
-    assert_eq!(spoofed_requests_to_first(&upstreams, &envoy).await, REQUESTS, "the client's header chose every upstream");
+    assert_eq!(
+        spoofed_requests_to_first(&upstreams, &envoy).await,
+        REQUESTS,
+        "the client's header chose every upstream"
+    );
 }

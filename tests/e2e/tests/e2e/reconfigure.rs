@@ -3,9 +3,9 @@
 //! a configuration that moves the feed replaces the old feed, although the old configuration lives on while its
 //! listener drains.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -43,7 +43,11 @@ async fn strategy_switch_keeps_serving() {
     tokio::time::sleep(Duration::from_millis(300)).await;
 
     let random = Rig::config(&rig.upstreams, json!({"strategy": "RANDOM"}));
-    assert!(rig.envoy.update_listener(random).await.expect("lds update"), "RANDOM config rejected:\n{}", rig.envoy.log());
+    assert!(
+        rig.envoy.update_listener(random).await.expect("lds update"),
+        "RANDOM config rejected:\n{}",
+        rig.envoy.log()
+    );
     let mut reasons = Vec::new();
     for i in 0..10 {
         let r = rig.chat(&prompt(&format!("after {i}"), 2000)).await;
@@ -65,7 +69,12 @@ async fn strategy_switch_keeps_serving() {
     assert!(ok.load(Ordering::SeqCst) > 10, "background traffic barely ran");
     assert_eq!(failed.load(Ordering::SeqCst), 0, "requests failed during reconfiguration");
     let s = rig.stats_until(|s| s.filter("decisions.random.random") >= 11).await;
-    assert!(s.filter("decisions.random.random") >= 11, "{:?}\n{}", s.with_prefix("wasmcustom").collect::<Vec<_>>(), rig.envoy.log());
+    assert!(
+        s.filter("decisions.random.random") >= 11,
+        "{:?}\n{}",
+        s.with_prefix("wasmcustom").collect::<Vec<_>>(),
+        rig.envoy.log()
+    );
 }
 
 /// An LDS update that moves the feed to another path. Envoy keeps the superseded plugin configuration — its root
@@ -113,7 +122,12 @@ async fn a_moved_feed_replaces_the_old_one() {
     let applied = rig.envoy.stats().await.expect("stats").filter("feed.applied");
     assert!(rig.envoy.update_listener(config(&rig.upstreams, NEW)).await.expect("lds update"), "{}", rig.envoy.log());
     let s = rig.stats_until(|s| s.filter("feed.applied") >= applied + vms && feed.hits_at(NEW) > 0).await;
-    assert!(feed.hits_at(NEW) > 0, "new feed never polled; {:?}\n{}", s.with_prefix("wasmcustom").collect::<Vec<_>>(), rig.envoy.log());
+    assert!(
+        feed.hits_at(NEW) > 0,
+        "new feed never polled; {:?}\n{}",
+        s.with_prefix("wasmcustom").collect::<Vec<_>>(),
+        rig.envoy.log()
+    );
     // A few intervals for every VM to apply the new feed and for the old poller's last call to return.
     tokio::time::sleep(Duration::from_millis(5 * INTERVAL_MS)).await;
     let old_polls = feed.hits_at(OLD);

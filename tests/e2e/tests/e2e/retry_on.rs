@@ -35,8 +35,11 @@ async fn reset_in_flight(rig: &Rig, n: usize) -> (usize, Vec<u16>) {
     let sent: Vec<_> = (0..n)
         .map(|i| {
             let (client, url) = (rig.client.clone(), url.clone());
-            let body = json!({"model": "m", "messages": [{"role": "user", "content": prompt(&format!("reset {i}"), 1500)}]});
-            tokio::spawn(async move { client.post(url).body(body.to_string()).send().await.map(|r| r.status().as_u16()) })
+            let body =
+                json!({"model": "m", "messages": [{"role": "user", "content": prompt(&format!("reset {i}"), 1500)}]});
+            tokio::spawn(
+                async move { client.post(url).body(body.to_string()).send().await.map(|r| r.status().as_u16()) },
+            )
         })
         .collect();
     let deadline = Instant::now() + Duration::from_secs(10);

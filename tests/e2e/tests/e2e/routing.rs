@@ -37,7 +37,11 @@ async fn same_prefix_lands_on_one_upstream() {
     );
     // Repeats of a prefix find it in the index (per worker VM, so at least 5 × (6 − 2 workers) matches), and the
     // matched lengths are counted.
-    assert!(s.filter("decisions.prefix_aware.prefix_match") >= 20, "{:?}", s.with_prefix("wasmcustom").collect::<Vec<_>>());
+    assert!(
+        s.filter("decisions.prefix_aware.prefix_match") >= 20,
+        "{:?}",
+        s.with_prefix("wasmcustom").collect::<Vec<_>>()
+    );
     assert!(s.filter("matched_prefix_chars_total") > 0);
     assert_eq!(s.sum_prefix("wasmcustom.warmpath.matched_prefix."), 30, "every prefix-aware pick lands in one bucket");
 }
@@ -152,7 +156,11 @@ async fn least_outstanding_avoids_the_busy_upstream() {
         assert_eq!(r.status, 200);
         assert_eq!(r.reason(), "least_outstanding");
     }
-    assert_eq!(rig.upstreams[0].count(), before, "least-outstanding sent work to the upstream with a request in flight");
+    assert_eq!(
+        rig.upstreams[0].count(),
+        before,
+        "least-outstanding sent work to the upstream with a request in flight"
+    );
     rig.upstreams[0].release();
     for h in held {
         assert_eq!(h.await.expect("join").status, 200);

@@ -13,7 +13,9 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use serde_json::json;
-use warmpath_harness::{filter_wasm, EnvoyConfig, EnvoyProcess, Stats, Upstream, DESTINATION_HEADER, ORIGINAL_DST_HEADER};
+use warmpath_harness::{
+    filter_wasm, EnvoyConfig, EnvoyProcess, Stats, Upstream, DESTINATION_HEADER, ORIGINAL_DST_HEADER,
+};
 
 use crate::common::{prompt, Rig, CONCURRENCY};
 
@@ -36,7 +38,9 @@ fn addresses(upstreams: &[Upstream]) -> Vec<String> {
 async fn start(gate: bool) -> Rig {
     let upstreams = Upstream::start_many(2 * PER_POOL + 1).await.expect("upstreams");
     let addrs: Vec<SocketAddr> = upstreams.iter().map(Upstream::addr).collect();
-    let mut cfg = EnvoyConfig::new(addrs[2 * PER_POOL..].to_vec(), "{}").with_wasm(filter_wasm().expect("filter module")).with_rig_headers();
+    let mut cfg = EnvoyConfig::new(addrs[2 * PER_POOL..].to_vec(), "{}")
+        .with_wasm(filter_wasm().expect("filter module"))
+        .with_rig_headers();
     cfg.strip_in_envoy = false;
     for (i, (cluster, prefix, plugin)) in POOLS.iter().enumerate() {
         let pool = addrs[i * PER_POOL..(i + 1) * PER_POOL].to_vec();
@@ -91,7 +95,10 @@ async fn each_instance_routes_only_its_own_clusters_requests() {
     // Every request was decided once (by its own instance) and skipped once (by the other).
     let s = rig.stats_until(|s| decisions(s) >= claimed && s.filter("requests_skipped_other_cluster") >= claimed).await;
     assert_eq!(decisions(&s), claimed, "{:?}", metrics(&s));
-    assert_eq!(s.filter("decisions.prefix_aware.prefix_match") + s.filter("decisions.prefix_aware.consistent_pick"), claimed);
+    assert_eq!(
+        s.filter("decisions.prefix_aware.prefix_match") + s.filter("decisions.prefix_aware.consistent_pick"),
+        claimed
+    );
     assert_eq!(s.filter("requests_skipped_other_cluster"), claimed, "{:?}", metrics(&s));
 
     // Spoofed destination headers on either route: another endpoint of the same pool, or one of the other pool.
@@ -99,7 +106,8 @@ async fn each_instance_routes_only_its_own_clusters_requests() {
     for (k, seed) in seeds.iter().enumerate() {
         let p = prompt(seed, 3000);
         for (i, (_, prefix, _)) in POOLS.iter().enumerate() {
-            let same_pool = addresses(pool_upstreams(&rig, i)).into_iter().find(|a| *a != home[i][k]).expect("other upstream");
+            let same_pool =
+                addresses(pool_upstreams(&rig, i)).into_iter().find(|a| *a != home[i][k]).expect("other upstream");
             let other_pool = addresses(pool_upstreams(&rig, 1 - i))[k % PER_POOL].clone();
             for target in [same_pool, other_pool] {
                 let headers = [(DESTINATION_HEADER, target.as_str()), (ORIGINAL_DST_HEADER, target.as_str())];

@@ -24,7 +24,11 @@ async fn client_destination_headers_are_not_honoured() {
         let target = rig.upstreams.iter().map(|u| u.addr().to_string()).find(|a| *a != home).expect("other upstream");
         let body = json!({"model": "m", "messages": [{"role": "user", "content": p}]}).to_string();
         let r = rig
-            .post("/v1/chat/completions", body.into_bytes(), &[(DESTINATION_HEADER, &target), (ORIGINAL_DST_HEADER, &target)])
+            .post(
+                "/v1/chat/completions",
+                body.into_bytes(),
+                &[(DESTINATION_HEADER, &target), (ORIGINAL_DST_HEADER, &target)],
+            )
             .await;
         spoofed_requests += 1;
         assert_eq!(r.status, 200);
@@ -33,7 +37,8 @@ async fn client_destination_headers_are_not_honoured() {
     // Fail-open requests (GET, broken JSON) with a foreign and a member address, header sent twice.
     let member = rig.upstreams[0].addr().to_string();
     for i in 0..12 {
-        let headers = [(DESTINATION_HEADER, FOREIGN), (DESTINATION_HEADER, member.as_str()), (ORIGINAL_DST_HEADER, FOREIGN)];
+        let headers =
+            [(DESTINATION_HEADER, FOREIGN), (DESTINATION_HEADER, member.as_str()), (ORIGINAL_DST_HEADER, FOREIGN)];
         let r = if i % 2 == 0 {
             rig.get("/v1/models", &headers).await
         } else {
@@ -51,7 +56,8 @@ async fn client_destination_headers_are_not_honoured() {
         }
     }
     // Fail-open picks are the filter's least-outstanding choice, not the spoofed member upstream 0.
-    let fail_open_at_member = rig.upstreams[0].requests().iter().filter(|r| r.path == "/v1/models" || r.body_len == 9).count();
+    let fail_open_at_member =
+        rig.upstreams[0].requests().iter().filter(|r| r.path == "/v1/models" || r.body_len == 9).count();
     assert!(fail_open_at_member < 12, "all fail-open requests went where the client asked");
     let s = rig.envoy.stats().await.expect("stats");
     assert_eq!(s.filter("spoofed_header_removed"), spoofed_requests);
@@ -62,8 +68,15 @@ async fn client_destination_headers_are_not_honoured() {
 async fn default_config_also_strips_in_envoy() {
     let rig = Rig::start(3, json!({"strategy": "PREFIX_AWARE"})).await;
     for i in 0..6 {
-        let body = json!({"model": "m", "messages": [{"role": "user", "content": prompt(&format!("d {i}"), 2000)}]}).to_string();
-        let r = rig.post("/v1/chat/completions", body.into_bytes(), &[(DESTINATION_HEADER, FOREIGN), (ORIGINAL_DST_HEADER, FOREIGN)]).await;
+        let body = json!({"model": "m", "messages": [{"role": "user", "content": prompt(&format!("d {i}"), 2000)}]})
+            .to_string();
+        let r = rig
+            .post(
+                "/v1/chat/completions",
+                body.into_bytes(),
+                &[(DESTINATION_HEADER, FOREIGN), (ORIGINAL_DST_HEADER, FOREIGN)],
+            )
+            .await;
         assert_eq!(r.status, 200);
         let r = rig.get("/health", &[(DESTINATION_HEADER, FOREIGN), (ORIGINAL_DST_HEADER, FOREIGN)]).await;
         assert_eq!(r.status, 200);

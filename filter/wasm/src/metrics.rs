@@ -204,19 +204,18 @@ pub struct EndpointGauges {
 impl EndpointGauges {
     /// The gauge writes that bring the gauges to `current` (each endpoint's address with its in-flight count,
     /// pending prefill and the other gateways' pending prefill; the last is written only when `remote` is true).
-    /// Addresses written before that are no longer current keep their in-flight gauge following
-    /// `left_in_flight(address)` until it reads 0, then are forgotten: a gauge must not freeze at its last value.
+    /// `left(address)` is `None` for an address that is still an endpoint, else its in-flight count: an address
+    /// written before that is no longer an endpoint keeps its in-flight gauge following that count until it reads 0,
+    /// then is forgotten (a gauge must not freeze at its last value).
     pub fn update<'a>(
         &mut self,
         current: impl Iterator<Item = (&'a str, [u32; 3])>,
         remote: bool,
-        left_in_flight: impl Fn(&str) -> u32,
+        left: impl Fn(&str) -> Option<u32>,
     ) -> Vec<(EndpointGauge, String, u32)> {
         let gauges = [EndpointGauge::InFlight, EndpointGauge::PendingPrefill, EndpointGauge::RemotePendingPrefill];
         let mut writes = Vec::new();
-        let mut seen = std::collections::HashSet::new();
         for (address, now) in current {
-            seen.insert(address);
             let before = self.last.get(address).copied();
             if before == Some(now) {
                 continue;
@@ -230,10 +229,7 @@ impl EndpointGauges {
             self.last.insert(address.to_string(), now);
         }
         self.last.retain(|address, last| {
-            if seen.contains(address.as_str()) {
-                return true;
-            }
-            let n = left_in_flight(address);
+            let Some(n) = left(address) else { return true };
             if n != last[0] {
                 writes.push((EndpointGauge::InFlight, address.clone(), n));
                 last[0] = n;
@@ -252,22 +248,26 @@ mod tests {
     fn only_changed_gauges_are_written_and_a_left_endpoint_follows_its_count_to_zero() {
         let mut book = EndpointGauges::default();
         let (a, b) = ("127.0.0.1:1", "127.0.0.1:2");
-        let none = |_: &str| 0;
-        let w = book.update([(a, [1, 10, 0]), (b, [0, 0, 0])].into_iter(), false, none);
+        let both_current = |_: &str| None;
+        let w = book.update([(a, [1, 10, 0]), (b, [0, 0, 0])].into_iter(), false, both_current);
         assert_eq!(w.len(), 4, "the first tick writes every gauge: {w:?}");
-        assert!(book.update([(a, [1, 10, 0]), (b, [0, 0, 0])].into_iter(), false, none).is_empty(), "nothing changed");
-        let w = book.update([(a, [0, 10, 0]), (b, [0, 0, 0])].into_iter(), false, none);
+        assert!(
+            book.update([(a, [1, 10, 0]), (b, [0, 0, 0])].into_iter(), false, both_current).is_empty(),
+            "nothing changed"
+        );
+        let w = book.update([(a, [0, 10, 0]), (b, [0, 0, 0])].into_iter(), false, both_current);
         assert_eq!(w, vec![(EndpointGauge::InFlight, a.to_string(), 0)], "only the changed gauge");
         let only_a = || [(a, [0, 10, 7])].into_iter();
-        let w = book.update(only_a(), true, |_| 2);
+        let b_left_with = |n: u32| move |addr: &str| (addr == b).then_some(n);
+        let w = book.update(only_a(), true, b_left_with(2));
         assert_eq!(
             w,
             vec![(EndpointGauge::RemotePendingPrefill, a.to_string(), 7), (EndpointGauge::InFlight, b.to_string(), 2)],
             "a's remote gauge is new; b left with 2 requests still in flight"
         );
-        assert!(book.update(only_a(), true, |_| 2).is_empty(), "b's count did not change");
-        assert_eq!(book.update(only_a(), true, |_| 0), vec![(EndpointGauge::InFlight, b.to_string(), 0)]);
-        assert!(book.update(only_a(), true, |_| 5).is_empty(), "b read 0 once and was forgotten");
+        assert!(book.update(only_a(), true, b_left_with(2)).is_empty(), "b's count did not change");
+        assert_eq!(book.update(only_a(), true, b_left_with(0)), vec![(EndpointGauge::InFlight, b.to_string(), 0)]);
+        assert!(book.update(only_a(), true, b_left_with(5)).is_empty(), "b read 0 once and was forgotten");
     }
 
     #[test]

@@ -144,7 +144,10 @@ impl FilterRoot {
             .enumerate()
             .map(|(i, e)| (e.address.as_str(), [in_flight[i], own[i], others.as_ref().map_or(0, |o| o[i])]));
         let writes = GAUGES.with(|g| {
-            g.borrow_mut().entry(self.plugin.clone()).or_default().update(current, others.is_some(), |a| table.get(a))
+            g.borrow_mut()
+                .entry(self.plugin.clone())
+                .or_default()
+                .update(current, others.is_some(), |a| router.position(a).is_none().then(|| table.get(a)))
         });
         for (gauge, address, value) in writes {
             shared.metrics.gauge(&gauge.name(&address), u64::from(value));

@@ -464,7 +464,8 @@ pub async fn run_strategy(strategy: &Strategy, reqs: &[Request], s: &RunSettings
         Target::Proxy(_) if strategy.via_envoy() => {
             // Summed over the gateways: each Envoy counts its own decisions. The filter hands its counters to
             // Envoy once per tick (200 ms, with a feed 50 ms or less), so wait (bounded) until every sent request's
-            // decision shows.
+            // decision shows and the in-flight gauges are back to 0 (every stream has ended; read earlier, they show
+            // the last tick's count, 1–2 on a few endpoints).
             let settle = Instant::now() + Duration::from_secs(3);
             let sum = loop {
                 let mut sum: std::collections::BTreeMap<String, u64> = Default::default();
@@ -475,7 +476,8 @@ pub async fn run_strategy(strategy: &Strategy, reqs: &[Request], s: &RunSettings
                     }
                 }
                 let decided: u64 = sum.iter().filter(|(k, _)| k.contains(".decisions.")).map(|(_, v)| *v).sum();
-                if decided >= sent as u64 || Instant::now() > settle {
+                let held: u64 = sum.iter().filter(|(k, _)| k.contains(".in_flight.")).map(|(_, v)| *v).sum();
+                if (decided >= sent as u64 && held == 0) || Instant::now() > settle {
                     break sum;
                 }
                 tokio::time::sleep(Duration::from_millis(100)).await;

@@ -43,6 +43,8 @@ struct Shared {
     addr: SocketAddr,
     requests: Mutex<Vec<Recorded>>,
     delay_ms: AtomicU64,
+    /// With a value above 0: answers take one more ms per this many request-body bytes, like a server's prefill.
+    body_bytes_per_ms: AtomicU64,
     /// `true` while requests are held; handlers wait for it to turn `false`.
     hold: watch::Sender<bool>,
     active: AtomicUsize,
@@ -83,6 +85,7 @@ impl Upstream {
             addr,
             requests: Mutex::new(Vec::new()),
             delay_ms: AtomicU64::new(0),
+            body_bytes_per_ms: AtomicU64::new(0),
             hold,
             active: AtomicUsize::new(0),
             stream_events: AtomicUsize::new(0),
@@ -166,6 +169,12 @@ impl Upstream {
         self.shared.delay_ms.store(d.as_millis() as u64, Ordering::SeqCst);
     }
 
+    /// From now on delays every answer, on top of [`Self::set_delay`], by the request body's length at `bytes_per_ms`
+    /// (0 turns it off): the answer then comes after a time that grows with the prompt, as after a server's prefill.
+    pub fn set_body_rate(&self, bytes_per_ms: u64) {
+        self.shared.body_bytes_per_ms.store(bytes_per_ms, Ordering::SeqCst);
+    }
+
     /// From now on answers as a stream of `events` server-sent events (`text/event-stream`, one token each, then
     /// `data: [DONE]`), each written `gap` after the previous one, so that a proxy reads each as its own chunk; 0
     /// events goes back to one JSON body.
@@ -218,7 +227,8 @@ async fn handle(
     let _active = ActiveGuard(s.clone());
     let mut hold = s.hold.subscribe();
     let _ = hold.wait_for(|held| !*held).await;
-    let delay = s.delay_ms.load(Ordering::SeqCst);
+    let rate = s.body_bytes_per_ms.load(Ordering::SeqCst);
+    let delay = s.delay_ms.load(Ordering::SeqCst) + if rate > 0 { body.len() as u64 / rate } else { 0 };
     if delay > 0 {
         tokio::time::sleep(Duration::from_millis(delay)).await;
     }

@@ -22,6 +22,7 @@ pub mod hrw;
 pub mod index;
 pub mod load;
 pub mod policy;
+pub mod prefill_rate;
 pub mod prefix;
 pub mod router;
 
@@ -32,5 +33,6 @@ pub use error::{ConfigError, ExtractError};
 pub use extract::{extract_key, BodyKind, RequestKey};
 pub use index::PrefixIndex;
 pub use policy::{PickInput, Policy};
+pub use prefill_rate::{PrefillEstimate, PrefillRate};
 pub use prefix::{block_hashes, PrefixHashes};
 pub use router::Router;

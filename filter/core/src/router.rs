@@ -9,6 +9,7 @@ use crate::error::ConfigError;
 use crate::extract::RequestKey;
 use crate::load::least_loaded;
 use crate::policy::{self, PickInput, Policy};
+use crate::prefill_rate::{PrefillEstimate, PrefillRate};
 use crate::prefix::PrefixHashes;
 
 /// Addresses remembered beyond the current set, so an endpoint that leaves and comes back keeps its id (and
@@ -32,6 +33,8 @@ pub struct Router {
     /// Position of the endpoint the last [`Router::route`] call's policy picked (`None` after a fail-open pick or
     /// once its record was taken).
     last_pick: Option<usize>,
+    /// The pool's prefill speed learned from this router's requests (reported; placement does not use it).
+    prefill: PrefillRate,
 }
 
 impl Router {
@@ -48,6 +51,7 @@ impl Router {
             policy,
             settings,
             last_pick: None,
+            prefill: PrefillRate::default(),
         };
         let eps = r.settings.endpoints.clone();
         r.install_endpoints(eps);
@@ -57,6 +61,17 @@ impl Router {
     /// Current settings.
     pub fn settings(&self) -> &Settings {
         &self.settings
+    }
+
+    /// Records a request that matched nothing, sent to an endpoint with none of this router's prefill work pending:
+    /// `bytes` charged ([`Decision::prefill_bytes`]), its first response byte `ms` later ([`PrefillRate`]).
+    pub fn observe_prefill(&mut self, bytes: u32, ms: u64) {
+        self.prefill.observe(bytes, ms);
+    }
+
+    /// The prefill speed learned so far, if the requests seen give one.
+    pub fn prefill_estimate(&self) -> Option<PrefillEstimate> {
+        self.prefill.estimate()
     }
 
     /// Current endpoints; `loads` passed to [`Router::route`] are parallel to this slice.

@@ -90,6 +90,10 @@ pub struct FilterHttp {
     body_len: usize,
     /// The debug header's value (`debug_header: true`), added to the response headers.
     debug: Option<String>,
+    /// When this request was sent (ms) and the prefill bytes charged for it, if it matched nothing in the index
+    /// and its endpoint had none of this Envoy's prefill work pending then: a sample of the pool's prefill speed at
+    /// its first byte (`Router::observe_prefill`).
+    prefill_sample: Option<(u64, u32)>,
 }
 
 impl FilterHttp {
@@ -106,6 +110,7 @@ impl FilterHttp {
             probe: false,
             body_len: 0,
             debug: None,
+            prefill_sample: None,
         }
     }
 
@@ -219,6 +224,7 @@ impl FilterHttp {
         };
         // Passive failure learning: a pick on an endpoint in back-off goes to the least-loaded endpoint that is up.
         let placement = health::place(router.endpoints(), &loads, decision.endpoint, now_ms());
+        let avoided = placement.instead.is_some();
         if let Some(address) = placement.instead {
             shared.metrics.count(metric::PICKS_AVOIDED_DOWN, 1);
             decision.address = address;
@@ -238,7 +244,11 @@ impl FilterHttp {
         if decision.prefill_bytes > 0 {
             let bytes = decision.prefill_bytes.min(i32::MAX as u32);
             match shared::add_to(Counter::PendingPrefill, &decision.address, bytes as i32, pending) {
-                Some(_) => self.stream.took_pending(decision.address.clone(), bytes),
+                Some(_) => {
+                    self.stream.took_pending(decision.address.clone(), bytes);
+                    let idle = !avoided && decision.matched_len == 0 && loads[decision.endpoint].pending_prefill == 0;
+                    self.prefill_sample = idle.then(|| (now_ms(), bytes));
+                }
                 None => shared.metrics.count("warmpath.cas_failures", 1),
             }
         }
@@ -360,6 +370,11 @@ impl HttpContext for FilterHttp {
     fn on_http_response_body(&mut self, body_size: usize, _end_of_stream: bool) -> Action {
         if self.stream.on_response_body(body_size) {
             self.release_pending();
+            if let (Some((sent, bytes)), Some(shared)) = (self.prefill_sample.take(), &self.shared) {
+                if let Ok(mut router) = shared.router.try_borrow_mut() {
+                    router.observe_prefill(bytes, now_ms().saturating_sub(sent));
+                }
+            }
         }
         Action::Continue
     }

@@ -18,6 +18,8 @@
 //! | `warmpath.pending_prefill.<IP>_<port>` | gauge | this Envoy's pending prefill work on each endpoint (bytes), refreshed every tick like the in-flight gauge |
 //! | `warmpath.remote_pending_prefill.<IP>_<port>` | gauge | with a feed: the other gateways' pending prefill work on each endpoint (bytes), as the feed last reported it |
 //! | `warmpath.endpoints` | gauge | endpoints the router currently picks from |
+//! | `warmpath.prefill.bytes_per_s` | gauge | PREFIX_AWARE: the pool's prefill speed learned from this VM's requests that matched nothing in the index and found their endpoint with none of this Envoy's prefill work pending (bytes of prompt text per second; `warmpath_core::prefill_rate`); absent until 16 such requests of different sizes |
+//! | `warmpath.prefill.overhead_us` | gauge | the same fit's time to first byte of a request with nothing to prefill (µs): the server's fixed cost plus the network and proxy path |
 //! | `warmpath.cas_failures` | counter | in-flight updates the host kept refusing |
 //! | `warmpath.feed.polls` | counter | feed requests sent (by the one VM holding the poller lease) |
 //! | `warmpath.feed.failures.<cause>` | counter | failed polls: `dispatch` (call not sent), `unreachable` (no response), `status` (non-200, including Envoy's 503 for an unreachable feed), `invalid` (document refused), `index` (the index exchange with the other gateways failed: not sent, non-200, no cursor, malformed records) |
@@ -41,6 +43,11 @@ use proxy_wasm::types::MetricType;
 use warmpath_core::{Reason, Strategy};
 
 /// Every strategy (decision counters are defined for all: the router in force decides which one applies).
+/// Gauge of the learned prefill speed, bytes per second (see the table above).
+pub const PREFILL_BYTES_PER_S: &str = "warmpath.prefill.bytes_per_s";
+/// Gauge of the learned fixed time to first byte, µs (see the table above).
+pub const PREFILL_OVERHEAD_US: &str = "warmpath.prefill.overhead_us";
+
 const STRATEGIES: [Strategy; 3] = [Strategy::Random, Strategy::LeastOutstandingRequests, Strategy::PrefixAware];
 
 /// Upper bounds (inclusive, characters) and names of the matched-prefix buckets; longer matches are `gt_16k`.

@@ -152,6 +152,10 @@ impl FilterRoot {
         for (gauge, address, value) in writes {
             shared.metrics.gauge(&gauge.name(&address), u64::from(value));
         }
+        if let Some(e) = router.prefill_estimate() {
+            shared.metrics.gauge(metrics::PREFILL_BYTES_PER_S, (e.bytes_per_ms * 1000.0) as u64);
+            shared.metrics.gauge(metrics::PREFILL_OVERHEAD_US, (e.overhead_ms * 1000.0) as u64);
+        }
     }
 }
 

@@ -469,12 +469,21 @@ pub async fn run_strategy(strategy: &Strategy, reqs: &[Request], s: &RunSettings
             let settle = Instant::now() + Duration::from_secs(3);
             let sum = loop {
                 let mut sum: std::collections::BTreeMap<String, u64> = Default::default();
+                // The learned prefill speed is an estimate per Envoy, not a count: its mean over the Envoys that
+                // report it.
+                let mut estimates: std::collections::BTreeMap<String, (u64, u64)> = Default::default();
                 for e in &envoys {
                     let stats = e.stats().await?;
                     for (k, v) in stats.with_prefix(FILTER_STAT_PREFIX) {
-                        *sum.entry(k.to_string()).or_default() += v;
+                        if k.contains(".prefill.") {
+                            let (total, n) = estimates.entry(k.to_string()).or_default();
+                            (*total, *n) = (*total + v, *n + 1);
+                        } else {
+                            *sum.entry(k.to_string()).or_default() += v;
+                        }
                     }
                 }
+                sum.extend(estimates.into_iter().map(|(k, (total, n))| (k, total / n)));
                 let decided: u64 = sum.iter().filter(|(k, _)| k.contains(".decisions.")).map(|(_, v)| *v).sum();
                 let held: u64 = sum.iter().filter(|(k, _)| k.contains(".in_flight.")).map(|(_, v)| *v).sum();
                 if (decided >= sent as u64 && held == 0) || Instant::now() > settle {

@@ -10,7 +10,8 @@
 //! A least-squares line of time against bytes through such samples gives both. The samples decay by half every
 //! [`HALF_LIFE`] samples, so the estimate follows a pool whose speed changes (another model, another batch
 //! budget). The gateway cannot see the server's own queue, so a sample from a server that was busy with another
-//! gateway's work lies above the line. The fit takes that as noise.
+//! gateway's work lies above the line. The fit takes that as noise. A non-streamed answer's first byte comes after
+//! the whole generation; its decode time goes into the fixed part as long as it does not grow with the prompt.
 //!
 //! Only misses are samples: for a request the index expected partly cached, the work charged is the index's guess,
 //! and a wrong guess (a hit the index does not know of, a holder that evicted the prefix) is an error in `bytes`,

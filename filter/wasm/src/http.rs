@@ -223,7 +223,8 @@ impl FilterHttp {
             return;
         };
         // Passive failure learning: a pick on an endpoint in back-off goes to the least-loaded endpoint that is up.
-        let placement = health::place(router.endpoints(), &loads, decision.endpoint, now_ms());
+        let now = now_ms();
+        let placement = health::place(router.endpoints(), &loads, decision.endpoint, now);
         let avoided = placement.instead.is_some();
         if let Some(address) = placement.instead {
             shared.metrics.count(metric::PICKS_AVOIDED_DOWN, 1);
@@ -247,7 +248,7 @@ impl FilterHttp {
                 Some(_) => {
                     self.stream.took_pending(decision.address.clone(), bytes);
                     let idle = !avoided && decision.matched_len == 0 && loads[decision.endpoint].pending_prefill == 0;
-                    self.prefill_sample = idle.then(|| (now_ms(), bytes));
+                    self.prefill_sample = idle.then_some((now, bytes));
                 }
                 None => shared.metrics.count("warmpath.cas_failures", 1),
             }

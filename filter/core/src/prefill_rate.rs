@@ -63,11 +63,6 @@ impl PrefillRate {
         self.samples = self.samples.saturating_add(1);
     }
 
-    /// Requests observed so far.
-    pub fn samples(&self) -> u32 {
-        self.samples
-    }
-
     /// The fitted line, once [`MIN_SAMPLES`] requests of different sizes were seen and time grows with bytes.
     pub fn estimate(&self) -> Option<PrefillEstimate> {
         if self.samples < MIN_SAMPLES {

@@ -42,12 +42,12 @@ use proxy_wasm::hostcalls;
 use proxy_wasm::types::MetricType;
 use warmpath_core::{Reason, Strategy};
 
-/// Every strategy (decision counters are defined for all: the router in force decides which one applies).
 /// Gauge of the learned prefill speed, bytes per second (see the table above).
 pub const PREFILL_BYTES_PER_S: &str = "warmpath.prefill.bytes_per_s";
 /// Gauge of the learned fixed time to first byte, µs (see the table above).
 pub const PREFILL_OVERHEAD_US: &str = "warmpath.prefill.overhead_us";
 
+/// Every strategy (decision counters are defined for all: the router in force decides which one applies).
 const STRATEGIES: [Strategy; 3] = [Strategy::Random, Strategy::LeastOutstandingRequests, Strategy::PrefixAware];
 
 /// Upper bounds (inclusive, characters) and names of the matched-prefix buckets; longer matches are `gt_16k`.

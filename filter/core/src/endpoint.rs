@@ -45,7 +45,9 @@ pub struct EndpointLoad {
     /// text: the sum of [`crate::Decision::prefill_bytes`] of the requests this gateway sent (shared across Envoy
     /// workers), plus what the other gateways reported through the feed ([`crate::exchange`]; as the feed last
     /// answered, renewed every tick while it answers).
-    /// It is the queue a new request waits behind before its own prefill starts.
+    /// It is the queue a new request waits behind before its own prefill starts. Once the gateway has learned the
+    /// pool's prefill speed, the shell passes its own part drained at that speed
+    /// ([`crate::prefill_rate::PrefillEstimate::left_after`]).
     pub pending_prefill: u32,
 }
 

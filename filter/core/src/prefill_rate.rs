@@ -21,6 +21,10 @@
 //! 2 % on the Mooncake trace and the unique-prompt workload, and absent on chat, rag, templated and code, where
 //! almost every request matches a shared prefix.
 //!
+//! The estimate serves twice: as gauges, and as the speed at which the shell lets this gateway's pending prefill
+//! work on an endpoint drain between the moments it knows that queue exactly ([`PrefillEstimate::left_after`]).
+//! Without an estimate the work counts whole until its first response byte.
+//!
 //! Units: bytes of prompt text (the unit of pending prefill work) and milliseconds of wall time. The crate reads no
 //! clock; the caller measures.
 
@@ -81,6 +85,35 @@ impl PrefillRate {
     }
 }
 
+impl PrefillEstimate {
+    /// What is left of this gateway's `pending` bytes of prefill work on one endpoint after the server has worked
+    /// for `elapsed_ms` at this rate (at least 0), while `others` bytes of other gateways' work wait there too.
+    ///
+    /// The server's speed is shared: this gateway's part drains at the share `pending / (pending + others)` of it,
+    /// as if the server worked on all of its queue at once. The gateway cannot see whose request is at the head;
+    /// crediting its own work with the whole speed while other gateways' work waited there measured worse on the
+    /// Mooncake trace with two gateways (TTFT p50 up 4–8 % on every stretch; BENCHMARKS.md §1).
+    ///
+    /// The caller measures `elapsed_ms` from the last moment it knew the endpoint's queue exactly: when work arrived
+    /// at an endpoint with none pending, or when a request there got its first byte (the next one starts). Between
+    /// two such moments the server works on the head of the queue, so with a true rate the credit never exceeds the
+    /// head's own charge. The fixed part is not waited for: after a first byte the next request's prefill has
+    /// already begun, and before the first one it is a few ms (docs/bench/replay.md §17: draining with it or
+    /// without it measured the same hit ratio on the Mooncake trace).
+    pub fn left_after(&self, pending: u32, others: u32, elapsed_ms: u64) -> u32 {
+        if pending == 0 {
+            return 0;
+        }
+        let share = f64::from(pending) / (f64::from(pending) + f64::from(others));
+        let done = self.bytes_per_ms * share * elapsed_ms as f64;
+        if done >= f64::from(pending) {
+            0
+        } else {
+            pending - done as u32
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -137,6 +170,27 @@ mod tests {
         let slow = r.estimate().unwrap().bytes_per_ms;
         assert!((fast - 400.0).abs() < 10.0, "{fast}");
         assert!((slow - 100.0).abs() < 5.0, "after ten half-lives the old speed is forgotten: {slow}");
+    }
+
+    #[test]
+    fn pending_work_drains_at_the_rate_and_not_below_zero() {
+        let e = PrefillEstimate { bytes_per_ms: 200.0, overhead_ms: 3.0 };
+        assert_eq!(e.left_after(10_000, 0, 0), 10_000, "nothing done yet");
+        assert_eq!(e.left_after(10_000, 0, 10), 8_000);
+        assert_eq!(e.left_after(10_000, 0, 50), 0, "done");
+        assert_eq!(e.left_after(10_000, 0, u64::MAX), 0, "a clock far ahead leaves nothing, never wraps");
+        assert_eq!(e.left_after(0, 0, 10), 0);
+        assert_eq!(e.left_after(0, 5_000, 10), 0);
+        let slow = PrefillEstimate { bytes_per_ms: 0.5, overhead_ms: 0.0 };
+        assert_eq!(slow.left_after(10, 0, 3), 9, "fractions of a byte are not credited");
+    }
+
+    #[test]
+    fn other_gateways_work_takes_its_share_of_the_speed() {
+        let e = PrefillEstimate { bytes_per_ms: 200.0, overhead_ms: 0.0 };
+        assert_eq!(e.left_after(10_000, 10_000, 10), 9_000, "half the speed for half the queue");
+        assert_eq!(e.left_after(10_000, 30_000, 40), 8_000, "a quarter of it");
+        assert!(e.left_after(10_000, u32::MAX, 1_000) > 9_990, "work elsewhere in the queue all but stops the drain");
     }
 
     #[test]

@@ -33,7 +33,8 @@ pub struct Router {
     /// Position of the endpoint the last [`Router::route`] call's policy picked (`None` after a fail-open pick or
     /// once its record was taken).
     last_pick: Option<usize>,
-    /// The pool's prefill speed learned from this router's requests (reported; placement does not use it).
+    /// The pool's prefill speed learned from this router's requests: reported, and the speed at which the shell
+    /// lets this gateway's pending prefill work drain ([`PrefillEstimate::left_after`]).
     prefill: PrefillRate,
 }
 

@@ -193,14 +193,28 @@ impl FilterHttp {
             .as_ref()
             .filter(|_| prefix_aware)
             .map(|(key, age)| shared::Table::read_remote(key, now_ms(), *age));
+        let now = now_ms();
         let in_flight = table.per_endpoint(&router);
         let own = pending.as_ref().map(|p| p.per_endpoint(&router));
         let others = remote.as_ref().map(|r| r.per_endpoint(&router));
         let at = |counts: &Option<Vec<u32>>, i: usize| counts.as_ref().map_or(0, |c| c[i]);
+        // Once the pool's prefill speed is learned, this Envoy's pending work on an endpoint drains at that speed
+        // from the last moment its queue there was known exactly, sharing the speed with the other gateways' work
+        // there (`PrefillEstimate::left_after`), which counts as the feed last reported it.
+        let drain = prefix_aware.then(|| router.prefill_estimate()).flatten().map(|estimate| {
+            let since = shared::Table::read_of(Counter::PendingSince).elapsed_per_endpoint(&router, now);
+            (estimate, since)
+        });
+        let own_left = |i: usize| match &drain {
+            Some((estimate, since)) => {
+                since[i].map_or(at(&own, i), |ms| estimate.left_after(at(&own, i), at(&others, i), ms))
+            }
+            None => at(&own, i),
+        };
         let loads: Vec<EndpointLoad> = (0..in_flight.len())
             .map(|i| EndpointLoad {
                 in_flight: in_flight[i],
-                pending_prefill: at(&own, i).saturating_add(at(&others, i)),
+                pending_prefill: own_left(i).saturating_add(at(&others, i)),
                 server: None,
             })
             .collect();
@@ -223,7 +237,6 @@ impl FilterHttp {
             return;
         };
         // Passive failure learning: a pick on an endpoint in back-off goes to the least-loaded endpoint that is up.
-        let now = now_ms();
         let placement = health::place(router.endpoints(), &loads, decision.endpoint, now);
         let avoided = placement.instead.is_some();
         if let Some(address) = placement.instead {
@@ -245,9 +258,14 @@ impl FilterHttp {
         if decision.prefill_bytes > 0 {
             let bytes = decision.prefill_bytes.min(i32::MAX as u32);
             match shared::add_to(Counter::PendingPrefill, &decision.address, bytes as i32, pending) {
-                Some(_) => {
+                Some(total) => {
                     self.stream.took_pending(decision.address.clone(), bytes);
-                    let idle = !avoided && decision.matched_len == 0 && loads[decision.endpoint].pending_prefill == 0;
+                    if total == bytes && !shared::set(Counter::PendingSince, &decision.address, shared::clock32(now)) {
+                        shared.metrics.count("warmpath.cas_failures", 1);
+                    }
+                    // A sample of the prefill speed: nothing of this gateway's work was queued there, drained or not.
+                    let queued = at(&own, decision.endpoint).saturating_add(at(&others, decision.endpoint));
+                    let idle = !avoided && decision.matched_len == 0 && queued == 0;
                     self.prefill_sample = idle.then_some((now, bytes));
                 }
                 None => shared.metrics.count("warmpath.cas_failures", 1),
@@ -281,7 +299,12 @@ impl FilterHttp {
     /// Gives back this stream's pending prefill work, if the state machine says it is time.
     fn release_pending(&mut self) {
         let Some((address, bytes)) = self.stream.take_pending() else { return };
-        if shared::add_to(Counter::PendingPrefill, &address, -(bytes as i32), None).is_none() {
+        // The queue is known exactly again: the next request's prefill starts now, or nothing is left.
+        let written = shared::add_to(Counter::PendingPrefill, &address, -(bytes as i32), None).is_some_and(|left| {
+            let since = if left == 0 { 0 } else { shared::clock32(now_ms()) };
+            shared::set(Counter::PendingSince, &address, since)
+        });
+        if !written {
             if let Some(shared) = &self.shared {
                 shared.metrics.count("warmpath.cas_failures", 1);
             }

@@ -1,9 +1,11 @@
-//! State shared by every VM (each Envoy worker's and the two that route nothing) through proxy-wasm shared data: two counters per
-//! endpoint ([`Counter`]: requests in flight, and pending prefill work in bytes of prompt text), the other gateways'
-//! pending prefill work as the feed reported it ([`store_remote`], written only by the feed poller) and the feed
-//! poller's lease ([`take_lease`], [`release_lease`]). This is the only compare-and-swap code in the filter.
+//! State shared by every VM (each Envoy worker's and the two that route nothing) through proxy-wasm shared data:
+//! three tables per endpoint ([`Counter`]: requests in flight, pending prefill work in bytes of prompt text, and when
+//! that work was last known exactly), the other gateways' pending prefill work as the feed reported it
+//! ([`store_remote`], written only by the feed poller) and the feed poller's lease ([`take_lease`],
+//! [`release_lease`]). This is the only compare-and-swap code in the filter.
 //!
-//! Each counter lives under one key (`warmpath.in_flight`, `warmpath.pending_prefill`) as a small table of entries
+//! Each table lives under one key (`warmpath.in_flight`, `warmpath.pending_prefill`, `warmpath.pending_since`) as a
+//! small table of entries
 //! (`warmpath_core::exchange::push_count`'s layout, which the gateway leg of the index exchange also carries, see
 //! `feed`), so a request costs one read (loads of every endpoint, plus
 //! the CAS token) and one write to take its slot, and one read + one write to release it — independent of the
@@ -26,6 +28,10 @@ pub enum Counter {
     /// Bytes of prompt text sent to the endpoint whose first response byte has not arrived
     /// (`warmpath_core::EndpointLoad::pending_prefill`).
     PendingPrefill,
+    /// When the endpoint's pending prefill work was last known exactly: work arrived with none pending, or a request
+    /// there got its first byte. Milliseconds of the host clock, low 32 bits (at least 1), compared with a wrapping
+    /// difference; no entry while no work is pending. Written with [`set`], read by [`Table::elapsed_per_endpoint`].
+    PendingSince,
 }
 
 impl Counter {
@@ -33,6 +39,7 @@ impl Counter {
         match self {
             Counter::InFlight => "warmpath.in_flight",
             Counter::PendingPrefill => "warmpath.pending_prefill",
+            Counter::PendingSince => "warmpath.pending_since",
         }
     }
 }
@@ -108,9 +115,33 @@ impl Table {
         out
     }
 
+    /// Milliseconds from each of `router`'s endpoints' [`Counter::PendingSince`] entry to `now_ms`, by position
+    /// (`None` without an entry). The table must be the `PendingSince` one.
+    pub fn elapsed_per_endpoint(&self, router: &Router, now_ms: u64) -> Vec<Option<u64>> {
+        let mut out = vec![None; router.endpoints().len()];
+        for (a, since) in self.entries() {
+            if let Some(i) = std::str::from_utf8(a).ok().and_then(|a| router.position(a)) {
+                out[i] = Some(u64::from(clock32(now_ms).wrapping_sub(since)));
+            }
+        }
+        out
+    }
+
     /// The table with `delta` added to `address` (saturating), zero entries dropped; `None` for an address longer
     /// than 255 bytes (cannot be an `IP:port`). Returns the new bytes and the new count.
     fn with_delta(&self, address: &str, delta: i32) -> Option<(Vec<u8>, u32)> {
+        self.with(address, |current| {
+            if delta >= 0 {
+                current.saturating_add(delta.unsigned_abs())
+            } else {
+                current.saturating_sub(delta.unsigned_abs())
+            }
+        })
+    }
+
+    /// The table with the count of `address` replaced by `next(current)`, zero entries dropped; `None` for an
+    /// address longer than 255 bytes. Returns the new bytes and the new count.
+    fn with(&self, address: &str, next: impl FnOnce(u32) -> u32) -> Option<(Vec<u8>, u32)> {
         u8::try_from(address.len()).ok()?;
         let mut out = Vec::with_capacity(self.bytes.len() + address.len() + 5);
         let mut current = 0;
@@ -121,11 +152,7 @@ impl Table {
                 push_count(&mut out, a, c);
             }
         }
-        let next = if delta >= 0 {
-            current.saturating_add(delta.unsigned_abs())
-        } else {
-            current.saturating_sub(delta.unsigned_abs())
-        };
+        let next = next(current);
         if next > 0 {
             push_count(&mut out, address.as_bytes(), next);
         }
@@ -145,7 +172,7 @@ pub fn store_remote(key: &str, entries: &[u8], now_ms: u64) {
 /// Creates the table if it does not exist yet, so that later writes always carry a CAS token (Envoy ignores the
 /// token when it creates a key). Called at configure time, before traffic.
 pub fn init() {
-    for c in [Counter::InFlight, Counter::PendingPrefill] {
+    for c in [Counter::InFlight, Counter::PendingPrefill, Counter::PendingSince] {
         if let Ok((None, _)) = hostcalls::get_shared_data(c.key()) {
             let _ = hostcalls::set_shared_data(c.key(), Some(&[]), None);
         }
@@ -173,6 +200,26 @@ pub fn add_to(counter: Counter, address: &str, delta: i32, read: Option<Table>) 
         }
     }
     None
+}
+
+/// Sets the entry of `address` in the table of `counter` to `value` (0 removes it) with compare-and-swap; `false`
+/// when the host kept refusing the write.
+pub fn set(counter: Counter, address: &str, value: u32) -> bool {
+    let mut table = Table::read_of(counter);
+    for _ in 0..MAX_CAS_ATTEMPTS {
+        let Some((bytes, _)) = table.with(address, |_| value) else { return false };
+        match hostcalls::set_shared_data(counter.key(), Some(&bytes), table.cas) {
+            Ok(()) => return true,
+            Err(Status::CasMismatch) => table = Table::read_of(counter),
+            Err(_) => return false,
+        }
+    }
+    false
+}
+
+/// `now_ms` as a [`Counter::PendingSince`] entry: its low 32 bits, at least 1 (0 would remove the entry).
+pub fn clock32(now_ms: u64) -> u32 {
+    (now_ms as u32).max(1)
 }
 
 /// Takes or renews the lease stored under `key` for `owner` until `now_ms + ttl_ms` (ms since the epoch).
@@ -264,6 +311,24 @@ mod tests {
         let (b, _) = table(b).with_delta("127.0.0.1:1", 1).expect("fits");
         assert_eq!(table(b).per_endpoint(&router), vec![1, 0, 4], "an address not in the set is left out");
         assert_eq!(table(vec![200, 1, 2]).per_endpoint(&router), vec![0, 0, 0], "garbage reads as empty");
+    }
+
+    #[test]
+    fn elapsed_time_survives_the_32_bit_wrap_and_a_missing_entry_is_none() {
+        let settings = warmpath_core::Settings {
+            endpoints: vec!["127.0.0.1:1".into(), "127.0.0.1:2".into(), "127.0.0.1:3".into()],
+            ..warmpath_core::Settings::default()
+        };
+        let router = Router::new(settings);
+        let before_wrap = (1u64 << 32) - 5;
+        let (b, _) = table(Vec::new()).with("127.0.0.1:1", |_| clock32(before_wrap)).expect("fits");
+        let (b, _) = table(b).with("127.0.0.1:3", |_| clock32(1_000)).expect("fits");
+        let (b, _) = table(b).with("127.0.0.1:3", |_| clock32(1_200)).expect("fits");
+        let now = (1u64 << 32) + 15;
+        assert_eq!(table(b).elapsed_per_endpoint(&router, now), vec![Some(20), None, Some(now - 1_200)]);
+        let (b, _) = table(Vec::new()).with("127.0.0.1:2", |_| 9).expect("fits");
+        let (b, _) = table(b).with("127.0.0.1:2", |_| 0).expect("fits");
+        assert!(b.is_empty(), "0 removes the entry");
     }
 
     #[test]

@@ -54,8 +54,9 @@
 //!      one over its first 2,048 tokens shares 95 % of its prompt with it on average). The pending prefill
 //!      charged for the request stays the part past what the index confirms.
 //!    - `waiting(e)`: the prefill work sent to `e` that has not produced a first response byte
-//!      ([`EndpointLoad::pending_prefill`]: this gateway's, and the other gateways' as the feed last reported
-//!      it, renewed every tick). The server's own queue from the feed (`waiting` requests, up to one poll old) is
+//!      ([`EndpointLoad::pending_prefill`]: this gateway's, drained at the pool's learned prefill speed once there
+//!      is one, and the other gateways' as the feed last reported it, renewed every tick). The server's own
+//!      queue from the feed (`waiting` requests, up to one poll old) is
 //!      not added: turned into work (× the mean uncached work per request), whether taken when it said more or
 //!      counted only beyond this gateway's own pending work, a report of an already drained queue moved requests
 //!      off their holders (the Mooncake trace at one gateway: hit ratio 0.272 → 0.245 with the first), and

@@ -1,4 +1,5 @@
-//! Where requests land: affinity, spread, multi-turn stickiness, overflow under a slow upstream.
+//! Where requests land: affinity, spread, multi-turn stickiness, overflow under a slow upstream, a holder whose
+//! queue is nearly prefilled.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -131,6 +132,44 @@ async fn overloaded_preferred_upstream_overflows() {
     // both hold it now), never to the third.
     let back = rig.chat(&p).await;
     assert!(back.upstream == first.upstream || back.upstream == over.upstream, "{back:?}");
+}
+
+/// Once PREFIX_AWARE has learned the pool's prefill speed, the work pending on an endpoint drains at that speed: a
+/// holder whose long request has been prefilling for a while keeps the next request of its prefix, where counting
+/// the whole long request as still waiting would send it to the idle endpoint. The upstreams answer 5 ms plus 1 ms
+/// per 50 bytes of body after a request arrives. One Envoy worker, so one router learns from every request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_whose_queue_is_nearly_prefilled_keeps_its_prefix() {
+    let rig = Rig::start_workers(2, json!({"strategy": "PREFIX_AWARE"}), 1).await;
+    for u in &rig.upstreams {
+        u.set_delay(Duration::from_millis(5));
+        u.set_body_rate(50);
+    }
+    // Misses of different sizes, one at a time, each to an endpoint with nothing pending: the speed samples.
+    for i in 0..24 {
+        let len = 1_000 + (i * 3_700) % 7_000;
+        assert_eq!(rig.chat(&prompt(&format!("speed {i}"), len)).await.status, 200);
+    }
+    let s = rig.stats_until(|s| s.filter("prefill.bytes_per_s") > 0).await;
+    assert!(s.filter("prefill.bytes_per_s") > 0, "no prefill speed learned");
+    // A long request: a 9,000-character shared part (past `prefix_length`, so its key is cut there and a later
+    // request with the same start counts as cached whole on its holder) and 23,000 characters of its own, about
+    // 32 KB of work: its first byte comes after ~650 ms.
+    let shared = prompt("shared document", 9_000);
+    let rig = std::sync::Arc::new(rig);
+    let long = {
+        let (rig, body) = (rig.clone(), format!("{shared}{}", prompt("first question", 23_000)));
+        tokio::spawn(async move { rig.chat(&body).await })
+    };
+    // 450 ms in, ~22 KB of it is done. Counted whole, the 32 KB still waiting on the holder is more than prefilling
+    // the next request on the idle endpoint (~9 KB, charged twice for duplicating a prefix: ~18 KB); drained, the
+    // ~10 KB left is less.
+    tokio::time::sleep(Duration::from_millis(450)).await;
+    let next = rig.chat(&format!("{shared} second question")).await;
+    let long = long.await.expect("join");
+    assert_eq!((long.status, next.status), (200, 200));
+    assert_eq!(next.upstream, long.upstream, "the next request left the holder: {next:?}");
+    assert_eq!(next.reason(), "prefix_match", "{next:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -11,7 +11,7 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 use warmpath_controller::feed::{scrape, server, store::FeedStore, FeedEndpoint, FeedSnapshot};
 use warmpath_controller::reconcile::ControllerConfig;
-use warmpath_controller::render::{ControllerEndpoint, Provider, WasmModule};
+use warmpath_controller::render::{ControllerEndpoint, Provider, WasmModule, XdsNameScheme};
 
 #[derive(Parser)]
 #[command(name = "warmpath-controller", version, about = "warmpath Kubernetes controller")]
@@ -37,6 +37,10 @@ struct Common {
     /// The cluster's DNS domain: every Service name is rendered as `<svc>.<ns>.svc.<domain>`.
     #[arg(long, env = "WARMPATH_CLUSTER_DOMAIN", default_value = warmpath_controller::render::DEFAULT_CLUSTER_DOMAIN, value_parser = parse_cluster_domain)]
     cluster_domain: String,
+    /// Envoy Gateway's xDS resource names: v1, or v2 when its `XDSNameSchemeV2` runtime flag is on (the
+    /// `EnvoyPatchPolicy` operations name listeners and route configurations).
+    #[arg(long, env = "WARMPATH_ENVOY_GATEWAY_XDS_NAME_SCHEME", default_value = "v1", value_parser = XdsNameScheme::parse)]
+    envoy_gateway_xds_name_scheme: XdsNameScheme,
 }
 
 fn parse_cluster_domain(s: &str) -> Result<String, String> {
@@ -171,6 +175,7 @@ fn main() -> anyhow::Result<()> {
             rt.block_on(warmpath_controller::run::run(warmpath_controller::run::RunArgs {
                 controller: common.controller(),
                 provider: common.provider,
+                xds_name_scheme: common.envoy_gateway_xds_name_scheme,
                 wasm_file,
                 http_addr,
                 metrics_addr,
@@ -273,6 +278,7 @@ async fn render(
         provider: Provider::parse(&common.provider),
         wasm: WasmModule { url: format!("http://{}:{}{}", controller.host(), controller.port, path), sha256 },
         controller,
+        xds_name_scheme: common.envoy_gateway_xds_name_scheme,
         live_status: false,
     };
     let out = warmpath_controller::offline::render(manifests, config).await.map_err(anyhow::Error::msg)?;

@@ -20,13 +20,15 @@ use crate::feed::refresh;
 use crate::feed::server::{self, WasmBlob};
 use crate::gateway::{route_annotations, routing_policy};
 use crate::reconcile::{Context, ControllerConfig};
-use crate::render::{ControllerEndpoint, Provider, WasmModule};
+use crate::render::{ControllerEndpoint, Provider, WasmModule, XdsNameScheme};
 
 /// Settings of `run` (command-line flags; the Helm chart fills them from values).
 #[derive(Clone, Debug)]
 pub struct RunArgs {
     /// `auto`, `envoy-gateway` or `istio`.
     pub provider: String,
+    /// How Envoy Gateway names its xDS resources.
+    pub xds_name_scheme: XdsNameScheme,
     /// The wasm filter module served to gateways.
     pub wasm_file: PathBuf,
     /// Address of the wasm/feed HTTP server.
@@ -62,6 +64,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             sha256: blob.sha256.clone(),
         },
         controller,
+        xds_name_scheme: args.xds_name_scheme,
         live_status: true,
     };
     tracing::info!(wasm = %config.wasm.url, sha256 = %config.wasm.sha256, provider = ?config.provider, "starting");

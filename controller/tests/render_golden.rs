@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use warmpath_controller::reconcile::ControllerConfig;
-use warmpath_controller::render::{ControllerEndpoint, WasmModule};
+use warmpath_controller::render::{ControllerEndpoint, WasmModule, XdsNameScheme};
 
 /// sha256 of the bytes `warmpath` — a fixed stand-in so the goldens do not depend on a wasm build.
 const SHA: &str = "045fe3661531d607341bb5878db489d5cd8a55f65289da111fb3d42075e74101";
@@ -33,6 +33,7 @@ fn config() -> ControllerConfig {
             sha256: SHA.into(),
         },
         controller,
+        xds_name_scheme: XdsNameScheme::V1,
         live_status: false,
     }
 }
@@ -279,6 +280,50 @@ fn render_uses_the_configured_cluster_domain() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// Envoy Gateway's `XDSNameSchemeV2` names: the `EnvoyPatchPolicy` patches the xDS listener and route
+/// configuration of port 80 as `tcp-80` and `http-80`, where v1 (the default) names both after the Gateway's
+/// listener. The binary takes the scheme as `--envoy-gateway-xds-name-scheme` and refuses anything but v1 and v2.
+#[tokio::test]
+async fn envoy_gateway_resources_are_named_by_the_configured_scheme() {
+    let case = Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/render/envoy-gateway.yaml");
+    let manifests = warmpath_controller::offline::parse_manifests(&std::fs::read_to_string(&case).unwrap()).unwrap();
+    let patched = |objects: &[kube::core::DynamicObject], ty: &str| -> Vec<String> {
+        let epp = objects.iter().find(|o| o.types.as_ref().is_some_and(|t| t.kind == "EnvoyPatchPolicy")).unwrap();
+        let patches = epp.data["spec"]["jsonPatches"].as_array().unwrap();
+        let mut names: Vec<String> =
+            patches.iter().filter(|p| p["type"] == ty).map(|p| p["name"].as_str().unwrap().into()).collect();
+        names.dedup();
+        names
+    };
+    let listener = "type.googleapis.com/envoy.config.listener.v3.Listener";
+    let route_config = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration";
+    for (scheme, want_listener, want_route_config) in [
+        (XdsNameScheme::V1, "gateways/inference-gateway/http", "gateways/inference-gateway/http"),
+        (XdsNameScheme::V2, "tcp-80", "http-80"),
+    ] {
+        let config = ControllerConfig { xds_name_scheme: scheme, ..config() };
+        let out = warmpath_controller::offline::render(manifests.clone(), config).await.unwrap();
+        assert_eq!(patched(&out.objects, listener), [want_listener], "{scheme:?}");
+        assert_eq!(patched(&out.objects, route_config), [want_route_config], "{scheme:?}");
+    }
+    let run = |scheme: &str| {
+        Command::new(env!("CARGO_BIN_EXE_warmpath-controller"))
+            .args(["render", "-f"])
+            .arg(&case)
+            .args(["--wasm-sha256", SHA, "--envoy-gateway-xds-name-scheme", scheme])
+            .output()
+            .unwrap()
+    };
+    let out = run("v2");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("- name: tcp-80\n") && !stdout.contains("gateways/inference-gateway/http"), "{stdout}");
+    let out = run("V2");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("expected v1") && err.contains("XDSNameSchemeV2"), "{err}");
 }
 
 /// docs/quickstart.md's manifests, taken from the page verbatim: `render` programs the annotated

@@ -88,6 +88,12 @@ refused_value agent.enable=true 'enable'
 refused_value controller.replicas=0 '/controller/replicas'
 "$HELM" lint --strict "$CHART" --set agent.enabled=true --set http.port=8081 >/dev/null || fail "valid values refused"
 ok "values schema refuses agent.enabled=flase, http.port=abc/70000, a misspelled key, replicas=0; accepts valid values"
+# Envoy Gateway's xDS name scheme reaches the controller (v1 unless set); anything but v1 or v2 is refused.
+grep -A1 'name: WARMPATH_ENVOY_GATEWAY_XDS_NAME_SCHEME' "$tmp/auto.yaml" | grep -q 'value: "v1"' || fail "controller not given the default xDS name scheme"
+"$HELM" template wp "$CHART" --set envoyGateway.xdsNameScheme=v2 | grep -A1 'name: WARMPATH_ENVOY_GATEWAY_XDS_NAME_SCHEME' \
+  | grep -q 'value: "v2"' || fail "envoyGateway.xdsNameScheme=v2 not passed on"
+refused_value envoyGateway.xdsNameScheme=V2 '/envoyGateway/xdsNameScheme'
+ok "Envoy Gateway's xDS name scheme: v1 by default, v2 passed on, V2 refused"
 # The cluster domain reaches the controller; a value that is no DNS name is refused.
 grep -A1 'name: WARMPATH_CLUSTER_DOMAIN' "$tmp/auto.yaml" | grep -q 'value: "cluster.local"' || fail "controller not given the default cluster domain"
 "$HELM" template wp "$CHART" --set clusterDomain=corp.example | grep -A1 'name: WARMPATH_CLUSTER_DOMAIN' | grep -q 'value: "corp.example"' || fail "clusterDomain=corp.example not passed on"

@@ -16,7 +16,7 @@ use crate::crd::routing_policy::{
     AncestorRef, PolicyAncestorStatus, CONTROLLER_NAME, GATEWAY_API_GROUP, INFERENCE_POOL_GROUP,
 };
 use crate::reconcile::{Context, ControllerConfig, FeedSource};
-use crate::render::{self, GatewayRef, Owner, Provider, RenderInput, ResolvedBackend, LABEL_OWNER_UID};
+use crate::render::{self, GatewayRef, Owner, Provider, RenderInput, ResolvedBackend, XdsNameScheme, LABEL_OWNER_UID};
 use crate::routing::RoutingIntent;
 use crate::{foreign, Result};
 
@@ -157,7 +157,7 @@ pub async fn resolve_and_render(
         let mut gw = GatewayRef { namespace, name, listeners: vec![], route_configs: vec![] };
         let mut provider = provider_of(src, config, &gw).await?;
         if provider == Ok(Provider::EnvoyGateway) {
-            match xds_listeners(src, &gw, &selectors).await? {
+            match xds_listeners(src, &gw, &selectors, config.xds_name_scheme).await? {
                 Ok((listeners, route_configs)) => (gw.listeners, gw.route_configs) = (listeners, route_configs),
                 Err(msg) => provider = Err(msg),
             }
@@ -326,18 +326,17 @@ fn several_backends(route: &HttpRoute, route_ns: &str) -> Option<String> {
 /// A parentRef's listener selection: (`sectionName`, `port`); `None` matches any listener.
 type ListenerSelector = (Option<String>, Option<i32>);
 
-/// Envoy Gateway: the Gateway listeners naming the xDS listeners that serve the route, one per
-/// port, and those naming the route configurations that hold its xDS routes (see
-/// [`GatewayRef::listeners`] and [`GatewayRef::route_configs`]): of the `HTTP`/`HTTPS` listeners that one of
-/// the route's parentRefs selects (by `sectionName` and/or `port`, as Gateway API defines them; neither
-/// set = every listener). Envoy Gateway merges the Gateway's listeners on one port into one xDS
-/// listener named after the first of them in spec order; plain `HTTP` listeners on a port also share
-/// that first listener's route configuration, while each `HTTPS` listener has a filter chain and a route
-/// configuration of its own, under its own name.
+/// Envoy Gateway: the names of the xDS listeners that serve the route, one per port, and of the route
+/// configurations that hold its xDS routes (see [`GatewayRef::listeners`] and [`GatewayRef::route_configs`]),
+/// under `scheme`: of the `HTTP`/`HTTPS` listeners that one of the route's parentRefs selects (by `sectionName`
+/// and/or `port`, as Gateway API defines them; neither set = every listener). Envoy Gateway merges the Gateway's
+/// listeners on one port into one xDS listener; plain `HTTP` listeners on a port also share one route
+/// configuration, while each `HTTPS` listener has a filter chain and a route configuration of its own.
 async fn xds_listeners(
     src: Source<'_>,
     gw: &GatewayRef,
     selectors: &[ListenerSelector],
+    scheme: XdsNameScheme,
 ) -> Result<std::result::Result<(Vec<String>, Vec<String>), String>> {
     let Some(gateway) = src.gateway(&gw.namespace, &gw.name).await? else {
         return Ok(Err(format!("Gateway {}/{} not found", gw.namespace, gw.name)));
@@ -351,12 +350,14 @@ async fn xds_listeners(
     };
     for l in all.iter().filter(|l| matches!(l.protocol.as_str(), "HTTP" | "HTTPS")).filter(selected) {
         let first_on_port = all.iter().find(|o| o.port == l.port).map_or(&l.name, |o| &o.name);
-        if !listeners.contains(first_on_port) {
-            listeners.push(first_on_port.clone());
+        let listener = scheme.listener(&gw.namespace, &gw.name, first_on_port, l.port);
+        if !listeners.contains(&listener) {
+            listeners.push(listener);
         }
-        let route_config = if l.protocol == "HTTPS" { &l.name } else { first_on_port };
-        if !route_configs.contains(route_config) {
-            route_configs.push(route_config.clone());
+        let https = l.protocol == "HTTPS";
+        let route_config = scheme.route_config(&gw.namespace, &gw.name, &l.name, first_on_port, l.port, https);
+        if !route_configs.contains(&route_config) {
+            route_configs.push(route_config);
         }
     }
     if listeners.is_empty() {

@@ -90,6 +90,65 @@ impl Provider {
     }
 }
 
+/// How Envoy Gateway names a Gateway's xDS listeners and route configurations, which the controller's
+/// `EnvoyPatchPolicy` operations name: its `XDSNameSchemeV2` runtime flag (`EnvoyGateway.runtimeFlags.enabled`).
+/// The flag is off by default through Envoy Gateway v1.9; its docs announce it on by default from v1.10. The
+/// controller cannot read Envoy Gateway's own configuration, so this is a setting (`--envoy-gateway-xds-name-scheme`,
+/// chart value `envoyGateway.xdsNameScheme`). The names follow Envoy Gateway's `xdsListenerName` and
+/// `routeConfigName` (`internal/xds/translator/listener.go`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum XdsNameScheme {
+    /// Flag off: the xDS listener of a port is named after the Gateway's first listener on it
+    /// (`<gateway namespace>/<gateway>/<listener>`); so is the route configuration of the plain HTTP listeners on
+    /// a port, and an HTTPS listener's route configuration is named after that listener.
+    #[default]
+    V1,
+    /// Flag on: the xDS listener of a port is `tcp-<port>` and the route configuration of the plain HTTP listeners
+    /// on it `http-<port>` (the Gateway listener's port); an HTTPS listener's route configuration keeps its V1 name.
+    V2,
+}
+
+impl XdsNameScheme {
+    /// Parses the setting: `v1` or `v2`.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        match s {
+            "v1" => Ok(Self::V1),
+            "v2" => Ok(Self::V2),
+            _ => Err(format!(
+                "Envoy Gateway xDS name scheme {s:?}: expected v1 (Envoy Gateway's XDSNameSchemeV2 runtime flag off) \
+                 or v2 (on)"
+            )),
+        }
+    }
+
+    /// The xDS listener of Gateway `namespace/name`'s `port`, whose first listener in spec order is
+    /// `first_on_port` (Envoy Gateway merges a Gateway's listeners on one port into one xDS listener).
+    pub fn listener(self, namespace: &str, name: &str, first_on_port: &str, port: i32) -> String {
+        match self {
+            Self::V1 => format!("{namespace}/{name}/{first_on_port}"),
+            Self::V2 => format!("tcp-{port}"),
+        }
+    }
+
+    /// The route configuration holding the routes of Gateway listener `listener` on `port`: an HTTPS listener has
+    /// its own; plain HTTP listeners on a port share one, named (V1) after the first of them, `first_on_port`.
+    pub fn route_config(
+        self,
+        namespace: &str,
+        name: &str,
+        listener: &str,
+        first_on_port: &str,
+        port: i32,
+        https: bool,
+    ) -> String {
+        match (self, https) {
+            (_, true) => format!("{namespace}/{name}/{listener}"),
+            (Self::V1, false) => format!("{namespace}/{name}/{first_on_port}"),
+            (Self::V2, false) => format!("http-{port}"),
+        }
+    }
+}
+
 /// The object a rendering belongs to (an `InferenceRoutingPolicy` or an annotated HTTPRoute).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Owner {
@@ -181,16 +240,13 @@ pub struct GatewayRef {
     pub namespace: String,
     /// Name of the Gateway.
     pub name: String,
-    /// Envoy Gateway only: the Gateway listeners whose xDS listeners serve the route, one per port.
-    /// Envoy Gateway merges every Gateway listener on a port into one xDS listener named after the
-    /// first of them (`<gateway namespace>/<gateway>/<listener>`), so this holds, for each port the
-    /// route attaches to (its `parentRefs[].sectionName`s, or every `HTTP`/`HTTPS` listener), the
-    /// name of the Gateway's first listener on that port. Empty on Istio.
+    /// Envoy Gateway only: the names of the xDS listeners that serve the route, one per port the route attaches
+    /// to (its `parentRefs[].sectionName`s and ports, or every `HTTP`/`HTTPS` listener), as
+    /// [`XdsNameScheme::listener`] gives them. Empty on Istio.
     pub listeners: Vec<String>,
-    /// Envoy Gateway only: the Gateway listeners whose route configurations (named
-    /// `<gateway namespace>/<gateway>/<listener>`) hold the route's xDS routes: for an attached `HTTPS`
-    /// listener its own name (each has a filter chain and a route configuration of its own), for an `HTTP`
-    /// one the first listener on its port (plain HTTP listeners on a port share one). Empty on Istio.
+    /// Envoy Gateway only: the names of the route configurations that hold the route's xDS routes, one per
+    /// attached `HTTPS` listener and one per port of attached plain `HTTP` listeners, as
+    /// [`XdsNameScheme::route_config`] gives them. Empty on Istio.
     pub route_configs: Vec<String>,
 }
 
@@ -349,22 +405,21 @@ fn render_envoy_gateway(input: &RenderInput<'_>, config: &Value, feed: &FeedTarg
             "name": feed.cluster,
             "operation": {"op": "add", "path": "", "value": feed_cluster(&feed.cluster, input.controller)},
         })];
-        for listener in &gw.listeners {
-            let name = format!("{}/{}/{}", gw.namespace, gw.name, listener);
+        for name in &gw.listeners {
             // First in every HTTP filter chain of the listener (`add` at index 0 of each `http_filters`): the
             // native strip of client-sent destination headers, so that a wasm VM that fails to fetch, load or run
             // (passed through under failOpen) cannot let a client choose the endpoint. Unnamed by owner: several
             // policies on one listener each insert one, which is harmless (removing twice).
             patches.push(json_path_add(
                 LISTENER,
-                &name,
+                name,
                 "$..http_filters",
                 "/0",
                 envoy_config::strip_client_destination_headers(),
             ));
             patches.push(json_path_add(
                 LISTENER,
-                &name,
+                name,
                 &format!("$..http_filters[?@.name == '{filter}']"),
                 "/typed_config/config/allow_on_headers_stop_iteration",
                 true.into(),
@@ -376,7 +431,7 @@ fn render_envoy_gateway(input: &RenderInput<'_>, config: &Value, feed: &FeedTarg
             // without this every prompt above 32 KiB the filter holds would get a 413.
             patches.push(json_path_add(
                 ROUTE_CONFIGURATION,
-                &format!("{}/{}/{}", gw.namespace, gw.name, route_config),
+                route_config,
                 &format!("$..routes[?@.typed_per_filter_config['{filter}']]"),
                 "/request_body_buffer_limit",
                 envoy_config::ROUTE_BODY_BUFFER_LIMIT_BYTES.into(),

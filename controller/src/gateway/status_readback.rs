@@ -8,7 +8,8 @@
 //!   another policy of the same kind already attaches to the route: the older one wins);
 //! - `EnvoyPatchPolicy`: `Accepted` (False with reason `Disabled` when EnvoyPatchPolicy is off in
 //!   recent releases) and `Programmed` (False with `Invalid` or `ResourceNotFound` when a patch does not
-//!   apply, e.g. the listener name differs under mergeGateways or another xDS name scheme). Older
+//!   apply, e.g. the listener name differs under mergeGateways, or Envoy Gateway's `XDSNameSchemeV2` flag is
+//!   not what the controller's `envoyGateway.xdsNameScheme` setting says). Older
 //!   releases with EnvoyPatchPolicy disabled write no status at all.
 //!
 //! Sources: Envoy Gateway `api/v1alpha1/envoypatchpolicy_types.go` (`PolicyConditionProgrammed`,
@@ -178,7 +179,7 @@ pub fn verdict(live: &[(String, DynamicObject)], gw_ns: &str, gw: &str, now: Tim
                         false,
                         why,
                         format!(
-                            "Envoy Gateway did not apply {id}: {} (a listener or route configuration name may differ, e.g. under mergeGateways or another xDS name scheme; the routes' request_body_buffer_limit needs Envoy Gateway v1.7 or later)",
+                            "Envoy Gateway did not apply {id}: {} (a listener or route configuration name may differ: under mergeGateways, or when Envoy Gateway's XDSNameSchemeV2 runtime flag does not match the controller's xDS name scheme setting, chart value envoyGateway.xdsNameScheme; the routes' request_body_buffer_limit needs Envoy Gateway v1.7 or later)",
                             text(c, "message")
                         ),
                     );

@@ -11,7 +11,7 @@ use kube::Client;
 use crate::crd::routing_policy::LoadSource;
 use crate::feed::store::FeedStore;
 use crate::metrics::Metrics;
-use crate::render::{ControllerEndpoint, Provider, ResolvedBackend, WasmModule};
+use crate::render::{ControllerEndpoint, Provider, ResolvedBackend, WasmModule, XdsNameScheme};
 
 pub mod finalizers;
 
@@ -76,6 +76,8 @@ pub struct ControllerConfig {
     pub controller: ControllerEndpoint,
     /// Where gateways fetch the wasm module, and its sha256.
     pub wasm: WasmModule,
+    /// How Envoy Gateway names the xDS resources the `EnvoyPatchPolicy` operations patch.
+    pub xds_name_scheme: XdsNameScheme,
     /// Status that only a live cluster has: read the gateway's own status on the written objects
     /// back into `Programmed` ([`status_readback`]) and write annotated routes' status
     /// ([`route_status`]); off for the offline `render`, where no gateway runs.
@@ -88,6 +90,7 @@ impl Default for ControllerConfig {
             provider: None,
             controller: ControllerEndpoint::new("warmpath-controller", "warmpath-system", 8080),
             wasm: WasmModule { url: String::new(), sha256: String::new() },
+            xds_name_scheme: XdsNameScheme::V1,
             live_status: true,
         }
     }

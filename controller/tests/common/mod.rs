@@ -22,7 +22,8 @@ pub fn controller_endpoint() -> ControllerEndpoint {
 pub async fn render_case(case: &str, wasm: WasmModule) -> Vec<Value> {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("testdata/render").join(case);
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
-    let config = ControllerConfig { provider: None, wasm, controller: controller_endpoint(), live_status: false };
+    let config =
+        ControllerConfig { wasm, controller: controller_endpoint(), live_status: false, ..ControllerConfig::default() };
     let manifests = warmpath_controller::offline::parse_manifests(&text).unwrap();
     let out = warmpath_controller::offline::render(manifests, config).await.unwrap();
     out.objects.iter().map(|o| serde_json::to_value(o).unwrap()).collect()

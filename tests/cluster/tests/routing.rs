@@ -13,7 +13,8 @@ use warmpath_cluster_tests::fixtures::{self, *};
 use warmpath_controller::conditions;
 use warmpath_controller::crd::routing_policy::InferenceRoutingPolicy;
 use warmpath_controller::gateway::{route_annotations, routing_policy};
-use warmpath_controller::reconcile::Context;
+use warmpath_controller::reconcile::{Context, ControllerConfig};
+use warmpath_controller::render::XdsNameScheme;
 use warmpath_envoy_config::type_url;
 
 const NS: &str = "llm";
@@ -447,6 +448,60 @@ async fn invalid_annotation_changes_nothing() {
     assert!(owned_objects(&client).await.is_empty());
 }
 
+/// The Gateway of the xDS name tests: two plain HTTP ports, two HTTPS listeners on 443, and a TCP listener.
+fn gateway_of_many_listeners() -> serde_json::Value {
+    json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway", "metadata": {"name": "inference-gw", "namespace": GW_NS},
+        "spec": {"gatewayClassName": "eg", "listeners": [
+            {"name": "http", "port": 80, "protocol": "HTTP"},
+            {"name": "http-alt", "port": 8080, "protocol": "HTTP"},
+            {"name": "tls", "port": 443, "protocol": "HTTPS"},
+            {"name": "tls-other-host", "port": 443, "protocol": "HTTPS", "hostname": "b.example.com"},
+            {"name": "raw", "port": 9000, "protocol": "TCP"}]}})
+}
+
+/// Reconciles a policy on a route attached to [`gateway_of_many_listeners`] through a parentRef with `section` and
+/// `port`, with `scheme`; returns the xDS listeners (each once: the header strip and the option on the filter
+/// come in pairs) and route configurations the `EnvoyPatchPolicy` patches, or `None` when none was written (then
+/// the policy must say why).
+async fn patched_xds_names(
+    scheme: XdsNameScheme,
+    section: Option<&str>,
+    port: Option<i32>,
+) -> Option<(Vec<String>, Vec<String>)> {
+    let mut objs = base(EG_CONTROLLER);
+    objs[1] = gateway_of_many_listeners();
+    let client = fixtures::client(objs).await;
+    let mut route = http_route(NS, "chat", GW_NS, "inference-gw", "vllm", 8000, json!({}));
+    if let Some(s) = section {
+        route["spec"]["parentRefs"][0]["sectionName"] = json!(s);
+    }
+    if let Some(p) = port {
+        route["spec"]["parentRefs"][0]["port"] = json!(p);
+    }
+    let _: HttpRoute = create(&client, NS, route).await;
+    let config = (*fixtures::context(client.clone()).config).clone();
+    let ctx = Context::new(client.clone(), ControllerConfig { xds_name_scheme: scheme, ..config });
+    let _: InferenceRoutingPolicy = create(&client, NS, policy(NS, "chat-routing", "chat", json!({}))).await;
+    reconcile_policy(&client, &ctx, "chat-routing").await;
+    let Some(epp) = get_owned(&client, "EnvoyPatchPolicy", GW_NS, EPP_POLICY).await else {
+        let p = get_policy(&client, "chat-routing").await;
+        let c = condition(&p, conditions::ACCEPTED);
+        assert_eq!(c.status, "False");
+        assert!(c.message.contains("no HTTP or HTTPS listener"), "{}", c.message);
+        assert!(owned_objects(&client).await.is_empty());
+        return None;
+    };
+    let names = |ty: &str| -> Vec<String> {
+        let patches = epp.data["spec"]["jsonPatches"].as_array().unwrap();
+        patches.iter().filter(|p| p["type"] == ty).map(|p| p["name"].as_str().unwrap().to_string()).collect()
+    };
+    let listeners = names(type_url::LISTENER);
+    // Per listener: the native header strip, then the option on the wasm filter.
+    let once: Vec<String> = listeners.iter().step_by(2).cloned().collect();
+    assert_eq!(listeners, once.iter().flat_map(|n| [n.clone(), n.clone()]).collect::<Vec<_>>());
+    Some((once, names(type_url::ROUTE_CONFIGURATION)))
+}
+
 /// Envoy Gateway: the option patch goes to the xDS listener of each port the route attaches to,
 /// named after the Gateway's first listener on that port (Envoy Gateway merges listeners by port;
 /// HTTPS included), the body-limit patch to the route configuration of each attached listener (an
@@ -454,13 +509,6 @@ async fn invalid_annotation_changes_nothing() {
 /// `sectionName` and/or `port`; a route on no HTTP(S) listener gets a clear condition and nothing written.
 #[tokio::test]
 async fn envoy_gateway_patches_the_xds_listener_of_each_attached_port() {
-    let gw = json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway", "metadata": {"name": "inference-gw", "namespace": GW_NS},
-        "spec": {"gatewayClassName": "eg", "listeners": [
-            {"name": "http", "port": 80, "protocol": "HTTP"},
-            {"name": "http-alt", "port": 8080, "protocol": "HTTP"},
-            {"name": "tls", "port": 443, "protocol": "HTTPS"},
-            {"name": "tls-other-host", "port": 443, "protocol": "HTTPS", "hostname": "b.example.com"},
-            {"name": "raw", "port": 9000, "protocol": "TCP"}]}});
     let all = vec!["gateways/inference-gw/http", "gateways/inference-gw/http-alt", "gateways/inference-gw/tls"];
     let (tls, tls_other) = ("gateways/inference-gw/tls", "gateways/inference-gw/tls-other-host");
     // (parentRef selection, xDS listeners patched, route configurations patched: an HTTPS listener has its own)
@@ -473,41 +521,33 @@ async fn envoy_gateway_patches_the_xds_listener_of_each_attached_port() {
         ((Some("http"), Some(443)), vec![], vec![]),
         ((Some("raw"), None), vec![], vec![]),
     ] {
-        let mut objs = base(EG_CONTROLLER);
-        objs[1] = gw.clone();
-        let client = fixtures::client(objs).await;
-        let mut route = http_route(NS, "chat", GW_NS, "inference-gw", "vllm", 8000, json!({}));
-        if let Some(s) = section {
-            route["spec"]["parentRefs"][0]["sectionName"] = json!(s);
-        }
-        if let Some(p) = port {
-            route["spec"]["parentRefs"][0]["port"] = json!(p);
-        }
-        let _: HttpRoute = create(&client, NS, route).await;
-        let ctx = fixtures::context(client.clone());
-        let _: InferenceRoutingPolicy = create(&client, NS, policy(NS, "chat-routing", "chat", json!({}))).await;
-        reconcile_policy(&client, &ctx, "chat-routing").await;
-        let epp = get_owned(&client, "EnvoyPatchPolicy", GW_NS, EPP_POLICY).await;
-        if want.is_empty() {
-            assert!(epp.is_none(), "{section:?} {port:?}: nothing written without an HTTP(S) listener");
-            let p = get_policy(&client, "chat-routing").await;
-            let c = condition(&p, conditions::ACCEPTED);
-            assert_eq!(c.status, "False");
-            assert!(c.message.contains("no HTTP or HTTPS listener"), "{}", c.message);
-            assert!(owned_objects(&client).await.is_empty());
-            continue;
-        }
-        let epp = epp.unwrap();
-        let names = |ty: &str| -> Vec<String> {
-            let patches = epp.data["spec"]["jsonPatches"].as_array().unwrap();
-            patches.iter().filter(|p| p["type"] == ty).map(|p| p["name"].as_str().unwrap().to_string()).collect()
-        };
-        // Per listener: the native header strip, then the option on the wasm filter.
-        let want: Vec<&str> = want.iter().flat_map(|n| [*n, *n]).collect();
-        assert_eq!(names(type_url::LISTENER), want, "{section:?} {port:?}");
-        // Per route configuration: the body limit on the routes the filter runs on.
-        assert_eq!(names(type_url::ROUTE_CONFIGURATION), want_routes, "{section:?} {port:?}");
+        let got = patched_xds_names(XdsNameScheme::V1, section, port).await;
+        let want = (!want.is_empty()).then(|| (strings(&want), strings(&want_routes)));
+        assert_eq!(got, want, "{section:?} {port:?}");
     }
+}
+
+/// The same under Envoy Gateway's `XDSNameSchemeV2` names (the controller's `v2` setting): a port's xDS listener
+/// is `tcp-<port>`, the plain HTTP listeners' route configuration `http-<port>`, an HTTPS listener's route
+/// configuration keeps its own name (Envoy Gateway's `xds-name-scheme-v2` test fixtures).
+#[tokio::test]
+async fn envoy_gateway_v2_names_are_by_port() {
+    let (tls, tls_other) = ("gateways/inference-gw/tls", "gateways/inference-gw/tls-other-host");
+    for ((section, port), want, want_routes) in [
+        ((None, None), vec!["tcp-80", "tcp-8080", "tcp-443"], vec!["http-80", "http-8080", tls, tls_other]),
+        ((Some("http-alt"), None), vec!["tcp-8080"], vec!["http-8080"]),
+        ((Some("tls-other-host"), None), vec!["tcp-443"], vec![tls_other]),
+        ((None, Some(443)), vec!["tcp-443"], vec![tls, tls_other]),
+        ((Some("raw"), None), vec![], vec![]),
+    ] {
+        let got = patched_xds_names(XdsNameScheme::V2, section, port).await;
+        let want = (!want.is_empty()).then(|| (strings(&want), strings(&want_routes)));
+        assert_eq!(got, want, "{section:?} {port:?}");
+    }
+}
+
+fn strings(v: &[&str]) -> Vec<String> {
+    v.iter().map(|s| s.to_string()).collect()
 }
 
 /// A policy targeting two HTTPRoutes on one Gateway: both routes are programmed from one backend —

@@ -468,25 +468,13 @@ pub async fn run_strategy(strategy: &Strategy, reqs: &[Request], s: &RunSettings
             // the last tick's count, 1–2 on a few endpoints).
             let settle = Instant::now() + Duration::from_secs(3);
             let sum = loop {
-                let mut sum: std::collections::BTreeMap<String, u64> = Default::default();
-                // The learned prefill speed is an estimate per Envoy, not a count: its mean over the Envoys that
-                // report it.
-                let mut estimates: std::collections::BTreeMap<String, (u64, u64)> = Default::default();
+                let mut per_envoy = Vec::with_capacity(envoys.len());
                 for e in &envoys {
                     let stats = e.stats().await?;
-                    for (k, v) in stats.with_prefix(FILTER_STAT_PREFIX) {
-                        if k.contains(".prefill.") {
-                            let (total, n) = estimates.entry(k.to_string()).or_default();
-                            (*total, *n) = (*total + v, *n + 1);
-                        } else {
-                            *sum.entry(k.to_string()).or_default() += v;
-                        }
-                    }
+                    per_envoy.push(stats.with_prefix(FILTER_STAT_PREFIX).map(|(k, v)| (k.to_string(), v)).collect());
                 }
-                sum.extend(estimates.into_iter().map(|(k, (total, n))| (k, total / n)));
-                let decided: u64 = sum.iter().filter(|(k, _)| k.contains(".decisions.")).map(|(_, v)| *v).sum();
-                let held: u64 = sum.iter().filter(|(k, _)| k.contains(".in_flight.")).map(|(_, v)| *v).sum();
-                if (decided >= sent as u64 && held == 0) || Instant::now() > settle {
+                let sum = merge_filter_stats(&per_envoy);
+                if settled(&sum, sent as u64) || Instant::now() > settle {
                     break sum;
                 }
                 tokio::time::sleep(Duration::from_millis(100)).await;
@@ -581,6 +569,31 @@ fn spawn_feed_loads(feed: &Arc<FeedServer>, addrs: Vec<String>, every: Duration)
     })
 }
 
+/// The filter's stats of one replay over its gateways: counters and gauges summed, except the learned prefill
+/// speed (`.prefill.`), an estimate per Envoy rather than a count, which is the mean over the Envoys reporting it.
+fn merge_filter_stats(per_envoy: &[Vec<(String, u64)>]) -> std::collections::BTreeMap<String, u64> {
+    let mut sum: std::collections::BTreeMap<String, u64> = Default::default();
+    let mut estimates: std::collections::BTreeMap<&str, (u64, u64)> = Default::default();
+    for (k, v) in per_envoy.iter().flatten() {
+        if k.contains(".prefill.") {
+            let (total, n) = estimates.entry(k).or_default();
+            (*total, *n) = (*total + v, *n + 1);
+        } else {
+            *sum.entry(k.clone()).or_default() += v;
+        }
+    }
+    sum.extend(estimates.into_iter().map(|(k, (total, n))| (k.to_string(), total / n)));
+    sum
+}
+
+/// True once the merged stats show a decision for each of the `sent` requests and no request in flight: every
+/// stream has ended and its counts reached Envoy (the filter hands them over once per tick).
+fn settled(sum: &std::collections::BTreeMap<String, u64>, sent: u64) -> bool {
+    let decided: u64 = sum.iter().filter(|(k, _)| k.contains(".decisions.")).map(|(_, v)| *v).sum();
+    let held: u64 = sum.iter().filter(|(k, _)| k.contains(".in_flight.")).map(|(_, v)| *v).sum();
+    decided >= sent && held == 0
+}
+
 fn progress(label: &str, sent: usize, total: usize, outcomes: &[Outcome], start: Instant) {
     let errors = outcomes.iter().filter(|o| !o.ok).count();
     eprintln!(
@@ -593,6 +606,24 @@ fn progress(label: &str, sent: usize, total: usize, outcomes: &[Outcome], start:
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn gateways_stats_are_summed_but_the_learned_speed_is_their_mean() {
+        let e = |pairs: &[(&str, u64)]| pairs.iter().map(|(k, v)| (k.to_string(), *v)).collect::<Vec<_>>();
+        let merged = merge_filter_stats(&[
+            e(&[("w.decisions.a", 10), ("w.in_flight.x", 1), ("w.prefill.bytes_per_s", 190_000)]),
+            e(&[("w.decisions.a", 5), ("w.in_flight.x", 0), ("w.prefill.bytes_per_s", 210_000)]),
+            e(&[("w.decisions.a", 5)]),
+        ]);
+        assert_eq!(merged["w.decisions.a"], 20);
+        assert_eq!(merged["w.in_flight.x"], 1);
+        assert_eq!(merged["w.prefill.bytes_per_s"], 200_000, "the mean of the two Envoys that report it");
+        assert!(!settled(&merged, 20), "a request still in flight");
+        let mut done = merged.clone();
+        done.insert("w.in_flight.x".into(), 0);
+        assert!(settled(&done, 20));
+        assert!(!settled(&done, 21), "a decision not counted yet");
+    }
 
     #[test]
     fn the_feed_interval_is_the_deployed_tick_in_simulated_time_where_the_filter_takes_it() {

@@ -228,7 +228,7 @@ async fn handle(
     let mut hold = s.hold.subscribe();
     let _ = hold.wait_for(|held| !*held).await;
     let rate = s.body_bytes_per_ms.load(Ordering::SeqCst);
-    let delay = s.delay_ms.load(Ordering::SeqCst) + if rate > 0 { body.len() as u64 / rate } else { 0 };
+    let delay = s.delay_ms.load(Ordering::SeqCst) + (body.len() as u64).checked_div(rate).unwrap_or(0);
     if delay > 0 {
         tokio::time::sleep(Duration::from_millis(delay)).await;
     }

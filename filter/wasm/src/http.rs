@@ -260,10 +260,12 @@ impl FilterHttp {
             match shared::add_to(Counter::PendingPrefill, &decision.address, bytes as i32, pending) {
                 Some(total) => {
                     self.stream.took_pending(decision.address.clone(), bytes);
-                    if total == bytes && !shared::set(Counter::PendingSince, &decision.address, shared::clock32(now)) {
+                    // Work arrived with none pending: its prefill starts now (and idle endpoints' moments go).
+                    if total == bytes && !shared::mark(&decision.address, now, true) {
                         shared.metrics.count("warmpath.cas_failures", 1);
                     }
-                    // A sample of the prefill speed: nothing of this gateway's work was queued there, drained or not.
+                    // A sample of the prefill speed: no pending work was known there, this gateway's (undrained) or
+                    // the other gateways'.
                     let queued = at(&own, decision.endpoint).saturating_add(at(&others, decision.endpoint));
                     let idle = !avoided && decision.matched_len == 0 && queued == 0;
                     self.prefill_sample = idle.then_some((now, bytes));
@@ -300,10 +302,8 @@ impl FilterHttp {
     fn release_pending(&mut self) {
         let Some((address, bytes)) = self.stream.take_pending() else { return };
         // The queue is known exactly again: the next request's prefill starts now, or nothing is left.
-        let written = shared::add_to(Counter::PendingPrefill, &address, -(bytes as i32), None).is_some_and(|left| {
-            let since = if left == 0 { 0 } else { shared::clock32(now_ms()) };
-            shared::set(Counter::PendingSince, &address, since)
-        });
+        let written = shared::add_to(Counter::PendingPrefill, &address, -(bytes as i32), None).is_some()
+            && shared::mark(&address, now_ms(), false);
         if !written {
             if let Some(shared) = &self.shared {
                 shared.metrics.count("warmpath.cas_failures", 1);

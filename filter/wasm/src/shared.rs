@@ -29,8 +29,9 @@ pub enum Counter {
     /// (`warmpath_core::EndpointLoad::pending_prefill`).
     PendingPrefill,
     /// When the endpoint's pending prefill work was last known exactly: work arrived with none pending, or a request
-    /// there got its first byte. Milliseconds of the host clock, low 32 bits (at least 1), compared with a wrapping
-    /// difference; no entry while no work is pending. Written with [`set`], read by [`Table::elapsed_per_endpoint`].
+    /// there got its first byte or ended. Milliseconds of the host clock, low 32 bits ([`clock32`]), compared with a
+    /// wrapping difference. Written with [`mark`], read by [`Table::elapsed_per_endpoint`]; an entry means something
+    /// only while the endpoint has work pending.
     PendingSince,
 }
 
@@ -116,32 +117,37 @@ impl Table {
     }
 
     /// Milliseconds from each of `router`'s endpoints' [`Counter::PendingSince`] entry to `now_ms`, by position
-    /// (`None` without an entry). The table must be the `PendingSince` one.
+    /// (`None` without an entry). The table must be the `PendingSince` one. An entry ahead of `now_ms` (another
+    /// worker wrote a later millisecond after this one read its clock, or the host's wall clock stepped back) is 0 ms
+    /// old, not 49 days.
     pub fn elapsed_per_endpoint(&self, router: &Router, now_ms: u64) -> Vec<Option<u64>> {
         let mut out = vec![None; router.endpoints().len()];
         for (a, since) in self.entries() {
             if let Some(i) = std::str::from_utf8(a).ok().and_then(|a| router.position(a)) {
-                out[i] = Some(u64::from(clock32(now_ms).wrapping_sub(since)));
+                let ms = clock32(now_ms).wrapping_sub(since);
+                out[i] = Some(if ms > u32::MAX / 2 { 0 } else { u64::from(ms) });
             }
         }
         out
     }
 
+    /// The table with `address`'s entry set to `value` and the other entries kept where `keep` says so; `None` for an
+    /// address longer than 255 bytes.
+    fn with_marked(&self, address: &str, value: u32, keep: impl Fn(&[u8]) -> bool) -> Option<Vec<u8>> {
+        u8::try_from(address.len()).ok()?;
+        let mut out = Vec::with_capacity(self.bytes.len() + address.len() + 5);
+        for (a, c) in self.entries() {
+            if a != address.as_bytes() && keep(a) {
+                push_count(&mut out, a, c);
+            }
+        }
+        push_count(&mut out, address.as_bytes(), value);
+        Some(out)
+    }
+
     /// The table with `delta` added to `address` (saturating), zero entries dropped; `None` for an address longer
     /// than 255 bytes (cannot be an `IP:port`). Returns the new bytes and the new count.
     fn with_delta(&self, address: &str, delta: i32) -> Option<(Vec<u8>, u32)> {
-        self.with(address, |current| {
-            if delta >= 0 {
-                current.saturating_add(delta.unsigned_abs())
-            } else {
-                current.saturating_sub(delta.unsigned_abs())
-            }
-        })
-    }
-
-    /// The table with the count of `address` replaced by `next(current)`, zero entries dropped; `None` for an
-    /// address longer than 255 bytes. Returns the new bytes and the new count.
-    fn with(&self, address: &str, next: impl FnOnce(u32) -> u32) -> Option<(Vec<u8>, u32)> {
         u8::try_from(address.len()).ok()?;
         let mut out = Vec::with_capacity(self.bytes.len() + address.len() + 5);
         let mut current = 0;
@@ -152,7 +158,11 @@ impl Table {
                 push_count(&mut out, a, c);
             }
         }
-        let next = next(current);
+        let next = if delta >= 0 {
+            current.saturating_add(delta.unsigned_abs())
+        } else {
+            current.saturating_sub(delta.unsigned_abs())
+        };
         if next > 0 {
             push_count(&mut out, address.as_bytes(), next);
         }
@@ -202,24 +212,32 @@ pub fn add_to(counter: Counter, address: &str, delta: i32, read: Option<Table>) 
     None
 }
 
-/// Sets the entry of `address` in the table of `counter` to `value` (0 removes it) with compare-and-swap; `false`
-/// when the host kept refusing the write.
-pub fn set(counter: Counter, address: &str, value: u32) -> bool {
-    let mut table = Table::read_of(counter);
+/// Records `now_ms` as the moment `address`'s pending work was last known exactly ([`Counter::PendingSince`]), with
+/// compare-and-swap; `false` when the host kept refusing the write.
+///
+/// The entry is never removed when the endpoint's work drops to 0: the two tables are written one after the other,
+/// so a removal could land after another worker's new work had written its moment, which would leave pending work
+/// without one. With `prune`, entries of endpoints with no pending work in a fresh read of that table are dropped
+/// instead, which bounds the table by the endpoints with work pending; the caller prunes when an endpoint goes from
+/// idle to busy, not on every request.
+pub fn mark(address: &str, now_ms: u64, prune: bool) -> bool {
+    let mut table = Table::read_of(Counter::PendingSince);
     for _ in 0..MAX_CAS_ATTEMPTS {
-        let Some((bytes, _)) = table.with(address, |_| value) else { return false };
-        match hostcalls::set_shared_data(counter.key(), Some(&bytes), table.cas) {
+        let pending = prune.then(|| Table::read_of(Counter::PendingPrefill));
+        let busy = |a: &[u8]| pending.as_ref().is_none_or(|p| p.entries().any(|(b, c)| b == a && c > 0));
+        let Some(bytes) = table.with_marked(address, clock32(now_ms), busy) else { return false };
+        match hostcalls::set_shared_data(Counter::PendingSince.key(), Some(&bytes), table.cas) {
             Ok(()) => return true,
-            Err(Status::CasMismatch) => table = Table::read_of(counter),
+            Err(Status::CasMismatch) => table = Table::read_of(Counter::PendingSince),
             Err(_) => return false,
         }
     }
     false
 }
 
-/// `now_ms` as a [`Counter::PendingSince`] entry: its low 32 bits, at least 1 (0 would remove the entry).
+/// `now_ms` as a [`Counter::PendingSince`] entry: its low 32 bits.
 pub fn clock32(now_ms: u64) -> u32 {
-    (now_ms as u32).max(1)
+    now_ms as u32
 }
 
 /// Takes or renews the lease stored under `key` for `owner` until `now_ms + ttl_ms` (ms since the epoch).
@@ -321,14 +339,29 @@ mod tests {
         };
         let router = Router::new(settings);
         let before_wrap = (1u64 << 32) - 5;
-        let (b, _) = table(Vec::new()).with("127.0.0.1:1", |_| clock32(before_wrap)).expect("fits");
-        let (b, _) = table(b).with("127.0.0.1:3", |_| clock32(1_000)).expect("fits");
-        let (b, _) = table(b).with("127.0.0.1:3", |_| clock32(1_200)).expect("fits");
+        let all = |_: &[u8]| true;
+        let b = table(Vec::new()).with_marked("127.0.0.1:1", clock32(before_wrap), all).expect("fits");
         let now = (1u64 << 32) + 15;
-        assert_eq!(table(b).elapsed_per_endpoint(&router, now), vec![Some(20), None, Some(now - 1_200)]);
-        let (b, _) = table(Vec::new()).with("127.0.0.1:2", |_| 9).expect("fits");
-        let (b, _) = table(b).with("127.0.0.1:2", |_| 0).expect("fits");
-        assert!(b.is_empty(), "0 removes the entry");
+        let b = table(b).with_marked("127.0.0.1:3", clock32(now - 900), all).expect("fits");
+        let b = table(b).with_marked("127.0.0.1:3", clock32(now - 300), all).expect("fits");
+        assert_eq!(table(b.clone()).elapsed_per_endpoint(&router, now), vec![Some(20), None, Some(300)]);
+        let b = table(b).with_marked("127.0.0.1:2", clock32(now + 3), all).expect("fits");
+        assert_eq!(table(b).elapsed_per_endpoint(&router, now)[1], Some(0), "a moment ahead of the clock is now");
+    }
+
+    #[test]
+    fn marking_an_endpoint_keeps_the_entries_the_caller_keeps() {
+        let all = |_: &[u8]| true;
+        let b = table(Vec::new()).with_marked("10.0.0.1:80", 5, all).expect("fits");
+        let b = table(b).with_marked("10.0.0.2:80", 6, all).expect("fits");
+        let b = table(b).with_marked("10.0.0.3:80", 7, all).expect("fits");
+        let t = table(b.clone());
+        assert_eq!((t.get("10.0.0.1:80"), t.get("10.0.0.2:80"), t.get("10.0.0.3:80")), (5, 6, 7));
+        // Only 10.0.0.3 still has work pending: marking 10.0.0.1 again prunes 10.0.0.2.
+        let b = table(b).with_marked("10.0.0.1:80", 9, |a| a == b"10.0.0.3:80").expect("fits");
+        let t = table(b);
+        assert_eq!((t.get("10.0.0.1:80"), t.get("10.0.0.2:80"), t.get("10.0.0.3:80")), (9, 0, 7));
+        assert_eq!(t.entries().count(), 2);
     }
 
     #[test]

@@ -8,8 +8,9 @@
 //!   another policy of the same kind already attaches to the route: the older one wins);
 //! - `EnvoyPatchPolicy`: `Accepted` (False with reason `Disabled` when EnvoyPatchPolicy is off in
 //!   recent releases) and `Programmed` (False with `Invalid` or `ResourceNotFound` when a patch does not
-//!   apply, e.g. the listener name differs under mergeGateways, or Envoy Gateway's `XDSNameSchemeV2` flag is
-//!   not what the controller's `envoyGateway.xdsNameScheme` setting says). Older
+//!   apply, e.g. Envoy Gateway's `XDSNameSchemeV2` flag is not what the controller's `envoyGateway.xdsNameScheme`
+//!   setting says). Under `mergeGateways`, `Accepted` False with reason `Invalid` under a `GatewayClass`
+//!   ancestor (see `eg_conditions`). Older
 //!   releases with EnvoyPatchPolicy disabled write no status at all.
 //!
 //! Sources: Envoy Gateway `api/v1alpha1/envoypatchpolicy_types.go` (`PolicyConditionProgrammed`,
@@ -99,14 +100,23 @@ fn eg_kinds() -> Vec<kube::core::ApiResource> {
 
 /// Envoy Gateway's conditions on `obj` for Gateway `gw_ns/gw`, current for the object's
 /// generation; `None` when it has written none (yet).
+///
+/// Under `mergeGateways` Envoy Gateway takes an `EnvoyPatchPolicy`'s target name as a GatewayClass's
+/// (`internal/gatewayapi/envoypatchpolicy.go`): it finds none named like the Gateway and writes its refusal under
+/// a `GatewayClass` ancestor of that name, which counts here as the Gateway's, so that the refusal is reported
+/// instead of a missing status.
 fn eg_conditions<'a>(obj: &'a DynamicObject, gw_ns: &str, gw: &str) -> Option<Vec<&'a Value>> {
     let generation = obj.metadata.generation;
     let entry = obj.data["status"]["ancestors"].as_array()?.iter().find(|a| {
         let r = &a["ancestorRef"];
+        let ns = r["namespace"].as_str().unwrap_or(obj.metadata.namespace.as_deref().unwrap_or_default());
         a["controllerName"] == EG_CONTROLLER_NAME
             && r["name"] == gw
-            && r["kind"].as_str().unwrap_or("Gateway") == "Gateway"
-            && r["namespace"].as_str().unwrap_or(obj.metadata.namespace.as_deref().unwrap_or_default()) == gw_ns
+            && match r["kind"].as_str().unwrap_or("Gateway") {
+                "Gateway" => ns == gw_ns,
+                "GatewayClass" => true,
+                _ => false,
+            }
     })?;
     let conds: Vec<&Value> = entry["conditions"]
         .as_array()?
@@ -164,10 +174,16 @@ pub fn verdict(live: &[(String, DynamicObject)], gw_ns: &str, gw: &str, now: Tim
         };
         if let Some(c) = find(&conds, "Accepted").filter(|c| c["status"] != "True") {
             let why = text(c, "reason");
+            let message = text(c, "message");
+            let merged = if message.contains("MergeGateways=true") {
+                "; Envoy Gateway runs with mergeGateways, which warmpath does not support (its EnvoyPatchPolicy targets the Gateway)"
+            } else {
+                ""
+            };
             return (
                 false,
                 why.clone(),
-                format!("Envoy Gateway did not accept {id}: {}{}", text(c, "message"), hint(kind, &why)),
+                format!("Envoy Gateway did not accept {id}: {message}{}{merged}", hint(kind, &why)),
             );
         }
         if kind == "EnvoyPatchPolicy" {
@@ -179,7 +195,7 @@ pub fn verdict(live: &[(String, DynamicObject)], gw_ns: &str, gw: &str, now: Tim
                         false,
                         why,
                         format!(
-                            "Envoy Gateway did not apply {id}: {} (a listener or route configuration name may differ: under mergeGateways, or when Envoy Gateway's XDSNameSchemeV2 runtime flag does not match the controller's xDS name scheme setting, chart value envoyGateway.xdsNameScheme; the routes' request_body_buffer_limit needs Envoy Gateway v1.7 or later)",
+                            "Envoy Gateway did not apply {id}: {} (a listener or route configuration name may differ: when Envoy Gateway's XDSNameSchemeV2 runtime flag does not match the controller's xDS name scheme setting, chart value envoyGateway.xdsNameScheme; the routes' request_body_buffer_limit needs Envoy Gateway v1.7 or later)",
                             text(c, "message")
                         ),
                     );

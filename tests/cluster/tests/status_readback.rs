@@ -139,6 +139,28 @@ async fn patch_policy_without_status_looks_disabled_after_the_bound() {
     assert!(msg.contains("EnvoyPatchPolicy looks disabled; enable `extensionApis.enableEnvoyPatchPolicy`"), "{msg}");
 }
 
+/// Under `mergeGateways` Envoy Gateway refuses the patch policy under a GatewayClass ancestor named like the Gateway
+/// (it takes the target as a GatewayClass): that refusal is reported, with mergeGateways named, not a missing status
+/// that later reads as "disabled".
+#[tokio::test]
+async fn a_refusal_under_merge_gateways_is_reported() {
+    let (client, ctx) = setup(route()).await;
+    reconcile(&client, &ctx).await;
+    let mut epp = fixtures::get_owned(&client, "EnvoyPatchPolicy", GW_NS, EPP).await.unwrap();
+    let created = epp.metadata.creation_timestamp.clone().unwrap().0;
+    epp.data["status"] = json!({"ancestors": [{
+        "ancestorRef": {"group": "gateway.networking.k8s.io", "kind": "GatewayClass", "name": "inference-gw"},
+        "controllerName": "gateway.envoyproxy.io/gatewayclass-controller",
+        "conditions": [{"type": "Accepted", "status": "False", "reason": "Invalid", "lastTransitionTime": "2026-01-01T00:00:00Z",
+            "message": "TargetRef.Group:gateway.networking.k8s.io TargetRef.Kind:Gateway TargetRef.Namespace:gateways TargetRef.Name:inference-gw not found or not accepted (MergeGateways=true)."}]}]});
+    let live = vec![("EnvoyPatchPolicy".to_string(), epp)];
+    let late = created + SignedDuration::from_secs(EPP_STATUS_BOUND.as_secs() as i64 + 1);
+    let (ok, why, msg) = verdict(&live, GW_NS, "inference-gw", late);
+    assert!(!ok);
+    assert_eq!(why, "Invalid", "{msg}");
+    assert!(msg.contains("MergeGateways=true") && msg.contains("mergeGateways"), "{msg}");
+}
+
 /// A status Envoy Gateway wrote for an older generation of the object does not count.
 #[test]
 fn status_of_an_older_generation_is_not_current() {

@@ -171,6 +171,25 @@ impl Reply {
     }
 }
 
+/// Makes every upstream answer 5 ms plus 1 ms per 50 bytes of body after a request arrives, then sends `samples`
+/// misses of different sizes one at a time: each finds its endpoint with nothing pending and, its distinct prefix
+/// being shorter than `prefix_length`, is charged with its whole prompt — the samples PREFIX_AWARE learns the
+/// pool's prefill speed from. Returns the stats once the `prefill.bytes_per_s` gauge reads 35,000–65,000 B/s.
+pub async fn learn_prefill_speed(rig: &Rig, samples: usize) -> warmpath_harness::Stats {
+    for u in &rig.upstreams {
+        u.set_delay(Duration::from_millis(5));
+        u.set_body_rate(50);
+    }
+    for i in 0..samples {
+        let len = 1_000 + (i * 3_700) % 7_000;
+        assert_eq!(rig.chat(&prompt(&format!("speed {i}"), len)).await.status, 200);
+    }
+    let s = rig.stats_until(|s| s.filter("prefill.bytes_per_s") > 0).await;
+    let rate = s.filter("prefill.bytes_per_s");
+    assert!((35_000..=65_000).contains(&rate), "{rate} bytes per s learned; the upstreams answer at 50,000");
+    s
+}
+
 /// A prompt of about `len` characters that starts with `seed` (distinct seeds → distinct prefixes).
 pub fn prompt(seed: &str, len: usize) -> String {
     let mut s = format!("{seed}: ");

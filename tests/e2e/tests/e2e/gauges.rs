@@ -3,12 +3,11 @@
 //! learned prefill speed reads what the upstreams do.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use serde_json::json;
 use warmpath_harness::Stats;
 
-use crate::common::{prompt, Rig};
+use crate::common::{learn_prefill_speed, Rig};
 
 fn gauge(s: &Stats, addr: &str) -> u64 {
     s.filter(&format!("in_flight.{}", warmpath_core::endpoint::stat_token(addr)))
@@ -70,19 +69,8 @@ async fn an_ipv6_endpoints_gauge_has_the_documented_name() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_prefill_speed_is_learned_from_the_requests() {
     let rig = Rig::start(2, json!({"strategy": "PREFIX_AWARE"})).await;
-    for u in &rig.upstreams {
-        u.set_delay(Duration::from_millis(5));
-        u.set_body_rate(50);
-    }
-    // One at a time, so each finds its endpoint with nothing pending; distinct prefixes shorter than
-    // `prefix_length`, so each is a miss charged with its whole prompt. Enough for each worker's 16 samples.
-    for i in 0..40 {
-        let len = 1_000 + (i * 3_700) % 7_000;
-        assert_eq!(rig.chat(&prompt(&format!("speed {i}"), len)).await.status, 200);
-    }
-    let s = rig.stats_until(|s| s.filter("prefill.bytes_per_s") > 0).await;
-    let rate = s.filter("prefill.bytes_per_s");
-    assert!((35_000..=65_000).contains(&rate), "{rate} bytes per s; the upstreams answer at 50,000");
+    // Enough for each of the two workers' 16 samples.
+    let s = learn_prefill_speed(&rig, 40).await;
     let overhead = s.filter("prefill.overhead_us");
     assert!(overhead < 100_000, "{overhead} µs of fixed time to first byte; the upstreams add 5,000");
 }

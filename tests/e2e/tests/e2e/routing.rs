@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use crate::common::{prompt, Rig};
+use crate::common::{learn_prefill_speed, prompt, Rig};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn same_prefix_lands_on_one_upstream() {
@@ -141,18 +141,7 @@ async fn overloaded_preferred_upstream_overflows() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_holder_whose_queue_is_nearly_prefilled_keeps_its_prefix() {
     let rig = Rig::start_workers(2, json!({"strategy": "PREFIX_AWARE"}), 1).await;
-    for u in &rig.upstreams {
-        u.set_delay(Duration::from_millis(5));
-        u.set_body_rate(50);
-    }
-    // Misses of different sizes, one at a time, each to an endpoint with nothing pending: the speed samples.
-    for i in 0..24 {
-        let len = 1_000 + (i * 3_700) % 7_000;
-        assert_eq!(rig.chat(&prompt(&format!("speed {i}"), len)).await.status, 200);
-    }
-    let s = rig.stats_until(|s| s.filter("prefill.bytes_per_s") > 0).await;
-    let rate = s.filter("prefill.bytes_per_s");
-    assert!((35_000..=65_000).contains(&rate), "{rate} bytes per s learned; the upstreams answer at 50,000");
+    learn_prefill_speed(&rig, 24).await;
     // A long request: a 12,000-character shared part (past `prefix_length`, so its key is cut there and a later
     // request with the same start counts as cached whole on its holder) and 20,000 characters of its own, about
     // 32 KB of work: its first byte comes ~650 ms after it reaches its upstream.

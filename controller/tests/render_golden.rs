@@ -249,19 +249,23 @@ fn render_refuses_policies_the_api_server_would_refuse() {
     }
 }
 
+/// The binary's `render -f case --wasm-sha256 SHA` with `extra` arguments.
+fn render_with(case: &Path, extra: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_warmpath-controller"))
+        .args(["render", "-f"])
+        .arg(case)
+        .args(["--wasm-sha256", SHA])
+        .args(extra)
+        .output()
+        .unwrap()
+}
+
 /// `--cluster-domain` (env `WARMPATH_CLUSTER_DOMAIN`) replaces `cluster.local` in every Service
 /// name rendered; a value that is no DNS name is refused.
 #[test]
 fn render_uses_the_configured_cluster_domain() {
     let case = Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/render/istio-annotated.yaml");
-    let run = |domain: &str| {
-        Command::new(env!("CARGO_BIN_EXE_warmpath-controller"))
-            .args(["render", "-f"])
-            .arg(&case)
-            .args(["--wasm-sha256", SHA, "--cluster-domain", domain])
-            .output()
-            .unwrap()
-    };
+    let run = |domain: &str| render_with(&case, &["--cluster-domain", domain]);
     let out = run("corp.example");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let stdout = String::from_utf8(out.stdout).unwrap();
@@ -308,14 +312,7 @@ async fn envoy_gateway_resources_are_named_by_the_configured_scheme() {
         assert_eq!(patched(&out.objects, listener), [want_listener], "{scheme:?}");
         assert_eq!(patched(&out.objects, route_config), [want_route_config], "{scheme:?}");
     }
-    let run = |scheme: &str| {
-        Command::new(env!("CARGO_BIN_EXE_warmpath-controller"))
-            .args(["render", "-f"])
-            .arg(&case)
-            .args(["--wasm-sha256", SHA, "--envoy-gateway-xds-name-scheme", scheme])
-            .output()
-            .unwrap()
-    };
+    let run = |scheme: &str| render_with(&case, &["--envoy-gateway-xds-name-scheme", scheme]);
     let out = run("v2");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let stdout = String::from_utf8_lossy(&out.stdout);

@@ -188,12 +188,12 @@ impl FilterHttp {
         let table = shared::Table::read();
         let prefix_aware = router.settings().strategy == Strategy::PrefixAware;
         let pending = prefix_aware.then(|| shared::Table::read_of(Counter::PendingPrefill));
+        let now = now_ms();
         let remote = shared
             .remote_pending
             .as_ref()
             .filter(|_| prefix_aware)
-            .map(|(key, age)| shared::Table::read_remote(key, now_ms(), *age));
-        let now = now_ms();
+            .map(|(key, age)| shared::Table::read_remote(key, now, *age));
         let in_flight = table.per_endpoint(&router);
         let own = pending.as_ref().map(|p| p.per_endpoint(&router));
         let others = remote.as_ref().map(|r| r.per_endpoint(&router));

@@ -108,12 +108,17 @@ impl Table {
     /// scans cost more Envoy CPU per request than the rest of the decision.
     pub fn per_endpoint(&self, router: &Router) -> Vec<u32> {
         let mut out = vec![0u32; router.endpoints().len()];
+        self.by_position(router, |i, c| out[i] = out[i].saturating_add(c));
+        out
+    }
+
+    /// Calls `f(position, value)` for each entry whose address is one of `router`'s endpoints, in table order.
+    fn by_position(&self, router: &Router, mut f: impl FnMut(usize, u32)) {
         for (a, c) in self.entries() {
             if let Some(i) = std::str::from_utf8(a).ok().and_then(|a| router.position(a)) {
-                out[i] = out[i].saturating_add(c);
+                f(i, c);
             }
         }
-        out
     }
 
     /// Milliseconds from each of `router`'s endpoints' [`Counter::PendingSince`] entry to `now_ms`, by position
@@ -122,12 +127,10 @@ impl Table {
     /// old, not 49 days.
     pub fn elapsed_per_endpoint(&self, router: &Router, now_ms: u64) -> Vec<Option<u64>> {
         let mut out = vec![None; router.endpoints().len()];
-        for (a, since) in self.entries() {
-            if let Some(i) = std::str::from_utf8(a).ok().and_then(|a| router.position(a)) {
-                let ms = clock32(now_ms).wrapping_sub(since);
-                out[i] = Some(if ms > u32::MAX / 2 { 0 } else { u64::from(ms) });
-            }
-        }
+        self.by_position(router, |i, since| {
+            let ms = clock32(now_ms).wrapping_sub(since);
+            out[i] = Some(if ms > u32::MAX / 2 { 0 } else { u64::from(ms) });
+        });
         out
     }
 

@@ -190,6 +190,18 @@ pub async fn learn_prefill_speed(rig: &Rig, samples: usize) -> warmpath_harness:
     s
 }
 
+/// The position of the first of `upstreams` handling exactly one request, polled every `every` (up to 200 times);
+/// `None` when none did.
+pub async fn upstream_with_one_request(upstreams: &[Upstream], every: Duration) -> Option<usize> {
+    for _ in 0..200 {
+        if let Some(i) = upstreams.iter().position(|u| u.active() == 1) {
+            return Some(i);
+        }
+        tokio::time::sleep(every).await;
+    }
+    None
+}
+
 /// A prompt of about `len` characters that starts with `seed` (distinct seeds → distinct prefixes).
 pub fn prompt(seed: &str, len: usize) -> String {
     let mut s = format!("{seed}: ");

@@ -11,7 +11,7 @@ use serde_json::json;
 use warmpath_core::feed::{FeedEndpoint, FeedSnapshot};
 use warmpath_harness::{filter_wasm, EnvoyConfig, EnvoyProcess, FeedCluster, FeedServer, Stats, Upstream};
 
-use crate::common::{hold_filler, post_fresh, prompt, spawn_post, turn, Sent, CONCURRENCY};
+use crate::common::{hold_filler, post_fresh, prompt, spawn_post, turn, upstream_with_one_request, Sent, CONCURRENCY};
 
 /// Feed poll interval of both gateways, ms: longer than the filter's 50 ms tick with a feed, which runs the index
 /// exchange (a load feed polled every few seconds must not slow it).
@@ -243,14 +243,7 @@ async fn the_other_gateways_work_stops_counting_when_the_feed_stops() {
     }
     let sent = spawn_post(f.gateways[0].url(), turn(&prompt("feed stops", 12_000), "hello"));
     // The request waits at one held upstream; gateway B learns of its work there.
-    let mut waiting_at = None;
-    for _ in 0..200 {
-        waiting_at = f.upstreams.iter().position(|u| u.active() == 1);
-        if waiting_at.is_some() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let waiting_at = upstream_with_one_request(&f.upstreams, Duration::from_millis(50)).await;
     let at = waiting_at.expect("the request reached an upstream");
     let gauge = remote_pending(&f.upstreams[at].addr().to_string());
     let s = f.stats_until(1, |s| s.filter(&gauge) >= 12_000).await;

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use crate::common::{learn_prefill_speed, prompt, Rig};
+use crate::common::{learn_prefill_speed, prompt, upstream_with_one_request, Rig};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn same_prefix_lands_on_one_upstream() {
@@ -151,14 +151,7 @@ async fn a_holder_whose_queue_is_nearly_prefilled_keeps_its_prefix() {
         let (rig, body) = (rig.clone(), format!("{shared}{}", prompt("first question", 20_000)));
         tokio::spawn(async move { rig.chat(&body).await })
     };
-    let mut holder = None;
-    for _ in 0..200 {
-        holder = rig.upstreams.iter().position(|u| u.active() == 1);
-        if holder.is_some() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    let holder = upstream_with_one_request(&rig.upstreams, Duration::from_millis(5)).await;
     let holder = holder.expect("the long request reached an upstream");
     // 400 ms after it arrived, ~20 KB of it is done (~14 KB at the slowest speed accepted above). Counted whole, the
     // 32 KB still waiting on the holder is more than prefilling the next request on the idle endpoint (~12 KB,

@@ -261,7 +261,8 @@ pub struct StrategyRun {
     pub servers: Vec<(String, ServerMetrics)>,
     /// Overflow decisions: the filter's overflow counter (Envoy stats) or the baseline's own count.
     pub overflows: u64,
-    /// The filter's stats (`wasmcustom.warmpath.*`), empty for baselines.
+    /// The filter's stats (`wasmcustom.warmpath.*`) and the connections each Envoy worker accepted
+    /// (`envoy.worker_<w>.downstream_cx_total`), summed over the gateways; empty for baselines.
     pub filter_stats: Vec<(String, u64)>,
     /// Wall time from first send to last completion, seconds.
     pub wall_s: f64,
@@ -471,7 +472,12 @@ pub async fn run_strategy(strategy: &Strategy, reqs: &[Request], s: &RunSettings
                 let mut per_envoy = Vec::with_capacity(envoys.len());
                 for e in &envoys {
                     let stats = e.stats().await?;
-                    per_envoy.push(stats.with_prefix(FILTER_STAT_PREFIX).map(|(k, v)| (k.to_string(), v)).collect());
+                    let mut mine: Vec<(String, u64)> =
+                        stats.with_prefix(FILTER_STAT_PREFIX).map(|(k, v)| (k.to_string(), v)).collect();
+                    // How the connections spread over the workers, which decides what "N workers" measured.
+                    let per_worker = stats.worker_connections(e.config().listener_port);
+                    mine.extend(per_worker.iter().enumerate().map(|(w, n)| (worker_connections_stat(w), *n)));
+                    per_envoy.push(mine);
                 }
                 let sum = merge_filter_stats(&per_envoy);
                 if settled(&sum, sent as u64) || Instant::now() > settle {
@@ -479,6 +485,12 @@ pub async fn run_strategy(strategy: &Strategy, reqs: &[Request], s: &RunSettings
                 }
                 tokio::time::sleep(Duration::from_millis(100)).await;
             };
+            if s.envoy_concurrency > 1 {
+                let per_worker: Vec<String> = (0..s.envoy_concurrency as usize)
+                    .map(|w| sum.get(&worker_connections_stat(w)).copied().unwrap_or(0).to_string())
+                    .collect();
+                eprintln!("[{label}] connections accepted per Envoy worker: {}", per_worker.join(" / "));
+            }
             let fs: Vec<(String, u64)> = sum.into_iter().collect();
             let ov = fs.iter().filter(|(k, _)| k.contains("overflow")).map(|(_, v)| *v).sum();
             (ov, fs)
@@ -567,6 +579,12 @@ fn spawn_feed_loads(feed: &Arc<FeedServer>, addrs: Vec<String>, every: Duration)
             }
         }
     })
+}
+
+/// The name under which [`StrategyRun::filter_stats`] carries the connections Envoy worker `w` accepted (summed
+/// over the gateways).
+fn worker_connections_stat(w: usize) -> String {
+    format!("envoy.worker_{w}.downstream_cx_total")
 }
 
 /// The filter's stats of one replay over its gateways: counters and gauges summed, except the learned prefill

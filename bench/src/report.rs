@@ -243,7 +243,8 @@ pub fn table_runs(runs: &[Vec<Summary>], pooled: &[f64]) -> String {
 }
 
 /// Writes `summary.csv`, `requests.csv`, `endpoints.csv` and `filter_stats.csv` (the filter's counters and gauges as
-/// Envoy reported them at the end of each replay, summed over the gateways) into `dir`.
+/// Envoy reported them at the end of each replay, and the connections each Envoy worker accepted, summed over the
+/// gateways) into `dir`.
 pub fn write_csv(dir: &Path, runs: &[StrategyRun], rows: &[Summary]) -> anyhow::Result<()> {
     std::fs::create_dir_all(dir)?;
     let mut w = csv::Writer::from_path(dir.join("summary.csv"))?;

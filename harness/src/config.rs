@@ -268,7 +268,8 @@ impl EnvoyConfig {
             "address": { "socket_address": { "address": "127.0.0.1", "port_value": self.listener_port } },
             // Envoy binds with SO_REUSEPORT by default: two Envoys given the same port would both bind and split each
             // other's connections silently. Without it the second bind fails loudly (the harness then retries another
-            // port), at the cost of the kernel's even spread of connections over workers.
+            // port). Workers then take connections as they wake instead of by the kernel's hash; the bench prints how
+            // they spread.
             "enable_reuse_port": false,
             "per_connection_buffer_limit_bytes": self.buffer_limit_bytes,
             "filter_chains": [{

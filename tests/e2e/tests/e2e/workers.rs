@@ -61,8 +61,7 @@ async fn a_conversation_on_different_connections_stays_on_one_endpoint_across_wo
 
 /// Workers that accepted at least one connection, from Envoy's per-worker listener stats.
 fn workers_used(rig: &Rig, s: &warmpath_harness::Stats) -> usize {
-    let port = rig.envoy.config().listener_port;
-    (0..WORKERS).filter(|w| s.get(&format!("listener.127.0.0.1_{port}.worker_{w}.downstream_cx_total")) > 0).count()
+    s.worker_connections(rig.envoy.config().listener_port).iter().filter(|&&n| n > 0).count()
 }
 
 /// Idle upstreams: conversations whose every turn comes on a fresh connection (so different turns are handled by

@@ -70,6 +70,12 @@ struct Args {
     /// Wall-clock cap per run in seconds.
     #[arg(long, default_value_t = 60)]
     max_seconds: u64,
+    /// Upstreams answer after the request body's length at this many bytes per ms (as after a prefill), and the
+    /// bodies' sizes spread from half to one and a half times `--body-bytes`: the warm-up's one-at-a-time misses
+    /// then teach PREFIX_AWARE the prefill speed, and the measured runs pay for the drain of pending work that an
+    /// estimate turns on. The learned speed is printed per config.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    prefill_bytes_per_ms: Option<u64>,
 }
 
 /// Publishes a new snapshot version every `every`, each endpoint with a load that changes from one version to the
@@ -95,9 +101,11 @@ async fn publish_loads(feed: std::sync::Weak<FeedServer>, addrs: Vec<std::net::S
     }
 }
 
-fn bodies(n: usize, size: usize) -> Vec<Arc<Vec<u8>>> {
+/// `n` distinct chat bodies of about `size` bytes each, or with `spread` of sizes from `size / 2` to `3 × size / 2`.
+fn bodies(n: usize, size: usize, spread: bool) -> Vec<Arc<Vec<u8>>> {
     (0..n)
         .map(|i| {
+            let size = if spread { size / 2 + size * (i % 8) / 7 } else { size };
             let mut text = format!("You are assistant number {i}. ");
             while text.len() + 64 < size {
                 text.push_str(&format!("Context line {} for prompt {i} with some words. ", text.len()));
@@ -164,9 +172,10 @@ async fn main() -> Result<()> {
     let upstreams = Upstream::start_many(args.endpoints as usize).await?;
     for u in &upstreams {
         u.set_stream(args.stream_events, Duration::from_micros(args.event_gap_us));
+        u.set_body_rate(args.prefill_bytes_per_ms.unwrap_or(0));
     }
     let addrs: Vec<_> = upstreams.iter().map(Upstream::addr).collect();
-    let bodies = bodies(args.prompts, args.body_bytes);
+    let bodies = bodies(args.prompts, args.body_bytes, args.prefill_bytes_per_ms.is_some());
     // Config 0 is the baseline (same listener and cluster, no wasm filter); all Envoys run for the whole session
     // and are measured in alternation, so drift in machine load hits every config alike.
     // (label, Envoy, whether its filter polls the feed)
@@ -241,6 +250,13 @@ async fn main() -> Result<()> {
             if fail_open > 0 {
                 println!("|  (fail-open decisions: {fail_open}) | | | | |");
             }
+            if args.prefill_bytes_per_ms.is_some() {
+                // Proof that the drain ran: without an estimate the filter does not read the moments.
+                match s.filter("prefill.bytes_per_s") {
+                    0 => println!("|  (no prefill speed learned: pending work was not drained) | | | | |"),
+                    b => println!("|  (prefill speed learned: {b} bytes/s) | | | | |"),
+                }
+            }
             if let Some((server, _)) = feed.as_ref().filter(|_| *polls_feed) {
                 // Proof that the feed was polled and the exchange ran rather than failing.
                 let (version, records, failures) = (
@@ -260,6 +276,10 @@ async fn main() -> Result<()> {
     let answers = match args.stream_events {
         0 => "JSON answers".to_string(),
         n => format!("answers streamed as {n} events {} µs apart", args.event_gap_us),
+    };
+    let answers = match args.prefill_bytes_per_ms {
+        Some(rate) => format!("{answers} after the body's length at {rate} B/ms (body sizes spread ×0.5–1.5)"),
+        None => answers,
     };
     println!(
         "medians of {} alternating rounds × {} requests, {} connections, {} distinct ~{} B chat bodies, {answers}, {} upstreams, Envoy --concurrency {}",

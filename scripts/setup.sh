@@ -42,7 +42,10 @@ fi
 pinned=(smg==1.13.0 vllm-router==0.1.17 pytest==9.2.0)
 missing=()
 for p in "${pinned[@]}"; do
-  .venv/bin/pip show "${p%%==*}" 2>/dev/null | grep -qx "Version: ${p##*==}" || missing+=("$p")
+  # Read pip's whole output before matching: `grep -q` stops at the first match, pip then fails writing to the
+  # closed pipe, and with pipefail an installed package would count as missing.
+  have=$(.venv/bin/pip show "${p%%==*}" 2>/dev/null | sed -n 's/^Version: //p' || true)
+  [ "$have" = "${p##*==}" ] || missing+=("$p")
 done
 if [ ${#missing[@]} -gt 0 ]; then
   log "into .venv: ${missing[*]}"

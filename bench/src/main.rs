@@ -119,7 +119,8 @@ struct Args {
     /// table shows each column's mean and min–max, and run k's files go to <out>/run<k>.
     #[arg(long, default_value_t = 1, value_parser = at_least_one)]
     runs: usize,
-    /// Exit with status 1 unless every request was answered and client and server counts balance.
+    /// Exit with status 1 unless every request was answered, client and server counts balance, and every
+    /// client-side pick reached the server it named.
     #[arg(long)]
     check: bool,
 }

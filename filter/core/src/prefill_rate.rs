@@ -25,10 +25,6 @@
 //! work on an endpoint drain between the moments it knows that queue exactly ([`PrefillEstimate::left_after`]).
 //! Without an estimate the work counts whole until its first response byte.
 //!
-//! One fit serves every worker of an Envoy: the shell keeps it in shared data ([`PrefillRate::to_bytes`],
-//! [`PrefillRate::from_bytes`]), adds each worker's samples to it and hands it to every worker's router, so a
-//! worker that has seen few misses (many workers, little traffic each) drains at the speed the others learned.
-//!
 //! Units: bytes of prompt text (the unit of pending prefill work) and milliseconds of wall time. The crate reads no
 //! clock; the caller measures.
 
@@ -58,35 +54,7 @@ pub struct PrefillRate {
     samples: u32,
 }
 
-/// Length of [`PrefillRate::to_bytes`]: five `f64` sums and the sample count, little-endian.
-pub const ENCODED_LEN: usize = 5 * 8 + 4;
-
 impl PrefillRate {
-    /// The fit as bytes, for sharing between the VMs of one Envoy ([`Self::from_bytes`] reads it back).
-    pub fn to_bytes(&self) -> [u8; ENCODED_LEN] {
-        let mut out = [0u8; ENCODED_LEN];
-        for (i, v) in [self.w, self.sx, self.sy, self.sxx, self.sxy].iter().enumerate() {
-            out[i * 8..i * 8 + 8].copy_from_slice(&v.to_le_bytes());
-        }
-        out[40..].copy_from_slice(&self.samples.to_le_bytes());
-        out
-    }
-
-    /// A fit written by [`Self::to_bytes`]; `None` for any other length or a sum that is not finite.
-    pub fn from_bytes(bytes: &[u8]) -> Option<PrefillRate> {
-        if bytes.len() != ENCODED_LEN {
-            return None;
-        }
-        let f = |i: usize| f64::from_le_bytes(bytes[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
-        let sums = [f(0), f(1), f(2), f(3), f(4)];
-        if sums.iter().any(|v| !v.is_finite()) {
-            return None;
-        }
-        let samples = u32::from_le_bytes(bytes[40..].try_into().expect("4 bytes"));
-        let [w, sx, sy, sxx, sxy] = sums;
-        Some(PrefillRate { w, sx, sy, sxx, sxy, samples })
-    }
-
     /// Adds one request: `bytes` of prefill work charged, first response byte `ms` after it was sent.
     pub fn observe(&mut self, bytes: u32, ms: u64) {
         let keep = 0.5f64.powf(1.0 / HALF_LIFE);
@@ -163,22 +131,6 @@ mod tests {
         let e = r.estimate().expect("enough samples");
         assert!((e.bytes_per_ms - 200.0).abs() < 2.0, "{e:?}");
         assert!((e.overhead_ms - 3.0).abs() < 1.0, "{e:?}");
-    }
-
-    #[test]
-    fn a_fit_read_back_from_its_bytes_is_the_same_fit() {
-        let mut r = PrefillRate::default();
-        for i in 0..40u32 {
-            r.observe(1_000 + i * 500, 2 + u64::from(i) * 3);
-        }
-        let back = PrefillRate::from_bytes(&r.to_bytes()).expect("its own bytes");
-        assert_eq!(back.estimate(), r.estimate());
-        assert_eq!(PrefillRate::from_bytes(&PrefillRate::default().to_bytes()).unwrap().estimate(), None);
-        assert!(PrefillRate::from_bytes(&r.to_bytes()[..ENCODED_LEN - 1]).is_none(), "a short value");
-        assert!(PrefillRate::from_bytes(&[]).is_none());
-        let mut nan = r.to_bytes();
-        nan[8..16].copy_from_slice(&f64::NAN.to_le_bytes());
-        assert!(PrefillRate::from_bytes(&nan).is_none(), "a sum that is not a number");
     }
 
     #[test]

@@ -13,6 +13,10 @@
 //! gateway's work lies above the line. The fit takes that as noise. A non-streamed answer's first byte comes after
 //! the whole generation; its decode time goes into the fixed part as long as it does not grow with the prompt.
 //!
+//! An estimate is given only while the line explains the samples (the slope's relative standard error is at most
+//! [`MAX_SLOPE_ERROR`]): samples that are not what the filter took them for scatter, and a speed from them drains
+//! pending work wrongly.
+//!
 //! Only misses are samples: for a request the index expected partly cached, the work charged is the index's guess,
 //! and a wrong guess (a hit the index does not know of, a holder that evicted the prefix) is an error in `bytes`,
 //! which a least-squares fit does not absorb. Measured on the simulated servers (BENCHMARKS.md §1): with every
@@ -24,6 +28,10 @@
 //! The estimate serves twice: as gauges, and as the speed at which the shell lets this gateway's pending prefill
 //! work on an endpoint drain between the moments it knows that queue exactly ([`PrefillEstimate::left_after`]).
 //! Without an estimate the work counts whole until its first response byte.
+//!
+//! One fit serves every worker of an Envoy: the shell keeps it in shared data ([`PrefillRate::to_bytes`],
+//! [`PrefillRate::from_bytes`]), adds each worker's samples to it and hands it to every worker's router, so a
+//! worker that has seen few misses (many workers, little traffic each) drains at the speed the others learned.
 //!
 //! Units: bytes of prompt text (the unit of pending prefill work) and milliseconds of wall time. The crate reads no
 //! clock; the caller measures.
@@ -51,10 +59,39 @@ pub struct PrefillRate {
     sy: f64,
     sxx: f64,
     sxy: f64,
+    syy: f64,
     samples: u32,
 }
 
+/// Length of [`PrefillRate::to_bytes`]: six `f64` sums and the sample count, little-endian.
+pub const ENCODED_LEN: usize = 6 * 8 + 4;
+
 impl PrefillRate {
+    /// The fit as bytes, for sharing between the VMs of one Envoy ([`Self::from_bytes`] reads it back).
+    pub fn to_bytes(&self) -> [u8; ENCODED_LEN] {
+        let mut out = [0u8; ENCODED_LEN];
+        for (i, v) in [self.w, self.sx, self.sy, self.sxx, self.sxy, self.syy].iter().enumerate() {
+            out[i * 8..i * 8 + 8].copy_from_slice(&v.to_le_bytes());
+        }
+        out[48..].copy_from_slice(&self.samples.to_le_bytes());
+        out
+    }
+
+    /// A fit written by [`Self::to_bytes`]; `None` for any other length or a sum that is not finite.
+    pub fn from_bytes(bytes: &[u8]) -> Option<PrefillRate> {
+        if bytes.len() != ENCODED_LEN {
+            return None;
+        }
+        let f = |i: usize| f64::from_le_bytes(bytes[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
+        let sums = [f(0), f(1), f(2), f(3), f(4), f(5)];
+        if sums.iter().any(|v| !v.is_finite()) {
+            return None;
+        }
+        let samples = u32::from_le_bytes(bytes[48..].try_into().expect("4 bytes"));
+        let [w, sx, sy, sxx, sxy, syy] = sums;
+        Some(PrefillRate { w, sx, sy, sxx, sxy, syy, samples })
+    }
+
     /// Adds one request: `bytes` of prefill work charged, first response byte `ms` after it was sent.
     pub fn observe(&mut self, bytes: u32, ms: u64) {
         let keep = 0.5f64.powf(1.0 / HALF_LIFE);
@@ -64,10 +101,12 @@ impl PrefillRate {
         self.sy = self.sy * keep + y;
         self.sxx = self.sxx * keep + x * x;
         self.sxy = self.sxy * keep + x * y;
+        self.syy = self.syy * keep + y * y;
         self.samples = self.samples.saturating_add(1);
     }
 
-    /// The fitted line, once [`MIN_SAMPLES`] requests of different sizes were seen and time grows with bytes.
+    /// The fitted line, once [`MIN_SAMPLES`] requests of different sizes were seen, time grows with bytes, and the
+    /// line explains the samples: its slope's relative standard error is at most [`MAX_SLOPE_ERROR`].
     pub fn estimate(&self) -> Option<PrefillEstimate> {
         if self.samples < MIN_SAMPLES {
             return None;
@@ -81,9 +120,33 @@ impl PrefillRate {
             return None;
         }
         let slope = cov / var_x;
+        if self.slope_error(var_x, cov, mean_y, slope) > MAX_SLOPE_ERROR {
+            return None;
+        }
         Some(PrefillEstimate { bytes_per_ms: 1.0 / slope, overhead_ms: (mean_y - slope * mean_x).max(0.0) })
     }
+
+    /// The standard error of the fitted slope relative to the slope (ordinary least squares, the decayed weight
+    /// sum taken as the sample count; infinite with two samples or fewer).
+    fn slope_error(&self, var_x: f64, cov: f64, mean_y: f64, slope: f64) -> f64 {
+        if self.w <= 2.0 {
+            return f64::INFINITY;
+        }
+        let var_y = self.syy / self.w - mean_y * mean_y;
+        // Variance of the residuals per unit weight: what the line leaves unexplained.
+        let residual = (var_y - slope * cov).max(0.0);
+        (residual / (var_x * (self.w - 2.0))).sqrt() / slope
+    }
 }
+
+/// Largest standard error of the fitted slope, relative to the slope, for which an estimate is given.
+///
+/// Measured on the simulated servers (docs/bench/replay.md §19): the fits that recovered the servers' speed had
+/// 0.2–0.4 % (the Mooncake trace), 1.2 % (unique prompts) and 2.0–2.7 % (code). On code, six fits of twenty runs
+/// had 17–71 % and speeds from 0.74 to 1.6 times the true one (up to 3.6 times in an earlier pass), and four of
+/// the six runs that drained with them had TTFT p90 157–474 ms against 108–147 for the rest. 10 % lies between,
+/// with margin on both sides.
+pub const MAX_SLOPE_ERROR: f64 = 0.1;
 
 impl PrefillEstimate {
     /// What is left of this gateway's `pending` bytes of prefill work on one endpoint after the server has worked
@@ -131,6 +194,49 @@ mod tests {
         let e = r.estimate().expect("enough samples");
         assert!((e.bytes_per_ms - 200.0).abs() < 2.0, "{e:?}");
         assert!((e.overhead_ms - 3.0).abs() < 1.0, "{e:?}");
+    }
+
+    #[test]
+    fn a_fit_read_back_from_its_bytes_is_the_same_fit() {
+        let mut r = PrefillRate::default();
+        for i in 0..40u32 {
+            r.observe(1_000 + i * 500, 2 + u64::from(i) * 3);
+        }
+        let back = PrefillRate::from_bytes(&r.to_bytes()).expect("its own bytes");
+        assert_eq!(back.estimate(), r.estimate());
+        assert_eq!(PrefillRate::from_bytes(&PrefillRate::default().to_bytes()).unwrap().estimate(), None);
+        assert!(PrefillRate::from_bytes(&r.to_bytes()[..ENCODED_LEN - 1]).is_none(), "a short value");
+        assert!(PrefillRate::from_bytes(&[]).is_none());
+        let mut nan = r.to_bytes();
+        nan[8..16].copy_from_slice(&f64::NAN.to_le_bytes());
+        assert!(PrefillRate::from_bytes(&nan).is_none(), "a sum that is not a number");
+    }
+
+    #[test]
+    fn no_estimate_from_samples_the_line_does_not_explain() {
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        let mut scattered = PrefillRate::default();
+        for _ in 0..64 {
+            let bytes = 6_000 + (next() % 6_000) as u32;
+            // 1 ms per 200 bytes, but each sample anywhere from a tenth to twice that: hits the filter did not know
+            // of, waits behind work it did not see.
+            let ms = u64::from(bytes) / 200 * (1 + next() % 20) / 10;
+            scattered.observe(bytes, ms + 1);
+        }
+        assert_eq!(scattered.estimate(), None);
+        let mut clean = PrefillRate::default();
+        for i in 0..64u32 {
+            let bytes = 6_000 + (i * 97) % 6_000;
+            clean.observe(bytes, 3 + u64::from(bytes) / 200 + u64::from(i % 3));
+        }
+        let e = clean.estimate().expect("a line with a little noise");
+        assert!((e.bytes_per_ms - 200.0).abs() < 10.0, "{e:?}");
     }
 
     #[test]

@@ -33,8 +33,8 @@ pub struct Router {
     /// Position of the endpoint the last [`Router::route`] call's policy picked (`None` after a fail-open pick or
     /// once its record was taken).
     last_pick: Option<usize>,
-    /// The pool's prefill speed learned from this router's requests: reported, and the speed at which the shell
-    /// lets this gateway's pending prefill work drain ([`PrefillEstimate::left_after`]).
+    /// The pool's prefill speed as the shell last handed it ([`Router::set_prefill_rate`]): reported, and the speed
+    /// at which the shell lets this gateway's pending prefill work drain ([`PrefillEstimate::left_after`]).
     prefill: PrefillRate,
 }
 
@@ -64,10 +64,9 @@ impl Router {
         &self.settings
     }
 
-    /// Records a request that matched nothing, sent to an endpoint with none of this router's prefill work pending:
-    /// `bytes` charged ([`Decision::prefill_bytes`]), its first response byte `ms` later ([`PrefillRate`]).
-    pub fn observe_prefill(&mut self, bytes: u32, ms: u64) {
-        self.prefill.observe(bytes, ms);
+    /// Replaces the fit with `rate`: the one every worker of this Envoy feeds (`prefill_rate`, shared data).
+    pub fn set_prefill_rate(&mut self, rate: PrefillRate) {
+        self.prefill = rate;
     }
 
     /// The prefill speed learned so far, if the requests seen give one.

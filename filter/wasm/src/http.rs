@@ -92,7 +92,7 @@ pub struct FilterHttp {
     debug: Option<String>,
     /// When this request was sent (ms) and the prefill bytes charged for it, if it matched nothing in the index
     /// and its endpoint had none of this Envoy's prefill work pending then: a sample of the pool's prefill speed at
-    /// its first byte (`Router::observe_prefill`).
+    /// its first byte (`shared::add_prefill_sample`).
     prefill_sample: Option<(u64, u32)>,
 }
 
@@ -395,8 +395,15 @@ impl HttpContext for FilterHttp {
         if self.stream.on_response_body(body_size) {
             self.release_pending();
             if let (Some((sent, bytes)), Some(shared)) = (self.prefill_sample.take(), &self.shared) {
-                if let Ok(mut router) = shared.router.try_borrow_mut() {
-                    router.observe_prefill(bytes, now_ms().saturating_sub(sent));
+                // Into the fit every worker shares; this worker routes with the result at once, the others from
+                // their next tick.
+                match shared::add_prefill_sample(&shared.prefill_fit, bytes, now_ms().saturating_sub(sent)) {
+                    Some(fit) => {
+                        if let Ok(mut router) = shared.router.try_borrow_mut() {
+                            router.set_prefill_rate(fit);
+                        }
+                    }
+                    None => shared.metrics.count("warmpath.cas_failures", 1),
                 }
             }
         }

@@ -18,7 +18,7 @@
 //! | `warmpath.pending_prefill.<IP>_<port>` | gauge | this Envoy's pending prefill work on each endpoint (bytes), refreshed every tick like the in-flight gauge |
 //! | `warmpath.remote_pending_prefill.<IP>_<port>` | gauge | with a feed: the other gateways' pending prefill work on each endpoint (bytes), as the feed last reported it |
 //! | `warmpath.endpoints` | gauge | endpoints the router currently picks from |
-//! | `warmpath.prefill.bytes_per_s` | gauge | PREFIX_AWARE: the pool's prefill speed learned from this VM's requests that matched nothing in the index and found their endpoint with none of this Envoy's prefill work pending (bytes of prompt text per second; `warmpath_core::prefill_rate`); absent until 16 such requests of different sizes |
+//! | `warmpath.prefill.bytes_per_s` | gauge | PREFIX_AWARE: the pool's prefill speed learned from this Envoy's requests (every worker's, one shared fit) that matched nothing in the index and found their endpoint with none of this Envoy's prefill work pending (bytes of prompt text per second; `warmpath_core::prefill_rate`); absent until 16 such requests of different sizes, and while the line does not explain them (`MAX_SLOPE_ERROR`) |
 //! | `warmpath.prefill.overhead_us` | gauge | the same fit's time to first byte of a request with nothing to prefill (µs): the server's fixed cost plus the network and proxy path |
 //! | `warmpath.cas_failures` | counter | in-flight updates the host kept refusing |
 //! | `warmpath.feed.polls` | counter | feed requests sent (by the one VM holding the poller lease) |

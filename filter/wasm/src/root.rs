@@ -83,6 +83,8 @@ pub struct Shared {
     /// With a feed: the shared-data key of the other gateways' pending prefill work and how long (ms) it counts
     /// after it arrived (`feed::remote_pending_key`).
     pub remote_pending: Option<(String, u64)>,
+    /// Shared-data key of the plugin's prefill-speed fit, fed by every worker (`shared::prefill_fit_key`).
+    pub prefill_fit: String,
     /// The key given to strategies that do not look at the request (RANDOM, LEAST_OUTSTANDING_REQUESTS), which
     /// decide at header time: the router treats a request without a key as fail-open.
     pub keyless: RequestKey,
@@ -249,7 +251,9 @@ impl RootContext for FilterRoot {
         let metrics = Rc::new(metrics::Metrics::new());
         let remote_pending =
             settings.feed.as_ref().map(|f| (feed::remote_pending_key(f), feed::remote_pending_max_age(f, tick)));
-        self.shared = Some(Rc::new(Shared { router, exchange, metrics, remote_pending, keyless }));
+        shared::init_prefill_fit(&plugin);
+        let prefill_fit = shared::prefill_fit_key(&plugin);
+        self.shared = Some(Rc::new(Shared { router, exchange, metrics, remote_pending, prefill_fit, keyless }));
         self.settings = Some(settings);
         true
     }
@@ -276,6 +280,8 @@ impl RootContext for FilterRoot {
             if in_force {
                 if let Ok(mut router) = shared.router.try_borrow_mut() {
                     shared.exchange.on_tick(&mut router, &shared.metrics);
+                    // The speed the other workers' samples taught, for this worker's next picks.
+                    router.set_prefill_rate(shared::read_prefill_fit(&shared.prefill_fit));
                 }
             }
             shared.metrics.flush();

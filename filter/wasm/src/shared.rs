@@ -1,8 +1,9 @@
 //! State shared by every VM (each Envoy worker's and the two that route nothing) through proxy-wasm shared data:
 //! three tables per endpoint ([`Counter`]: requests in flight, pending prefill work in bytes of prompt text, and when
 //! that work was last known exactly), the other gateways' pending prefill work as the feed reported it
-//! ([`store_remote`], written only by the feed poller) and the feed poller's lease ([`take_lease`],
-//! [`release_lease`]). This is the only compare-and-swap code in the filter.
+//! ([`store_remote`], written only by the feed poller), the feed poller's lease ([`take_lease`],
+//! [`release_lease`]) and each plugin's prefill-speed fit ([`add_prefill_sample`]). This is the only
+//! compare-and-swap code in the filter.
 //!
 //! Each table lives under one key (`warmpath.in_flight`, `warmpath.pending_prefill`, `warmpath.pending_since`) as a
 //! small table of entries
@@ -18,6 +19,7 @@
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::Status;
 use warmpath_core::exchange::{counts, push_count};
+use warmpath_core::prefill_rate::PrefillRate;
 use warmpath_core::Router;
 
 /// A per-endpoint counter shared by every worker.
@@ -236,6 +238,45 @@ pub fn mark(address: &str, now_ms: u64, prune: bool) -> bool {
         }
     }
     false
+}
+
+/// Shared-data key of `plugin`'s prefill-speed fit ([`add_prefill_sample`], [`read_prefill_fit`]): one fit per plugin
+/// and Envoy, fed by every worker.
+pub fn prefill_fit_key(plugin: &str) -> String {
+    format!("warmpath.prefill_fit.{plugin}")
+}
+
+/// Creates `plugin`'s fit empty if it does not exist yet, so later writes always carry a CAS token (called at
+/// configure time, before traffic).
+pub fn init_prefill_fit(plugin: &str) {
+    let key = prefill_fit_key(plugin);
+    if let Ok((None, _)) = hostcalls::get_shared_data(&key) {
+        let _ = hostcalls::set_shared_data(&key, Some(&[]), None);
+    }
+}
+
+/// The fit stored under `key` (an empty fit when there is none yet or its value is not a fit).
+pub fn read_prefill_fit(key: &str) -> PrefillRate {
+    match hostcalls::get_shared_data(key) {
+        Ok((Some(b), _)) => PrefillRate::from_bytes(&b).unwrap_or_default(),
+        _ => PrefillRate::default(),
+    }
+}
+
+/// Adds one sample (`bytes` charged, first byte `ms` later) to the fit stored under `key`, with compare-and-swap;
+/// returns the fit written, or `None` when the host kept refusing the write (the sample is lost).
+pub fn add_prefill_sample(key: &str, bytes: u32, ms: u64) -> Option<PrefillRate> {
+    for _ in 0..MAX_CAS_ATTEMPTS {
+        let (value, cas) = hostcalls::get_shared_data(key).ok()?;
+        let mut fit = value.as_deref().and_then(PrefillRate::from_bytes).unwrap_or_default();
+        fit.observe(bytes, ms);
+        match hostcalls::set_shared_data(key, Some(&fit.to_bytes()), cas) {
+            Ok(()) => return Some(fit),
+            Err(Status::CasMismatch) => continue,
+            Err(_) => return None,
+        }
+    }
+    None
 }
 
 /// `now_ms` as a [`Counter::PendingSince`] entry: its low 32 bits.

@@ -171,18 +171,31 @@ impl Reply {
     }
 }
 
+/// How [`learn_prefill_speed`] sends its requests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Connections {
+    /// On the rig's pooled client (kept-alive connections: one Envoy worker sees them all).
+    Pooled,
+    /// Each on a connection of its own ([`post_fresh`]), which Envoy's workers take as they wake.
+    Fresh,
+}
+
 /// Makes every upstream answer 5 ms plus 1 ms per 50 bytes of body after a request arrives, then sends `samples`
 /// misses of different sizes one at a time: each finds its endpoint with nothing pending and, its distinct prefix
 /// being shorter than `prefix_length`, is charged with its whole prompt — the samples PREFIX_AWARE learns the
 /// pool's prefill speed from. Returns the stats once the `prefill.bytes_per_s` gauge reads 35,000–65,000 B/s.
-pub async fn learn_prefill_speed(rig: &Rig, samples: usize) -> warmpath_harness::Stats {
+pub async fn learn_prefill_speed(rig: &Rig, samples: usize, connections: Connections) -> warmpath_harness::Stats {
     for u in &rig.upstreams {
         u.set_delay(Duration::from_millis(5));
         u.set_body_rate(50);
     }
     for i in 0..samples {
-        let len = 1_000 + (i * 3_700) % 7_000;
-        assert_eq!(rig.chat(&prompt(&format!("speed {i}"), len)).await.status, 200);
+        let text = prompt(&format!("speed {i}"), 1_000 + (i * 3_700) % 7_000);
+        let status = match connections {
+            Connections::Pooled => rig.chat(&text).await.status,
+            Connections::Fresh => post_fresh(&rig.envoy, turn(&text, "go on")).await.0,
+        };
+        assert_eq!(status, 200);
     }
     let s = rig.stats_until(|s| s.filter("prefill.bytes_per_s") > 0).await;
     let rate = s.filter("prefill.bytes_per_s");

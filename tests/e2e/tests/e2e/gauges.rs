@@ -7,7 +7,7 @@ use std::sync::Arc;
 use serde_json::json;
 use warmpath_harness::Stats;
 
-use crate::common::{learn_prefill_speed, Rig};
+use crate::common::{learn_prefill_speed, Connections, Rig};
 
 fn gauge(s: &Stats, addr: &str) -> u64 {
     s.filter(&format!("in_flight.{}", warmpath_core::endpoint::stat_token(addr)))
@@ -69,8 +69,7 @@ async fn an_ipv6_endpoints_gauge_has_the_documented_name() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_prefill_speed_is_learned_from_the_requests() {
     let rig = Rig::start(2, json!({"strategy": "PREFIX_AWARE"})).await;
-    // Enough for each of the two workers' 16 samples.
-    let s = learn_prefill_speed(&rig, 40).await;
+    let s = learn_prefill_speed(&rig, 40, Connections::Pooled).await;
     let overhead = s.filter("prefill.overhead_us");
     assert!(overhead < 100_000, "{overhead} µs of fixed time to first byte; the upstreams add 5,000");
 }

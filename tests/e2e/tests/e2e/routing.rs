@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use crate::common::{learn_prefill_speed, prompt, upstream_with_one_request, Rig};
+use crate::common::{learn_prefill_speed, prompt, upstream_with_one_request, Connections, Rig};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn same_prefix_lands_on_one_upstream() {
@@ -141,7 +141,7 @@ async fn overloaded_preferred_upstream_overflows() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_holder_whose_queue_is_nearly_prefilled_keeps_its_prefix() {
     let rig = Rig::start_workers(2, json!({"strategy": "PREFIX_AWARE"}), 1).await;
-    learn_prefill_speed(&rig, 24).await;
+    learn_prefill_speed(&rig, 24, Connections::Pooled).await;
     // A long request: a 12,000-character shared part (past `prefix_length`, so its key is cut there and a later
     // request with the same start counts as cached whole on its holder) and 20,000 characters of its own, about
     // 32 KB of work: its first byte comes ~650 ms after it reaches its upstream.

@@ -1,5 +1,6 @@
-//! One prefix index per Envoy: with four workers, requests on different connections reach different workers (each
-//! with its own VM), and each worker routes with what the others recorded (`exchange` in the filter).
+//! One prefix index and one prefill speed per Envoy: with four workers, requests on different connections reach
+//! different workers (each with its own VM), and each worker routes with what the others recorded (`exchange` in
+//! the filter) and the speed their requests taught (`shared` in the filter).
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -7,7 +8,9 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use crate::common::{hold_filler, post_fresh, prompt, spawn_post, turn, Rig};
+use warmpath_core::prefill_rate::MIN_SAMPLES;
+
+use crate::common::{hold_filler, learn_prefill_speed, post_fresh, prompt, spawn_post, turn, Connections, Rig};
 
 /// Envoy worker threads in this test.
 const WORKERS: u32 = 4;
@@ -57,6 +60,21 @@ async fn a_conversation_on_different_connections_stays_on_one_endpoint_across_wo
     assert!(s.filter("index_exchange.applied") >= 1, "no index record was applied across workers");
     assert_eq!(s.filter("index_exchange.dropped"), 0);
     assert!(workers_used(&rig, &s) >= 2, "every connection on one worker: the test proves nothing");
+}
+
+/// The prefill speed is one fit per Envoy: the 16 misses a fit needs, sent on connections of their own, spread over
+/// the four workers, and the speed is learned (each worker learning alone, only one that took all 16 would).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_worker_feeds_one_prefill_speed() {
+    let rig = Rig::start_workers(3, json!({"strategy": "PREFIX_AWARE"}), WORKERS).await;
+    let port = rig.envoy.config().listener_port;
+    // The start's readiness probe is a connection too.
+    let before = rig.envoy.stats().await.expect("stats").worker_connections(port);
+    let s = learn_prefill_speed(&rig, MIN_SAMPLES as usize, Connections::Fresh).await;
+    let after = s.worker_connections(port);
+    let taken: Vec<u64> = after.iter().enumerate().map(|(w, n)| n - before.get(w).copied().unwrap_or(0)).collect();
+    assert_eq!(taken.iter().sum::<u64>(), u64::from(MIN_SAMPLES), "{taken:?}");
+    assert!(taken.iter().filter(|&&n| n > 0).count() >= 2, "every connection on one worker: the test proves nothing");
 }
 
 /// Workers that accepted at least one connection, from Envoy's per-worker listener stats.

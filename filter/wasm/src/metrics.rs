@@ -20,7 +20,7 @@
 //! | `warmpath.endpoints` | gauge | endpoints the router currently picks from |
 //! | `warmpath.prefill.bytes_per_s` | gauge | PREFIX_AWARE: the pool's prefill speed learned from this Envoy's requests (every worker's, one shared fit) that matched nothing in the index and found their endpoint with none of this Envoy's prefill work pending (bytes of prompt text per second; `warmpath_core::prefill_rate`); absent until 16 such requests of different sizes, and while the line does not explain them (`MAX_SLOPE_ERROR`) |
 //! | `warmpath.prefill.overhead_us` | gauge | the same fit's time to first byte of a request with nothing to prefill (µs): the server's fixed cost plus the network and proxy path |
-//! | `warmpath.cas_failures` | counter | in-flight updates the host kept refusing |
+//! | `warmpath.cas_failures` | counter | shared-table updates (in flight, pending prefill work and its moment) and prefill-speed samples the host kept refusing |
 //! | `warmpath.feed.polls` | counter | feed requests sent (by the one VM holding the poller lease) |
 //! | `warmpath.feed.failures.<cause>` | counter | failed polls: `dispatch` (call not sent), `unreachable` (no response), `status` (non-200, including Envoy's 503 for an unreachable feed), `invalid` (document refused), `index` (the index exchange with the other gateways failed: not sent, non-200, no cursor, malformed records) |
 //! | `warmpath.feed.applied` | counter | snapshot applications (per VM) |

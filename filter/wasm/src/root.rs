@@ -251,8 +251,8 @@ impl RootContext for FilterRoot {
         let metrics = Rc::new(metrics::Metrics::new());
         let remote_pending =
             settings.feed.as_ref().map(|f| (feed::remote_pending_key(f), feed::remote_pending_max_age(f, tick)));
-        shared::init_prefill_fit(&plugin);
         let prefill_fit = shared::prefill_fit_key(&plugin);
+        shared::init_prefill_fit(&prefill_fit);
         self.shared = Some(Rc::new(Shared { router, exchange, metrics, remote_pending, prefill_fit, keyless }));
         self.settings = Some(settings);
         true

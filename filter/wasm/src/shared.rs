@@ -246,12 +246,11 @@ pub fn prefill_fit_key(plugin: &str) -> String {
     format!("warmpath.prefill_fit.{plugin}")
 }
 
-/// Creates `plugin`'s fit empty if it does not exist yet, so later writes always carry a CAS token (called at
-/// configure time, before traffic).
-pub fn init_prefill_fit(plugin: &str) {
-    let key = prefill_fit_key(plugin);
-    if let Ok((None, _)) = hostcalls::get_shared_data(&key) {
-        let _ = hostcalls::set_shared_data(&key, Some(&[]), None);
+/// Creates the fit under `key` ([`prefill_fit_key`]) empty if it does not exist yet, so later writes always carry a
+/// CAS token (called at configure time, before traffic).
+pub fn init_prefill_fit(key: &str) {
+    if let Ok((None, _)) = hostcalls::get_shared_data(key) {
+        let _ = hostcalls::set_shared_data(key, Some(&[]), None);
     }
 }
 

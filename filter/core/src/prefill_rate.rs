@@ -184,6 +184,16 @@ mod tests {
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
+    /// A deterministic pseudo-random sequence (xorshift64) from `state` (not 0).
+    fn xorshift(mut state: u64) -> impl FnMut() -> u64 {
+        move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        }
+    }
+
     #[test]
     fn a_linear_server_is_recovered() {
         let mut r = PrefillRate::default();
@@ -215,13 +225,7 @@ mod tests {
 
     #[test]
     fn no_estimate_from_samples_the_line_does_not_explain() {
-        let mut state = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state
-        };
+        let mut next = xorshift(0x9e37_79b9_7f4a_7c15);
         let mut scattered = PrefillRate::default();
         for _ in 0..64 {
             let bytes = 6_000 + (next() % 6_000) as u32;
@@ -303,13 +307,7 @@ mod tests {
     #[test]
     fn queueing_behind_unseen_work_is_noise_above_the_line() {
         let mut r = PrefillRate::default();
-        let mut state = 0x2545_f491_4f6c_dd1du64;
-        let mut next = || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state
-        };
+        let mut next = xorshift(0x2545_f491_4f6c_dd1d);
         for _ in 0..400 {
             let bytes = 1_000 + (next() % 30_000) as u32;
             // About one request in ten waited 50 ms behind another gateway's work, whatever its size.

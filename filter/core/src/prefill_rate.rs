@@ -311,7 +311,7 @@ mod tests {
         for _ in 0..400 {
             let bytes = 1_000 + (next() % 30_000) as u32;
             // About one request in ten waited 50 ms behind another gateway's work, whatever its size.
-            let wait = if next() % 10 == 0 { 50 } else { 0 };
+            let wait = if next().is_multiple_of(10) { 50 } else { 0 };
             r.observe(bytes, 5 + u64::from(bytes) / 250 + wait);
         }
         let e = r.estimate().unwrap();

@@ -256,10 +256,12 @@ pub fn init_prefill_fit(key: &str) {
 
 /// The fit stored under `key` (an empty fit when there is none yet or its value is not a fit).
 pub fn read_prefill_fit(key: &str) -> PrefillRate {
-    match hostcalls::get_shared_data(key) {
-        Ok((Some(b), _)) => PrefillRate::from_bytes(&b).unwrap_or_default(),
-        _ => PrefillRate::default(),
-    }
+    hostcalls::get_shared_data(key).map_or_else(|_| PrefillRate::default(), |(value, _)| stored_fit(value))
+}
+
+/// A stored fit's value read back (an empty fit for a missing or malformed value).
+fn stored_fit(value: Option<Vec<u8>>) -> PrefillRate {
+    value.as_deref().and_then(PrefillRate::from_bytes).unwrap_or_default()
 }
 
 /// Adds one sample (`bytes` charged, first byte `ms` later) to the fit stored under `key`, with compare-and-swap;
@@ -267,7 +269,7 @@ pub fn read_prefill_fit(key: &str) -> PrefillRate {
 pub fn add_prefill_sample(key: &str, bytes: u32, ms: u64) -> Option<PrefillRate> {
     for _ in 0..MAX_CAS_ATTEMPTS {
         let (value, cas) = hostcalls::get_shared_data(key).ok()?;
-        let mut fit = value.as_deref().and_then(PrefillRate::from_bytes).unwrap_or_default();
+        let mut fit = stored_fit(value);
         fit.observe(bytes, ms);
         match hostcalls::set_shared_data(key, Some(&fit.to_bytes()), cas) {
             Ok(()) => return Some(fit),

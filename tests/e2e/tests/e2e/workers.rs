@@ -59,7 +59,10 @@ async fn a_conversation_on_different_connections_stays_on_one_endpoint_across_wo
     let s = rig.stats_until(|s| s.filter("index_exchange.applied") >= 1).await;
     assert!(s.filter("index_exchange.applied") >= 1, "no index record was applied across workers");
     assert_eq!(s.filter("index_exchange.dropped"), 0);
-    assert!(workers_used(&rig, &s) >= 2, "every connection on one worker: the test proves nothing");
+    assert!(
+        workers_used(&s.worker_connections(rig.envoy.config().listener_port)) >= 2,
+        "every connection on one worker: the test proves nothing"
+    );
 }
 
 /// The prefill speed is one fit per Envoy: the 16 misses a fit needs, sent on connections of their own, spread over
@@ -74,12 +77,13 @@ async fn every_worker_feeds_one_prefill_speed() {
     let after = s.worker_connections(port);
     let taken: Vec<u64> = after.iter().enumerate().map(|(w, n)| n - before.get(w).copied().unwrap_or(0)).collect();
     assert_eq!(taken.iter().sum::<u64>(), u64::from(MIN_SAMPLES), "{taken:?}");
-    assert!(taken.iter().filter(|&&n| n > 0).count() >= 2, "every connection on one worker: the test proves nothing");
+    assert!(workers_used(&taken) >= 2, "every connection on one worker: the test proves nothing");
 }
 
-/// Workers that accepted at least one connection, from Envoy's per-worker listener stats.
-fn workers_used(rig: &Rig, s: &warmpath_harness::Stats) -> usize {
-    s.worker_connections(rig.envoy.config().listener_port).iter().filter(|&&n| n > 0).count()
+/// Workers that accepted at least one connection, from connections per worker
+/// (`warmpath_harness::Stats::worker_connections`).
+fn workers_used(per_worker: &[u64]) -> usize {
+    per_worker.iter().filter(|&&n| n > 0).count()
 }
 
 /// Idle upstreams: conversations whose every turn comes on a fresh connection (so different turns are handled by
@@ -108,7 +112,10 @@ async fn conversation_on_fresh_connections_sticks_with_four_workers() {
     // The turns really were handled by more than one worker: every worker VM's counters flush into one stat, so
     // this reads the connection count per worker from Envoy's own listener stats instead.
     let s = rig.envoy.stats().await.expect("stats");
-    assert!(workers_used(&rig, &s) >= 2, "all 30 connections on one worker: the test proves nothing");
+    assert!(
+        workers_used(&s.worker_connections(rig.envoy.config().listener_port)) >= 2,
+        "all 30 connections on one worker: the test proves nothing"
+    );
 }
 
 async fn futures_join(handles: Vec<tokio::task::JoinHandle<(u16, String)>>) -> Vec<(u16, String)> {

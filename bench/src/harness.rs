@@ -587,8 +587,9 @@ fn worker_connections_stat(w: usize) -> String {
     format!("envoy.worker_{w}.downstream_cx_total")
 }
 
-/// The filter's stats of one replay over its gateways: counters and gauges summed, except the learned prefill
-/// speed (`.prefill.`), an estimate per Envoy rather than a count, which is the mean over the Envoys reporting it.
+/// The filter's stats of one replay over its gateways: counters and gauges summed, except the prefill-speed fit's
+/// gauges (`.prefill.`: speed, fixed part, slope error), estimates per Envoy rather than counts, which are the mean
+/// over the Envoys reporting them.
 fn merge_filter_stats(per_envoy: &[Vec<(String, u64)>]) -> std::collections::BTreeMap<String, u64> {
     let mut sum: std::collections::BTreeMap<String, u64> = Default::default();
     let mut estimates: std::collections::BTreeMap<&str, (u64, u64)> = Default::default();

@@ -109,6 +109,20 @@ impl PrefillRate {
     /// The fitted line, once [`MIN_SAMPLES`] requests of different sizes were seen, time grows with bytes, and the
     /// line explains the samples: its slope's relative standard error is at most [`MAX_SLOPE_ERROR`].
     pub fn estimate(&self) -> Option<PrefillEstimate> {
+        let line = self.line()?;
+        (line.slope_error <= MAX_SLOPE_ERROR).then_some(line.estimate)
+    }
+
+    /// The standard error of the fitted slope relative to the slope, whether or not it is small enough for
+    /// [`Self::estimate`] (reported, so an operator can see why no speed is given); `None` where no line is fitted
+    /// at all (fewer than [`MIN_SAMPLES`] samples, one size only, time not growing with bytes).
+    pub fn slope_error(&self) -> Option<f64> {
+        self.line().map(|l| l.slope_error)
+    }
+
+    /// The least-squares line through the samples and its slope's relative standard error (ordinary least squares,
+    /// the decayed weight sum taken as the sample count; infinite with two samples or fewer).
+    fn line(&self) -> Option<Line> {
         if self.samples < MIN_SAMPLES {
             return None;
         }
@@ -121,23 +135,23 @@ impl PrefillRate {
             return None;
         }
         let slope = cov / var_x;
-        if self.slope_error(var_x, cov, mean_y, slope) > MAX_SLOPE_ERROR {
-            return None;
-        }
-        Some(PrefillEstimate { bytes_per_ms: 1.0 / slope, overhead_ms: (mean_y - slope * mean_x).max(0.0) })
+        let slope_error = if self.w <= 2.0 {
+            f64::INFINITY
+        } else {
+            let var_y = self.syy / self.w - mean_y * mean_y;
+            // Variance of the residuals per unit weight: what the line leaves unexplained.
+            let residual = (var_y - slope * cov).max(0.0);
+            (residual / (var_x * (self.w - 2.0))).sqrt() / slope
+        };
+        let estimate = PrefillEstimate { bytes_per_ms: 1.0 / slope, overhead_ms: (mean_y - slope * mean_x).max(0.0) };
+        Some(Line { estimate, slope_error })
     }
+}
 
-    /// The standard error of the fitted slope relative to the slope (ordinary least squares, the decayed weight
-    /// sum taken as the sample count; infinite with two samples or fewer).
-    fn slope_error(&self, var_x: f64, cov: f64, mean_y: f64, slope: f64) -> f64 {
-        if self.w <= 2.0 {
-            return f64::INFINITY;
-        }
-        let var_y = self.syy / self.w - mean_y * mean_y;
-        // Variance of the residuals per unit weight: what the line leaves unexplained.
-        let residual = (var_y - slope * cov).max(0.0);
-        (residual / (var_x * (self.w - 2.0))).sqrt() / slope
-    }
+/// A fitted line ([`PrefillRate::line`]).
+struct Line {
+    estimate: PrefillEstimate,
+    slope_error: f64,
 }
 
 /// Largest standard error of the fitted slope, relative to the slope, for which an estimate is given.
@@ -235,12 +249,15 @@ mod tests {
             scattered.observe(bytes, ms + 1);
         }
         assert_eq!(scattered.estimate(), None);
+        let err = scattered.slope_error().expect("a line is fitted, only not trusted");
+        assert!(err > MAX_SLOPE_ERROR, "{err}");
         let mut clean = PrefillRate::default();
         for i in 0..64u32 {
             let bytes = 6_000 + (i * 97) % 6_000;
             clean.observe(bytes, 3 + u64::from(bytes) / 200 + u64::from(i % 3));
         }
         let e = clean.estimate().expect("a line with a little noise");
+        assert!(clean.slope_error().is_some_and(|err| err <= MAX_SLOPE_ERROR));
         assert!((e.bytes_per_ms - 200.0).abs() < 10.0, "{e:?}");
     }
 
@@ -257,6 +274,7 @@ mod tests {
             same.observe(4_000, 20);
         }
         assert_eq!(same.estimate(), None, "one size says nothing about the rate");
+        assert_eq!(same.slope_error(), None, "and no line is fitted");
         let mut empty = PrefillRate::default();
         empty.observe(4_000, 20);
         assert_eq!(empty.estimate(), None);

@@ -74,6 +74,12 @@ impl Router {
         self.prefill.estimate()
     }
 
+    /// The relative standard error of the prefill-speed fit's slope, once a line is fitted
+    /// ([`PrefillRate::slope_error`]).
+    pub fn prefill_slope_error(&self) -> Option<f64> {
+        self.prefill.slope_error()
+    }
+
     /// Current endpoints; `loads` passed to [`Router::route`] are parallel to this slice.
     pub fn endpoints(&self) -> &[Endpoint] {
         &self.endpoints

@@ -20,6 +20,7 @@
 //! | `warmpath.endpoints` | gauge | endpoints the router currently picks from |
 //! | `warmpath.prefill.bytes_per_s` | gauge | PREFIX_AWARE: the pool's prefill speed learned from this Envoy's requests (every worker's, one shared fit) that matched nothing in the index and found their endpoint with none of this Envoy's prefill work pending (bytes of prompt text per second; `warmpath_core::prefill_rate`); absent until 16 such requests of different sizes, and while the line does not explain them (`MAX_SLOPE_ERROR`) |
 //! | `warmpath.prefill.overhead_us` | gauge | the same fit's time to first byte of a request with nothing to prefill (µs): the server's fixed cost plus the network and proxy path |
+//! | `warmpath.prefill.slope_error_ppm` | gauge | the same fit's standard error of the slope relative to the slope, parts per million, once a line is fitted (16 such requests of different sizes), also while it is above the bound (`MAX_SLOPE_ERROR`, 100,000) and no speed is given: it says why |
 //! | `warmpath.cas_failures` | counter | shared-table updates (in flight, pending prefill work and its moment) and prefill-speed samples the host kept refusing |
 //! | `warmpath.feed.polls` | counter | feed requests sent (by the one VM holding the poller lease) |
 //! | `warmpath.feed.failures.<cause>` | counter | failed polls: `dispatch` (call not sent), `unreachable` (no response), `status` (non-200, including Envoy's 503 for an unreachable feed), `invalid` (document refused), `index` (the index exchange with the other gateways failed: not sent, non-200, no cursor, malformed records) |
@@ -46,6 +47,8 @@ use warmpath_core::{Reason, Strategy};
 pub const PREFILL_BYTES_PER_S: &str = "warmpath.prefill.bytes_per_s";
 /// Gauge of the learned fixed time to first byte, µs (see the table above).
 pub const PREFILL_OVERHEAD_US: &str = "warmpath.prefill.overhead_us";
+/// Gauge of the prefill-speed fit's relative slope error, parts per million (see the table above).
+pub const PREFILL_SLOPE_ERROR_PPM: &str = "warmpath.prefill.slope_error_ppm";
 
 /// Every strategy (decision counters are defined for all: the router in force decides which one applies).
 const STRATEGIES: [Strategy; 3] = [Strategy::Random, Strategy::LeastOutstandingRequests, Strategy::PrefixAware];

@@ -4,6 +4,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use serde_json::{json, Value};
+use warmpath_core::prefill_rate::MAX_SLOPE_ERROR;
 use warmpath_harness::{filter_wasm, EnvoyConfig, EnvoyProcess, Upstream, DEBUG_HEADER, RIG_DECISION_HEADER};
 
 /// Envoy worker threads in every test (two, so that every test crosses workers: each worker has its own VM).
@@ -183,7 +184,8 @@ pub enum Connections {
 /// Makes every upstream answer 5 ms plus 1 ms per 50 bytes of body after a request arrives, then sends `samples`
 /// misses of different sizes one at a time: each finds its endpoint with nothing pending and, its distinct prefix
 /// being shorter than `prefix_length`, is charged with its whole prompt — the samples PREFIX_AWARE learns the
-/// pool's prefill speed from. Returns the stats once the `prefill.bytes_per_s` gauge reads 35,000–65,000 B/s.
+/// pool's prefill speed from. Returns the stats once the `prefill.bytes_per_s` gauge reads 35,000–65,000 B/s and the
+/// fit's `prefill.slope_error_ppm` is within the bound a speed needs.
 pub async fn learn_prefill_speed(rig: &Rig, samples: usize, connections: Connections) -> warmpath_harness::Stats {
     for u in &rig.upstreams {
         u.set_delay(Duration::from_millis(5));
@@ -197,9 +199,12 @@ pub async fn learn_prefill_speed(rig: &Rig, samples: usize, connections: Connect
         };
         assert_eq!(status, 200);
     }
-    let s = rig.stats_until(|s| s.filter("prefill.bytes_per_s") > 0).await;
+    // The tick writes the speed, then the fit's error: wait for both (jitter of a ms or more keeps the error above 0).
+    let s = rig.stats_until(|s| s.filter("prefill.bytes_per_s") > 0 && s.filter("prefill.slope_error_ppm") > 0).await;
     let rate = s.filter("prefill.bytes_per_s");
     assert!((35_000..=65_000).contains(&rate), "{rate} bytes per s learned; the upstreams answer at 50,000");
+    let error_ppm = s.filter("prefill.slope_error_ppm");
+    assert!(error_ppm as f64 <= MAX_SLOPE_ERROR * 1e6, "a speed given from a fit with {error_ppm} ppm of slope error");
     s
 }
 

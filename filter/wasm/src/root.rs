@@ -159,8 +159,8 @@ impl FilterRoot {
             shared.metrics.gauge(metrics::PREFILL_OVERHEAD_US, (e.overhead_ms * 1000.0) as u64);
         }
         if let Some(err) = router.prefill_slope_error() {
-            // Saturates: with three samples or fewer the error is infinite.
-            shared.metrics.gauge(metrics::PREFILL_SLOPE_ERROR_PPM, (err * 1e6).min(u64::MAX as f64) as u64);
+            // `as` saturates, should the error ever be infinite.
+            shared.metrics.gauge(metrics::PREFILL_SLOPE_ERROR_PPM, (err * 1e6) as u64);
         }
     }
 }

@@ -1,11 +1,12 @@
 //! Sends one request over HTTP (streaming) and measures it: time to first token, end-to-end latency, the
-//! server's `usage` (ground truth for cache hits) and the endpoint that answered (`x-sim-endpoint`).
+//! server's `usage` (ground truth for cache hits), the server's own share of the time (the simulator's
+//! `server_timing`) and the endpoint that answered (`x-sim-endpoint`).
 
 use std::time::Instant;
 
 use serde::Deserialize;
 use warmpath_core::headers::DESTINATION_HEADER;
-use warmpath_sim::api::Usage;
+use warmpath_sim::api::{ServerTiming, SimExtras, Usage};
 use warmpath_sim::ENDPOINT_HEADER;
 
 /// What happened to one request. Times are wall-clock milliseconds.
@@ -27,6 +28,8 @@ pub struct Outcome {
     pub e2e_ms: f64,
     /// Server usage from the last stream chunk.
     pub usage: Usage,
+    /// The server's own share of the time, from the last stream chunk (simulated servers only).
+    pub server: Option<ServerTiming>,
     /// `IP:port` of the server that answered.
     pub endpoint: Option<String>,
     /// `IP:port` the harness's own router picked, for requests it routed (compared with `endpoint` to prove the
@@ -40,6 +43,8 @@ struct Chunk {
     choices: Vec<Choice>,
     #[serde(default)]
     usage: Option<Usage>,
+    #[serde(flatten)]
+    extras: SimExtras,
 }
 
 #[derive(Deserialize)]
@@ -154,6 +159,9 @@ pub async fn send(
                             if let Some(u) = c.usage {
                                 out.usage = u;
                             }
+                            if let Some(t) = c.extras.server_timing {
+                                out.server = Some(t);
+                            }
                         }
                         Err(e) => out.error = Some(format!("bad stream chunk: {e}")),
                     }
@@ -172,6 +180,33 @@ pub async fn send(
     }
     out.ok = done && out.error.is_none();
     out
+}
+
+impl Outcome {
+    /// Time to first token in simulated ms at `time_scale`: see [`simulated_ms`].
+    pub fn sim_ttft_ms(&self, time_scale: f64) -> f64 {
+        simulated_ms(self.ttft_ms, self.server.map(|t| t.first_token_us), time_scale)
+    }
+
+    /// End-to-end latency in simulated ms at `time_scale`: see [`simulated_ms`].
+    pub fn sim_e2e_ms(&self, time_scale: f64) -> f64 {
+        simulated_ms(self.e2e_ms, self.server.map(|t| t.done_us), time_scale)
+    }
+}
+
+/// A latency of `wall_ms` in simulated ms. A simulated server runs `1 / time_scale` times faster than the model
+/// it stands for; the client, the proxy and the network do not. So only the server's own share (`server_us`, wall
+/// µs, as it reports it) is scaled back, and the rest counts as it was measured: at time scale 0.1 a proxy's
+/// 0.2 ms is 0.2 ms, not 2. Without the server's report the whole latency is scaled.
+pub fn simulated_ms(wall_ms: f64, server_us: Option<u64>, time_scale: f64) -> f64 {
+    let scale = time_scale.max(1e-9);
+    match server_us {
+        Some(us) => {
+            let server_ms = (us as f64 / 1000.0).min(wall_ms);
+            (wall_ms - server_ms) + server_ms / scale
+        }
+        None => wall_ms / scale,
+    }
 }
 
 fn ms(start: Instant) -> f64 {
@@ -206,5 +241,22 @@ mod tests {
         assert!(out.ok, "{out:?}");
         assert!(out.ttft_ms >= 600.0, "TTFT {} ms counted from the send, not from the given start", out.ttft_ms);
         assert!(out.e2e_ms >= out.ttft_ms, "{out:?}");
+        // The 600 ms before the send are not the server's: they count at wall speed, the server's share scaled.
+        let timing = out.server.expect("the simulated server reports its share of the time");
+        assert!(timing.first_token_us > 0 && timing.done_us >= timing.first_token_us, "{timing:?}");
+        let sim = out.sim_ttft_ms(0.001);
+        let server_ms = timing.first_token_us as f64 / 1000.0;
+        assert!((sim - (out.ttft_ms - server_ms + server_ms * 1000.0)).abs() < 1e-6, "{sim} from {out:?}");
+        assert!(sim >= 600.0 + 30.0, "600 ms at wall speed plus the server's 30 simulated ms of overhead: {sim}");
+    }
+
+    #[test]
+    fn only_the_servers_share_is_scaled() {
+        // 10 wall ms, 4 of them the server's, at time scale 0.1: 6 ms outside the server plus 40 simulated ms.
+        assert!((simulated_ms(10.0, Some(4_000), 0.1) - 46.0).abs() < 1e-9);
+        // Without a report the whole latency is scaled, as for a server that does not report.
+        assert!((simulated_ms(10.0, None, 0.1) - 100.0).abs() < 1e-9);
+        // A report longer than the client's own measure is capped at it (nothing counts below zero).
+        assert!((simulated_ms(1.0, Some(5_000), 0.1) - 10.0).abs() < 1e-9);
     }
 }

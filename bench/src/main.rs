@@ -282,8 +282,9 @@ async fn run(a: Args) -> anyhow::Result<()> {
         let bad: Vec<&Summary> = all_rows.iter().flatten().filter(|r| !r.balanced()).collect();
         for r in &bad {
             eprintln!(
-                "check failed for {}: errors {}, client completed {}, servers finished {}, answered elsewhere than picked {}",
-                r.label, r.errors, r.client_ok, r.server_requests, r.misrouted
+                "check failed for {}: errors {}, client completed {}, servers finished {}, answered elsewhere than \
+                 picked {}, answered without the server's timing {}",
+                r.label, r.errors, r.client_ok, r.server_requests, r.misrouted, r.untimed
             );
         }
         anyhow::ensure!(bad.is_empty(), "counters do not balance");

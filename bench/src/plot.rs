@@ -24,7 +24,7 @@ pub fn ttft_cdf(path: &Path, runs: &[StrategyRun]) -> anyhow::Result<()> {
     let series: Vec<(String, Vec<f64>)> = runs
         .iter()
         .map(|r| {
-            let mut v: Vec<f64> = r.outcomes.iter().filter(|o| o.ok).map(|o| o.ttft_ms / r.time_scale).collect();
+            let mut v: Vec<f64> = r.outcomes.iter().filter(|o| o.ok).map(|o| o.sim_ttft_ms(r.time_scale)).collect();
             v.sort_by(f64::total_cmp);
             (r.label.clone(), v)
         })

@@ -1,7 +1,8 @@
 //! Turns strategy runs into the comparison table, CSV files and the check that counters balance.
 //!
-//! Latencies are reported in **simulated milliseconds** (wall time ÷ time scale), so numbers do not depend on how
-//! fast the run was played. Hit ratios are server truth: `vllm:prefix_cache_hits_total / prefix_cache_queries_total`
+//! Latencies are reported in **simulated milliseconds**, so numbers do not depend on how fast the run was played:
+//! the server's own share of a request's time, as each simulated server reports it, divided by the time scale,
+//! plus the rest (client, proxy, network) at wall speed ([`crate::client::simulated_ms`]). Hit ratios are server truth: `vllm:prefix_cache_hits_total / prefix_cache_queries_total`
 //! summed over the fleet.
 
 use std::collections::BTreeMap;
@@ -40,6 +41,9 @@ pub struct Summary {
     /// Requests the harness routed itself that a server other than its pick answered (0 unless the hop to the
     /// servers ignored the pick).
     pub misrouted: usize,
+    /// Answered requests whose last chunk did not carry the server's timing (a router on the way dropped it), whose
+    /// latencies were therefore scaled whole.
+    pub untimed: usize,
     /// CPU time of the proxies on the request path per request sent, µs ([`StrategyRun::proxy_cpu_s`]).
     pub proxy_cpu_us: Option<f64>,
     /// Share of the machine's cores busy during the replay, 0–1 ([`StrategyRun::machine_busy`]).
@@ -63,10 +67,9 @@ pub fn percentile(v: &mut [f64], q: f64) -> f64 {
 impl Summary {
     /// Summarizes one run.
     pub fn of(run: &StrategyRun) -> Summary {
-        let sim = |ms: f64| ms / run.time_scale.max(1e-9);
         let ok: Vec<_> = run.outcomes.iter().filter(|o| o.ok).collect();
-        let mut ttft: Vec<f64> = ok.iter().map(|o| sim(o.ttft_ms)).collect();
-        let mut e2e: Vec<f64> = ok.iter().map(|o| sim(o.e2e_ms)).collect();
+        let mut ttft: Vec<f64> = ok.iter().map(|o| o.sim_ttft_ms(run.time_scale)).collect();
+        let mut e2e: Vec<f64> = ok.iter().map(|o| o.sim_e2e_ms(run.time_scale)).collect();
         let queries: f64 = run.servers.iter().map(|(_, m)| m.prefix_queries).sum();
         let hits: f64 = run.servers.iter().map(|(_, m)| m.prefix_hits).sum();
         let per: Vec<f64> = run.servers.iter().map(|(_, m)| m.requests).collect();
@@ -86,6 +89,7 @@ impl Summary {
             server_requests: total as u64,
             client_ok: ok.len(),
             misrouted: ok.iter().filter(|o| o.picked.is_some() && o.picked != o.endpoint).count(),
+            untimed: ok.iter().filter(|o| o.server.is_none()).count(),
             proxy_cpu_us: run
                 .proxy_cpu_s
                 .filter(|_| !run.outcomes.is_empty())
@@ -94,15 +98,17 @@ impl Summary {
         }
     }
 
-    /// True when the client's completed count equals the servers' finished count, every request was answered, and
-    /// every pick of the harness's own routers reached the server it named.
+    /// True when the client's completed count equals the servers' finished count, every request was answered,
+    /// every pick of the harness's own routers reached the server it named, and every answer carried the server's
+    /// timing (so every router's latencies are scaled the same way).
     pub fn balanced(&self) -> bool {
-        self.server_requests == self.client_ok as u64 && self.errors == 0 && self.misrouted == 0
+        self.server_requests == self.client_ok as u64 && self.errors == 0 && self.misrouted == 0 && self.untimed == 0
     }
 }
 
 /// What the table's units and path column mean, printed under every table.
-const LEGEND: &str = "latencies in simulated ms; hit ratio = server-side cached prompt tokens / prompt tokens; \
+const LEGEND: &str = "latencies in simulated ms (the servers' own share of each request's time divided by the \
+    time scale, the client's and proxies' at wall speed); hit ratio = server-side cached prompt tokens / prompt tokens; \
     path: envoy = Envoy + the filter; envoy-pick = routed client-side by the harness, its pick through Envoy without \
     the filter; direct = routed client-side, no proxy hop; smg / vllm-router = the peer's real router process; \
     proxy CPU = user + system CPU time of the proxy processes on the request path per request, µs of real time \
@@ -137,8 +143,8 @@ fn saturation_note(rows: &[(&str, Option<f64>)]) -> String {
     }
     format!(
         "note: the machine's cores were at least {:.0} % busy during the replay of {} (busiest run): requests also \
-         waited for a core, and every wall millisecond counts 1 / time scale simulated ones, so these latencies \
-         measure the machine as well as the routing; a larger --time-scale lowers the load\n",
+         waited for a core, and a server's wall millisecond counts 1 / time scale simulated ones, so these \
+         latencies measure the machine as well as the routing; a larger --time-scale lowers the load\n",
         SATURATED_BUSY * 100.0,
         hot.join(", ")
     )
@@ -310,8 +316,8 @@ pub fn write_csv(dir: &Path, runs: &[StrategyRun], rows: &[Summary]) -> anyhow::
                 sim(o.sent_ms),
                 o.ok.to_string(),
                 o.status.to_string(),
-                sim(o.ttft_ms),
-                sim(o.e2e_ms),
+                format!("{:.1}", o.sim_ttft_ms(run.time_scale)),
+                format!("{:.1}", o.sim_e2e_ms(run.time_scale)),
                 o.usage.prompt_tokens.to_string(),
                 o.usage.prompt_tokens_details.cached_tokens.to_string(),
                 o.endpoint.clone().unwrap_or_default(),
@@ -373,6 +379,7 @@ mod tests {
             server_requests: 10,
             client_ok: 10,
             misrouted: 0,
+            untimed: 0,
             proxy_cpu_us: None,
             cpu_busy: None,
         }

@@ -117,3 +117,23 @@ pub struct Usage {
     #[serde(default)]
     pub prompt_tokens_details: PromptTokensDetails,
 }
+
+/// How long the server itself took with one request, in wall µs from the moment it had the whole request: what a
+/// client cannot tell apart from the time spent before the server (its own, the proxy's, the network's). A replay at
+/// a time scale other than 1 scales only this part back to model time.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ServerTiming {
+    /// Until the first generated token was handed to the response stream.
+    pub first_token_us: u64,
+    /// Until the last chunk was handed to the response stream.
+    pub done_us: u64,
+}
+
+/// The simulator's own fields in the last chunk of a streamed response, beside the OpenAI ones; a client reads
+/// them with `#[serde(flatten)]` and the routers in between pass them through with the rest of the chunk.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct SimExtras {
+    /// The server's own share of the request's time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_timing: Option<ServerTiming>,
+}

@@ -23,7 +23,7 @@ use serde_json::json;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
-use crate::api::{ChatRequest, CompletionRequest, Prompt, PromptTokensDetails, Usage};
+use crate::api::{ChatRequest, CompletionRequest, Prompt, PromptTokensDetails, ServerTiming, SimExtras, Usage};
 use crate::cache::PrefixCache;
 use crate::latency::LatencyProfile;
 use crate::metrics::Metrics;
@@ -129,8 +129,8 @@ enum Kind {
 enum Step {
     /// Generated text (the first one marks the first token).
     Text(String),
-    /// Finished, with usage.
-    Done(Usage),
+    /// Finished, with usage and the server's own share of the time.
+    Done(Usage, ServerTiming),
 }
 
 /// Builds the axum router for one simulated server named `name` (its `IP:port`).
@@ -243,8 +243,10 @@ async fn respond(
     stream: bool,
     include_usage: bool,
 ) -> Response {
+    // The whole request has been read: the server's share of its time starts here.
+    let received = Instant::now();
     let (tx, mut rx) = mpsc::channel::<Step>(64);
-    tokio::spawn(simulate(s.clone(), prompt, max_tokens.max(1) as usize, tx));
+    tokio::spawn(simulate(s.clone(), prompt, max_tokens.max(1) as usize, received, tx));
     let created = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
     let id = format!("sim-{created}-{:x}", rand_id());
     let mut resp = if stream {
@@ -261,10 +263,16 @@ async fn respond(
                     Some(Step::Text(t)) => {
                         Event::default().data(chunk(kind, &id, &model, created, Some(&t), None).to_string())
                     }
-                    Some(Step::Done(u)) => {
+                    Some(Step::Done(u, timing)) => {
                         let mut last = chunk(kind, &id, &model, created, None, Some("length"));
                         if include_usage {
                             last["usage"] = serde_json::to_value(u).unwrap_or_default();
+                        }
+                        let extras = SimExtras { server_timing: Some(timing) };
+                        if let (Some(last), Ok(serde_json::Value::Object(extras))) =
+                            (last.as_object_mut(), serde_json::to_value(extras))
+                        {
+                            last.extend(extras);
                         }
                         return Some((Ok(Event::default().data(last.to_string())), (rx, 1)));
                     }
@@ -280,7 +288,7 @@ async fn respond(
         while let Some(step) = rx.recv().await {
             match step {
                 Step::Text(t) => text.push_str(&t),
-                Step::Done(u) => usage = u,
+                Step::Done(u, _) => usage = u,
             }
         }
         let body = match kind {
@@ -308,7 +316,7 @@ fn rand_id() -> u64 {
 }
 
 /// Runs one request through the batch limit, cache, prefill lane and decode, sending text and usage to `tx`.
-async fn simulate(s: Shared, prompt: String, max_tokens: usize, tx: mpsc::Sender<Step>) {
+async fn simulate(s: Shared, prompt: String, max_tokens: usize, received: Instant, tx: mpsc::Sender<Step>) {
     let lat = &s.cfg.latency;
     let prompt_tokens = token_count(prompt.len());
     s.metrics.waiting.inc();
@@ -355,6 +363,7 @@ async fn simulate(s: Shared, prompt: String, max_tokens: usize, tx: mpsc::Sender
         s.pending_prefill_tokens.fetch_sub(prompt_tokens - cached, Ordering::Relaxed);
     }
     let first = Instant::now();
+    let first_token_us = (first - received).as_micros() as u64;
     s.metrics.ttft_seconds.observe((first - start).as_secs_f64() / lat.time_scale.max(1e-9));
 
     // Decode: token k (0-based) is due at first + k·itl; send whatever is due at each wake-up, waking at most
@@ -407,7 +416,8 @@ async fn simulate(s: Shared, prompt: String, max_tokens: usize, tx: mpsc::Sender
     s.metrics.generation_tokens.inc_by(sent as u64);
     if !aborted {
         s.metrics.request_success.inc();
-        let _ = tx.send(Step::Done(usage)).await;
+        let timing = ServerTiming { first_token_us, done_us: received.elapsed().as_micros() as u64 };
+        let _ = tx.send(Step::Done(usage, timing)).await;
     }
 }
 

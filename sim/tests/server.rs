@@ -1,6 +1,7 @@
 //! The simulated server over real HTTP on loopback: OpenAI shapes, cache hits as ground truth, vLLM metrics.
 
 use serde_json::{json, Value};
+use warmpath_sim::api::SimExtras;
 use warmpath_sim::{tokens, LatencyProfile, SimConfig, SimServer, ENDPOINT_HEADER};
 
 fn fast() -> SimConfig {
@@ -48,6 +49,12 @@ async fn streaming_completion_sends_chunks_usage_and_done() {
     let usage = &chunks.last().unwrap()["usage"];
     assert_eq!(usage["prompt_tokens"], 100);
     assert_eq!(usage["completion_tokens"], 7);
+    // The server's own share of the time rides in the last chunk: at time scale 0.01 the 30 ms overhead and
+    // 100 × 0.2 ms of prefill take at least 500 µs of wall time, the 6 tokens after the first 6 × 120 µs more.
+    let extras: SimExtras = serde_json::from_value(chunks.last().unwrap().clone()).unwrap();
+    let timing = extras.server_timing.expect("the last chunk carries the server's timing");
+    assert!(timing.first_token_us >= 500, "{timing:?}");
+    assert!(timing.done_us >= timing.first_token_us + 720, "{timing:?}");
     s.stop().await;
 }
 

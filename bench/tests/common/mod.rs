@@ -36,7 +36,7 @@ pub fn settings() -> RunSettings {
 }
 
 /// Every request sent and answered; the client's per-endpoint counts (`x-sim-endpoint`) equal each server's own
-/// counter; client-side and server-side cached tokens agree.
+/// counter; client-side and server-side cached tokens agree; every answer carried the server's timing.
 pub fn assert_balanced(run: &StrategyRun) {
     let s = Summary::of(run);
     assert_eq!(run.not_sent, 0, "{}: every request is sent", run.label);
@@ -53,4 +53,6 @@ pub fn assert_balanced(run: &StrategyRun) {
     assert_eq!(client_cached as f64, server_cached, "{}", run.label);
     // A pick of the harness's own router reached the server it named.
     assert_eq!(s.misrouted, 0, "{}: answered elsewhere than picked", run.label);
+    // Every router on the way passed the server's own timing through, so its latencies are scaled like the others'.
+    assert_eq!(s.untimed, 0, "{}: answers without the server's timing", run.label);
 }

@@ -386,6 +386,14 @@ mod tests {
     }
 
     #[test]
+    fn an_answer_without_the_servers_timing_fails_the_check() {
+        assert!(row("A", 0.5, 100.0, 0).balanced());
+        // A router on the way that dropped the servers' timing: its latencies were scaled whole, unlike the others'.
+        let untimed = Summary { untimed: 1, ..row("A", 0.5, 100.0, 0) };
+        assert!(!untimed.balanced());
+    }
+
+    #[test]
     fn repeated_runs_print_mean_and_range_per_strategy() {
         let runs = vec![
             vec![row("A", 0.5, 100.0, 0), row("B", 0.1, 300.0, 1)],

@@ -552,7 +552,7 @@ impl CpuReading {
 
 /// How often the harness's feed scrapes the servers' loads, ms of wall time: every simulated second (the
 /// controller's shortest load interval), at least every 100 ms, so the scrapes of the servers' `/metrics` do not
-/// take the CPU the gateways and servers run on (a wall millisecond counts 1 / time scale simulated ones).
+/// take the CPU the gateways and servers run on (a server's wall millisecond counts 1 / time scale simulated ones).
 pub fn load_scrape_ms(time_scale: f64) -> u64 {
     ((1000.0 * time_scale).round() as u64).max(100)
 }

@@ -2,8 +2,8 @@
 //!
 //! Latencies are reported in **simulated milliseconds**, so numbers do not depend on how fast the run was played:
 //! the server's own share of a request's time, as each simulated server reports it, divided by the time scale,
-//! plus the rest (client, proxy, network) at wall speed ([`crate::client::simulated_ms`]). Hit ratios are server truth: `vllm:prefix_cache_hits_total / prefix_cache_queries_total`
-//! summed over the fleet.
+//! plus the rest (client, proxy, network) at wall speed ([`crate::client::simulated_ms`]). Hit ratios are server
+//! truth: `vllm:prefix_cache_hits_total / prefix_cache_queries_total` summed over the fleet.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;

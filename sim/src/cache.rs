@@ -115,6 +115,13 @@ impl PrefixCache {
         hashes.iter().take_while(|h| self.blocks.get(h).is_some_and(|b| b.ready)).count()
     }
 
+    /// Prompt tokens a request with `prompt_tokens` tokens and full-block hashes `hashes` would find cached now
+    /// (capped so at least one token is recomputed), without changing anything.
+    pub fn hit_tokens(&self, hashes: &[u64], prompt_tokens: u64) -> u64 {
+        let max_hit = (prompt_tokens.saturating_sub(1) as usize) / self.block_tokens;
+        ((self.peek_hit_blocks(hashes).min(max_hit) * self.block_tokens) as u64).min(prompt_tokens)
+    }
+
     /// Admits a request whose prompt has `prompt_tokens` tokens and full-block hashes `hashes`: computes the hit
     /// (capped so at least one token is recomputed), pins every block it can, evicting free blocks LRU-first, and
     /// updates the query/hit counters. Returns the allocation to pass to [`Self::release`].

@@ -68,7 +68,8 @@ struct AppState {
     prefill: Option<Arc<Semaphore>>,
     /// Prompt tokens of requests waiting for a batch slot (not yet admitted into the cache).
     waiting_prompt_tokens: AtomicU64,
-    /// Uncached prompt tokens of admitted requests whose prefill has not finished (queued on or in the lane).
+    /// Uncached prompt tokens of requests with a batch slot whose prefill has not finished: until the prefill
+    /// starts, what the cache lacked when the request got its slot; from then, what it lacked at the start.
     pending_prefill_tokens: AtomicU64,
 }
 
@@ -81,7 +82,8 @@ pub struct ServerTruth {
     /// Leading blocks of the probed prompt that are computed in this server's cache now, capped as an admission
     /// would cap them (at least one prompt token is always recomputed).
     pub cached_blocks: usize,
-    /// Uncached prompt tokens of admitted requests still waiting for or running their prefill.
+    /// Uncached prompt tokens of requests with a batch slot still waiting for or running their prefill (for one
+    /// still waiting, counted against the cache as it was when it got its slot).
     pub pending_prefill_tokens: u64,
     /// Prompt tokens of requests waiting for a batch slot (their cache hit is not known yet).
     pub waiting_prompt_tokens: u64,
@@ -334,25 +336,36 @@ async fn simulate(s: Shared, prompt: String, max_tokens: usize, received: Instan
     let start = Instant::now();
 
     let hashes = block_hashes(prompt.as_bytes(), s.cfg.block_tokens);
-    // The hit and the pending prefill work change under one lock, so a probe never sees one without the other.
-    let (mut alloc, cached) = {
-        let mut c = s.cache.lock().unwrap_or_else(|e| e.into_inner());
-        let a = c.admit(&hashes, prompt_tokens);
-        s.metrics.kv_usage.set(c.usage());
-        let cached = ((a.hit_blocks * s.cfg.block_tokens) as u64).min(prompt_tokens);
-        s.pending_prefill_tokens.fetch_add(prompt_tokens - cached, Ordering::Relaxed);
-        (a, cached)
+    // Until its prefill starts the request's work is what the cache holds of its prompt now; the hit itself is
+    // decided when the prefill starts, as vLLM's scheduler looks up a waiting request's computed blocks when it
+    // schedules it (`vllm/v1/core/sched/scheduler.py`, `get_computed_blocks`): a prefix computed by a request ahead
+    // in the queue is a hit by then.
+    let expected = {
+        let c = s.cache.lock().unwrap_or_else(|e| e.into_inner());
+        prompt_tokens - c.hit_tokens(&hashes, prompt_tokens)
     };
-    s.metrics.prefix_queries.inc_by(prompt_tokens);
-    s.metrics.prefix_hits.inc_by(cached);
-    s.metrics.prompt_tokens.inc_by(prompt_tokens);
+    s.pending_prefill_tokens.fetch_add(expected, Ordering::Relaxed);
 
     tokio::time::sleep(lat.wall(lat.overhead_ms)).await;
+    let (mut alloc, cached);
     {
         let _lane = match &s.prefill {
             Some(sem) => sem.clone().acquire_owned().await.ok(),
             None => None,
         };
+        // The hit and the pending prefill work change under one lock, so a probe never sees one without the other.
+        (alloc, cached) = {
+            let mut c = s.cache.lock().unwrap_or_else(|e| e.into_inner());
+            let a = c.admit(&hashes, prompt_tokens);
+            s.metrics.kv_usage.set(c.usage());
+            let cached = ((a.hit_blocks * s.cfg.block_tokens) as u64).min(prompt_tokens);
+            s.pending_prefill_tokens.fetch_sub(expected, Ordering::Relaxed);
+            s.pending_prefill_tokens.fetch_add(prompt_tokens - cached, Ordering::Relaxed);
+            (a, cached)
+        };
+        s.metrics.prefix_queries.inc_by(prompt_tokens);
+        s.metrics.prefix_hits.inc_by(cached);
+        s.metrics.prompt_tokens.inc_by(prompt_tokens);
         s.metrics.waiting.dec();
         s.metrics.running.inc();
         tokio::time::sleep(lat.wall(lat.prefill_ms(prompt_tokens - cached))).await;

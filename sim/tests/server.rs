@@ -148,7 +148,7 @@ async fn probe_reports_pending_prefill_while_it_runs_and_the_cached_prefix_after
     let start = std::time::Instant::now();
     let during = loop {
         let t = probe.truth(&prompt);
-        if t.pending_prefill_tokens > 0 || start.elapsed() > std::time::Duration::from_secs(5) {
+        if t.active_blocks > 0 || start.elapsed() > std::time::Duration::from_secs(5) {
             break t;
         }
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
@@ -213,5 +213,46 @@ async fn a_request_queued_behind_another_prefill_counts_as_waiting() {
     let after = c.get(&metrics).send().await.unwrap().text().await.unwrap();
     assert!(after.contains("vllm:num_requests_running{model_name=\"sim-model\"} 0"), "{after}");
     assert!(after.contains("vllm:num_requests_waiting{model_name=\"sim-model\"} 0"), "{after}");
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn a_request_queued_behind_the_same_prefix_hits_it_when_its_prefill_starts() {
+    // One prefill lane at real time: the second copy of a 400-token prompt arrives while the first prefills. Its
+    // hit is looked up when its own prefill starts, as vLLM's scheduler does for a waiting request, so it finds the
+    // 24 full blocks the first computed; until then it owes its whole prompt.
+    let cfg = SimConfig {
+        latency: LatencyProfile {
+            prefill_ms_per_token: 1.0,
+            overhead_ms: 0.0,
+            itl_ms: 1.0,
+            prefill_lanes: 1,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let s = SimServer::start(cfg, "127.0.0.1:0".parse().unwrap()).await.unwrap();
+    let probe = s.probe();
+    let c = reqwest::Client::new();
+    let url = format!("http://{}/v1/completions", s.addr());
+    let body = json!({"model": "m", "prompt": tokens::filler_text(23, 400), "max_tokens": 2});
+    let send = || {
+        let req = c.post(&url).json(&body).send();
+        tokio::spawn(async move { req.await.unwrap().json::<Value>().await.unwrap() })
+    };
+    let first = send();
+    let start = std::time::Instant::now();
+    while probe.truth("").pending_prefill_tokens == 0 && start.elapsed() < std::time::Duration::from_secs(5) {
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    let second = send();
+    while probe.truth("").pending_prefill_tokens < 800 && start.elapsed() < std::time::Duration::from_secs(5) {
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    assert_eq!(probe.truth("").pending_prefill_tokens, 800, "both owe their whole prompt while the first prefills");
+    let cached = |v: &Value| v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap();
+    assert_eq!(cached(&first.await.unwrap()), 0);
+    assert_eq!(cached(&second.await.unwrap()), 384, "24 full blocks computed by the request ahead");
+    assert_eq!(probe.truth("").pending_prefill_tokens, 0);
     s.stop().await;
 }

@@ -129,8 +129,8 @@ pub struct ServerTiming {
     pub done_us: u64,
 }
 
-/// The simulator's own fields in the last chunk of a streamed response, beside the OpenAI ones; a client reads
-/// them with `#[serde(flatten)]` and the routers in between pass them through with the rest of the chunk.
+/// The simulator's own fields in a response body or the last chunk of a streamed one, beside the OpenAI ones; a
+/// client reads them with `#[serde(flatten)]` and the routers in between pass them through with the rest.
 #[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct SimExtras {
     /// The server's own share of the request's time.

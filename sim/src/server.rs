@@ -270,12 +270,7 @@ async fn respond(
                         if include_usage {
                             last["usage"] = serde_json::to_value(u).unwrap_or_default();
                         }
-                        let extras = SimExtras { server_timing: Some(timing) };
-                        if let (Some(last), Ok(serde_json::Value::Object(extras))) =
-                            (last.as_object_mut(), serde_json::to_value(extras))
-                        {
-                            last.extend(extras);
-                        }
+                        add_extras(&mut last, timing);
                         return Some((Ok(Event::default().data(last.to_string())), (rx, 1)));
                     }
                     None => return None,
@@ -287,13 +282,14 @@ async fn respond(
     } else {
         let mut text = String::new();
         let mut usage = Usage::default();
+        let mut timing = None;
         while let Some(step) = rx.recv().await {
             match step {
                 Step::Text(t) => text.push_str(&t),
-                Step::Done(u, _) => usage = u,
+                Step::Done(u, t) => (usage, timing) = (u, Some(t)),
             }
         }
-        let body = match kind {
+        let mut body = match kind {
             Kind::Chat => json!({
                 "id": id, "object": "chat.completion", "created": created, "model": model,
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"}],
@@ -305,10 +301,21 @@ async fn respond(
                 "usage": usage,
             }),
         };
+        if let Some(timing) = timing {
+            add_extras(&mut body, timing);
+        }
         Json(body).into_response()
     };
     resp.headers_mut().insert(ENDPOINT_HEADER, s.name.clone());
     resp
+}
+
+/// Puts the simulator's own fields ([`SimExtras`]) beside the OpenAI ones of a response body or its last chunk.
+fn add_extras(body: &mut serde_json::Value, timing: ServerTiming) {
+    let extras = SimExtras { server_timing: Some(timing) };
+    if let (Some(body), Ok(serde_json::Value::Object(extras))) = (body.as_object_mut(), serde_json::to_value(extras)) {
+        body.extend(extras);
+    }
 }
 
 fn rand_id() -> u64 {

@@ -26,6 +26,9 @@ async fn non_streaming_chat_reports_cached_tokens_on_repeat() {
     assert_eq!(v1["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
     assert_eq!(v1["usage"]["completion_tokens"], 5);
     assert_eq!(v1["choices"][0]["message"]["content"].as_str().unwrap().len(), 20);
+    let extras: SimExtras = serde_json::from_value(v1.clone()).unwrap();
+    let timing = extras.server_timing.expect("a non-streaming answer carries the server's timing too");
+    assert!(timing.done_us >= timing.first_token_us, "{timing:?}");
     let v2: Value = c.post(&url).json(&body).send().await.unwrap().json().await.unwrap();
     let prompt_tokens = v2["usage"]["prompt_tokens"].as_u64().unwrap();
     let cached = v2["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap();

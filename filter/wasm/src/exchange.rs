@@ -140,7 +140,7 @@ pub struct Exchange {
     log: String,
     /// Key of the log's head (`<log>.head`).
     head_key: String,
-    /// This VM's writer id (random, never 0).
+    /// This VM's writer id: no other VM of this Envoy has it (`shared::unique_id`), never 0.
     writer: u64,
     /// The sequence number this VM has read the log up to (`None`: never read).
     cursor: Cell<Option<u64>>,
@@ -151,15 +151,15 @@ pub struct Exchange {
 }
 
 impl Exchange {
-    /// This VM's part in the exchange of `plugin`; `unique` distinguishes it from the other VMs (any per-VM random
-    /// value). Creates the log's head if it does not exist yet (called at configure time, before traffic: Envoy
+    /// This VM's part in the exchange of `plugin`; `unique` distinguishes it from the other VMs of this Envoy
+    /// (`shared::unique_id`): a reader skips the records that carry its own id. Creates the log's head if it does not exist yet (called at configure time, before traffic: Envoy
     /// ignores the compare-and-swap token when it creates a key, so the head must exist before writers race on it).
     pub fn join(plugin: &str, unique: u64) -> Exchange {
         let log = format!("warmpath.index_log.{plugin}");
         let x = Exchange {
             head_key: format!("{log}.head"),
             log,
-            writer: unique | 1,
+            writer: unique.max(1),
             cursor: Cell::new(None),
             routes: Cell::new(false),
             collected: RefCell::new(None),
@@ -168,6 +168,11 @@ impl Exchange {
             let _ = hostcalls::set_shared_data(&x.head_key, Some(&0u64.to_le_bytes()), None);
         }
         x
+    }
+
+    /// This VM's writer id (logged at configure time, so a test can check no two VMs share one).
+    pub fn writer(&self) -> u64 {
+        self.writer
     }
 
     fn slot_key(&self, seq: u64) -> String {

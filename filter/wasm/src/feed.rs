@@ -126,7 +126,8 @@ impl FeedPoller {
     /// A poller for `settings` called every `tick`; `context_id` salts its lease owner id.
     pub fn new(settings: FeedSettings, context_id: u32, tick: Duration) -> Self {
         let tick_ms = (tick.as_millis() as u64).max(1);
-        let owner = crate::root::random_u64(u64::from(context_id)) | 1;
+        // Unique within this Envoy, so two VMs never both take the lease as theirs (`shared::unique_id`).
+        let owner = shared::unique_id(crate::root::random_u64(u64::from(context_id)));
         let feed = feed_id(&settings);
         FeedPoller {
             snapshot_key: format!("{SNAPSHOT_KEY}{feed}"),

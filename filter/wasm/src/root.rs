@@ -230,9 +230,9 @@ impl RootContext for FilterRoot {
         let tick = settings.feed.as_ref().map_or(DEFAULT_TICK, |f| Duration::from_millis(f.interval_ms).min(FEED_TICK));
         let exchange = EXCHANGES.with(|x| {
             let mut x = x.borrow_mut();
-            let e = x
-                .entry(plugin.clone())
-                .or_insert_with(|| Rc::new(Exchange::join(&plugin, random_u64(u64::from(self.context_id)))));
+            let e = x.entry(plugin.clone()).or_insert_with(|| {
+                Rc::new(Exchange::join(&plugin, shared::unique_id(random_u64(u64::from(self.context_id)))))
+            });
             e.clone()
         });
         self.feed = settings.feed.clone().map(|f| FeedPoller::new(f, self.context_id, tick));
@@ -241,7 +241,7 @@ impl RootContext for FilterRoot {
         self.was_in_force = true;
         let _ = hostcalls::set_tick_period(tick);
         info!(
-            "configured plugin={plugin} strategy={} endpoints={} prefix_length={} block_size={} concurrency_threshold={} max_body_bytes={} feed={} upstream_clusters={}",
+            "configured plugin={plugin} strategy={} endpoints={} prefix_length={} block_size={} concurrency_threshold={} max_body_bytes={} feed={} upstream_clusters={} exchange_writer={:016x}",
             settings.strategy.as_str(),
             settings.endpoints.len(),
             settings.prefix_length,
@@ -250,6 +250,7 @@ impl RootContext for FilterRoot {
             settings.max_body_bytes,
             settings.feed.as_ref().map(|f| f.cluster.as_str()).unwrap_or("none"),
             if settings.upstream_clusters.is_empty() { "all".to_string() } else { settings.upstream_clusters.join(",") },
+            exchange.writer(),
         );
         let keyless = RequestKey::new(BodyKind::Raw, None, None, Vec::new());
         let metrics = Rc::new(metrics::Metrics::new());

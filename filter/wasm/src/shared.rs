@@ -184,6 +184,36 @@ pub fn store_remote(key: &str, entries: &[u8], now_ms: u64) {
     let _ = hostcalls::set_shared_data(key, Some(&v), None);
 }
 
+/// Key whose compare-and-swap token each VM takes one of, to draw an id no other VM of this Envoy holds.
+const VM_IDS_KEY: &str = "warmpath.vm_ids";
+
+/// An id that no other VM of this Envoy holds: the compare-and-swap token from which this VM updated a shared-data
+/// entry, in the low 32 bits, and `random` in the high ones. The host draws every token from one counter over all
+/// of its shared data, never 0, and a swap from a token succeeds for one writer only (proxy-wasm-cpp-host,
+/// `SharedData::set` and `nextCas`), so no two VMs take the same token while the counter does not wrap. An id drawn
+/// from each VM's own clock-seeded generator is not enough: two of an Envoy's workers did draw the same one, and
+/// then each took the other's index records for its own and skipped them. Falls back to `random` (made nonzero)
+/// when the host keeps refusing.
+pub fn unique_id(random: u64) -> u64 {
+    for _ in 0..MAX_CAS_ATTEMPTS {
+        match hostcalls::get_shared_data(VM_IDS_KEY) {
+            Ok((_, Some(token))) => match hostcalls::set_shared_data(VM_IDS_KEY, Some(&[1]), Some(token)) {
+                Ok(()) => return (random & !u64::from(u32::MAX)) | u64::from(token),
+                Err(Status::CasMismatch) => continue,
+                Err(_) => break,
+            },
+            // Not created yet (or stored without a token): create it, then swap from its token.
+            Ok((_, None)) => {
+                if hostcalls::set_shared_data(VM_IDS_KEY, Some(&[0]), None).is_err() {
+                    break;
+                }
+            }
+            Err(_) => break,
+        }
+    }
+    random | 1
+}
+
 /// Creates the table if it does not exist yet, so that later writes always carry a CAS token (Envoy ignores the
 /// token when it creates a key). Called at configure time, before traffic.
 pub fn init() {

@@ -65,6 +65,26 @@ async fn a_conversation_on_different_connections_stays_on_one_endpoint_across_wo
     );
 }
 
+/// Every VM of one Envoy writes the index log under its own id: a reader skips the records that carry its own, so
+/// two workers sharing an id would each drop all of the other's records (the exchange's `applied` stays 0). Ids
+/// drawn from each VM's clock-seeded generator did collide in some starts; they come from shared data now. Several
+/// starts, each with four workers and the main thread's VMs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_vm_of_an_envoy_writes_the_index_log_under_its_own_id() {
+    for _ in 0..3 {
+        let rig = Rig::start_workers(2, json!({"strategy": "PREFIX_AWARE"}), WORKERS).await;
+        let log = rig.envoy.log();
+        let ids: Vec<&str> = log
+            .lines()
+            .filter_map(|l| l.split("exchange_writer=").nth(1))
+            .map(|v| v.split_whitespace().next().unwrap_or(v))
+            .collect();
+        assert!(ids.len() > WORKERS as usize, "one configure line per VM, the workers' and the main thread's: {ids:?}");
+        let distinct: BTreeSet<&str> = ids.iter().copied().collect();
+        assert_eq!(distinct.len(), ids.len(), "two VMs share an id: {ids:?}");
+    }
+}
+
 /// The prefill speed is one fit per Envoy: the 16 misses a fit needs, sent on connections of their own, spread over
 /// the four workers, and the speed is learned (each worker learning alone, only one that took all 16 would).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

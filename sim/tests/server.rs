@@ -171,11 +171,9 @@ async fn probe_reports_pending_prefill_while_it_runs_and_the_cached_prefix_after
     s.stop().await;
 }
 
-#[tokio::test]
-async fn a_request_queued_behind_another_prefill_counts_as_waiting() {
-    // One prefill lane at real time, 1 simulated ms per token: the first 400-token prompt holds the lane for 400 ms,
-    // so the second, sent while it prefills, has a batch slot but has not started its prefill (vLLM would still
-    // list it in its waiting queue).
+/// A server at real time with one prefill lane and 1 simulated ms per prompt token, no overhead: a 400-token
+/// prompt holds the lane for 400 ms.
+async fn start_one_lane() -> SimServer {
     let cfg = SimConfig {
         latency: LatencyProfile {
             prefill_ms_per_token: 1.0,
@@ -186,7 +184,15 @@ async fn a_request_queued_behind_another_prefill_counts_as_waiting() {
         },
         ..Default::default()
     };
-    let s = SimServer::start(cfg, "127.0.0.1:0".parse().unwrap()).await.unwrap();
+    SimServer::start(cfg, "127.0.0.1:0".parse().unwrap()).await.unwrap()
+}
+
+#[tokio::test]
+async fn a_request_queued_behind_another_prefill_counts_as_waiting() {
+    // One prefill lane at real time, 1 simulated ms per token: the first 400-token prompt holds the lane for 400 ms,
+    // so the second, sent while it prefills, has a batch slot but has not started its prefill (vLLM would still
+    // list it in its waiting queue).
+    let s = start_one_lane().await;
     let probe = s.probe();
     let c = reqwest::Client::new();
     let url = format!("http://{}/v1/completions", s.addr());
@@ -224,17 +230,7 @@ async fn a_request_queued_behind_the_same_prefix_hits_it_when_its_prefill_starts
     // One prefill lane at real time: the second copy of a 400-token prompt arrives while the first prefills. Its
     // hit is looked up when its own prefill starts, as vLLM's scheduler does for a waiting request, so it finds the
     // 24 full blocks the first computed; until then it owes its whole prompt.
-    let cfg = SimConfig {
-        latency: LatencyProfile {
-            prefill_ms_per_token: 1.0,
-            overhead_ms: 0.0,
-            itl_ms: 1.0,
-            prefill_lanes: 1,
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    let s = SimServer::start(cfg, "127.0.0.1:0".parse().unwrap()).await.unwrap();
+    let s = start_one_lane().await;
     let probe = s.probe();
     let c = reqwest::Client::new();
     let url = format!("http://{}/v1/completions", s.addr());

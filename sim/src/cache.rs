@@ -115,19 +115,23 @@ impl PrefixCache {
         hashes.iter().take_while(|h| self.blocks.get(h).is_some_and(|b| b.ready)).count()
     }
 
-    /// Prompt tokens a request with `prompt_tokens` tokens and full-block hashes `hashes` would find cached now
-    /// (capped so at least one token is recomputed), without changing anything.
-    pub fn hit_tokens(&self, hashes: &[u64], prompt_tokens: u64) -> u64 {
+    /// Blocks a request with `prompt_tokens` tokens and full-block hashes `hashes` would hit now: the leading
+    /// computed ones, capped so at least one prompt token is recomputed. Changes nothing.
+    pub fn hit_blocks(&self, hashes: &[u64], prompt_tokens: u64) -> usize {
         let max_hit = (prompt_tokens.saturating_sub(1) as usize) / self.block_tokens;
-        ((self.peek_hit_blocks(hashes).min(max_hit) * self.block_tokens) as u64).min(prompt_tokens)
+        self.peek_hit_blocks(hashes).min(max_hit)
+    }
+
+    /// Prompt tokens such a request would find cached now ([`Self::hit_blocks`] in tokens). Changes nothing.
+    pub fn hit_tokens(&self, hashes: &[u64], prompt_tokens: u64) -> u64 {
+        ((self.hit_blocks(hashes, prompt_tokens) * self.block_tokens) as u64).min(prompt_tokens)
     }
 
     /// Admits a request whose prompt has `prompt_tokens` tokens and full-block hashes `hashes`: computes the hit
     /// (capped so at least one token is recomputed), pins every block it can, evicting free blocks LRU-first, and
     /// updates the query/hit counters. Returns the allocation to pass to [`Self::release`].
     pub fn admit(&mut self, hashes: &[u64], prompt_tokens: u64) -> Allocation {
-        let max_hit = (prompt_tokens.saturating_sub(1) as usize) / self.block_tokens;
-        let hit_blocks = self.peek_hit_blocks(hashes).min(max_hit);
+        let hit_blocks = self.hit_blocks(hashes, prompt_tokens);
         self.stats.query_tokens += prompt_tokens;
         self.stats.hit_tokens += (hit_blocks * self.block_tokens) as u64;
         let mut alloc = Allocation { blocks: Vec::with_capacity(hashes.len()), hit_blocks };

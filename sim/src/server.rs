@@ -109,10 +109,9 @@ impl SimProbe {
     pub fn truth(&self, prompt: &str) -> ServerTruth {
         let s = &self.0;
         let hashes = block_hashes(prompt.as_bytes(), s.cfg.block_tokens);
-        let max_hit = (token_count(prompt.len()).saturating_sub(1) as usize) / s.cfg.block_tokens.max(1);
         let c = s.cache.lock().unwrap_or_else(|e| e.into_inner());
         ServerTruth {
-            cached_blocks: c.peek_hit_blocks(&hashes).min(max_hit),
+            cached_blocks: c.hit_blocks(&hashes, token_count(prompt.len())),
             pending_prefill_tokens: s.pending_prefill_tokens.load(Ordering::Relaxed),
             waiting_prompt_tokens: s.waiting_prompt_tokens.load(Ordering::Relaxed),
             active_blocks: c.pinned(),

@@ -187,6 +187,14 @@ async fn start_one_lane() -> SimServer {
     SimServer::start(cfg, "127.0.0.1:0".parse().unwrap()).await.unwrap()
 }
 
+/// Polls `probe` until its pending prefill work satisfies `done`, for at most 5 s (the caller asserts what it needs).
+async fn until_pending(probe: &warmpath_sim::SimProbe, done: impl Fn(u64) -> bool) {
+    let start = std::time::Instant::now();
+    while !done(probe.truth("").pending_prefill_tokens) && start.elapsed() < std::time::Duration::from_secs(5) {
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+}
+
 #[tokio::test]
 async fn a_request_queued_behind_another_prefill_counts_as_waiting() {
     // One prefill lane at real time, 1 simulated ms per token: the first 400-token prompt holds the lane for 400 ms,
@@ -203,9 +211,7 @@ async fn a_request_queued_behind_another_prefill_counts_as_waiting() {
     };
     let first = send(21);
     let start = std::time::Instant::now();
-    while probe.truth("").pending_prefill_tokens == 0 && start.elapsed() < std::time::Duration::from_secs(5) {
-        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-    }
+    until_pending(&probe, |p| p > 0).await;
     let second = send(22);
     let during = loop {
         let m = c.get(&metrics).send().await.unwrap().text().await.unwrap();
@@ -240,14 +246,9 @@ async fn a_request_queued_behind_the_same_prefix_hits_it_when_its_prefill_starts
         tokio::spawn(async move { req.await.unwrap().json::<Value>().await.unwrap() })
     };
     let first = send();
-    let start = std::time::Instant::now();
-    while probe.truth("").pending_prefill_tokens == 0 && start.elapsed() < std::time::Duration::from_secs(5) {
-        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-    }
+    until_pending(&probe, |p| p > 0).await;
     let second = send();
-    while probe.truth("").pending_prefill_tokens < 800 && start.elapsed() < std::time::Duration::from_secs(5) {
-        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-    }
+    until_pending(&probe, |p| p >= 800).await;
     assert_eq!(probe.truth("").pending_prefill_tokens, 800, "both owe their whole prompt while the first prefills");
     let cached = |v: &Value| v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap();
     assert_eq!(cached(&first.await.unwrap()), 0);

@@ -152,8 +152,9 @@ pub struct Exchange {
 
 impl Exchange {
     /// This VM's part in the exchange of `plugin`; `unique` distinguishes it from the other VMs of this Envoy
-    /// (`shared::unique_id`): a reader skips the records that carry its own id. Creates the log's head if it does not exist yet (called at configure time, before traffic: Envoy
-    /// ignores the compare-and-swap token when it creates a key, so the head must exist before writers race on it).
+    /// (`shared::unique_id`): a reader skips the records that carry its own id. Creates the log's head if it does
+    /// not exist yet (called at configure time, before traffic: Envoy ignores the compare-and-swap token when it
+    /// creates a key, so the head must exist before writers race on it).
     pub fn join(plugin: &str, unique: u64) -> Exchange {
         let log = format!("warmpath.index_log.{plugin}");
         let x = Exchange {

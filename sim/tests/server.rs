@@ -148,14 +148,7 @@ async fn probe_reports_pending_prefill_while_it_runs_and_the_cached_prefix_after
     let url = format!("http://{}/v1/completions", s.addr());
     let body = json!({"model": "m", "prompt": prompt, "max_tokens": 2});
     let req = tokio::spawn(reqwest::Client::new().post(url).json(&body).send());
-    let start = std::time::Instant::now();
-    let during = loop {
-        let t = probe.truth(&prompt);
-        if t.active_blocks > 0 || start.elapsed() > std::time::Duration::from_secs(5) {
-            break t;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-    };
+    let during = until_truth(&probe, &prompt, |t| t.active_blocks > 0).await;
     assert_eq!(during.pending_prefill_tokens, 400, "the whole prompt is uncached and owed: {during:?}");
     assert_eq!(during.active_blocks, 25, "its 25 full blocks are pinned: {during:?}");
     assert_eq!(during.cached_blocks, 0, "blocks under prefill are not hittable yet: {during:?}");
@@ -187,10 +180,19 @@ async fn start_one_lane() -> SimServer {
     SimServer::start(cfg, "127.0.0.1:0".parse().unwrap()).await.unwrap()
 }
 
-/// Polls `probe` until its pending prefill work satisfies `done`, for at most 5 s (the caller asserts what it needs).
-async fn until_pending(probe: &warmpath_sim::SimProbe, done: impl Fn(u64) -> bool) {
+/// Polls `probe` for `prompt` until its truth satisfies `done`, for at most 5 s, and returns the last truth read (the
+/// caller asserts what it needs).
+async fn until_truth(
+    probe: &warmpath_sim::SimProbe,
+    prompt: &str,
+    done: impl Fn(&warmpath_sim::ServerTruth) -> bool,
+) -> warmpath_sim::ServerTruth {
     let start = std::time::Instant::now();
-    while !done(probe.truth("").pending_prefill_tokens) && start.elapsed() < std::time::Duration::from_secs(5) {
+    loop {
+        let t = probe.truth(prompt);
+        if done(&t) || start.elapsed() > std::time::Duration::from_secs(5) {
+            return t;
+        }
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     }
 }
@@ -211,7 +213,7 @@ async fn a_request_queued_behind_another_prefill_counts_as_waiting() {
     };
     let first = send(21);
     let start = std::time::Instant::now();
-    until_pending(&probe, |p| p > 0).await;
+    until_truth(&probe, "", |t| t.pending_prefill_tokens > 0).await;
     let second = send(22);
     let during = loop {
         let m = c.get(&metrics).send().await.unwrap().text().await.unwrap();
@@ -246,9 +248,9 @@ async fn a_request_queued_behind_the_same_prefix_hits_it_when_its_prefill_starts
         tokio::spawn(async move { req.await.unwrap().json::<Value>().await.unwrap() })
     };
     let first = send();
-    until_pending(&probe, |p| p > 0).await;
+    until_truth(&probe, "", |t| t.pending_prefill_tokens > 0).await;
     let second = send();
-    until_pending(&probe, |p| p >= 800).await;
+    until_truth(&probe, "", |t| t.pending_prefill_tokens >= 800).await;
     assert_eq!(probe.truth("").pending_prefill_tokens, 800, "both owe their whole prompt while the first prefills");
     let cached = |v: &Value| v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap();
     assert_eq!(cached(&first.await.unwrap()), 0);

@@ -11,10 +11,12 @@ pub enum Reason {
     LeastOutstanding,
     /// PREFIX_AWARE: an endpoint holding the longest useful prefix match in the index.
     PrefixMatch,
-    /// PREFIX_AWARE: the rendezvous-hash choice for the request's key (no useful match).
+    /// PREFIX_AWARE: the rendezvous-hash choice for the request's key (no useful match): its top, or its next
+    /// top when the index places more than the load bound on the first.
     ConsistentPick,
     /// PREFIX_AWARE: the preferred endpoint (the holder of the longest useful match, else the key's rendezvous
-    /// top) was at `concurrency_threshold`, or another candidate had a lower predicted time to first token.
+    /// top) was at `concurrency_threshold`, or another candidate had a lower predicted time to first token (or
+    /// an equal one, the key's tops being past the load bound).
     Overflow,
     /// No key could be extracted (bad body, GET, too large...): routed by least outstanding requests.
     FailOpen,

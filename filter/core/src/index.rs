@@ -61,6 +61,10 @@ pub struct PrefixIndex {
     slots: Vec<Slot>,
     hand: usize,
     capacity: usize,
+    /// Per endpoint id, the entries that list it as a holder: how much of the recorded text the index places there.
+    held: Vec<u32>,
+    /// Sum of `held`.
+    total_held: u64,
 }
 
 impl PrefixIndex {
@@ -72,6 +76,8 @@ impl PrefixIndex {
             slots: Vec::new(),
             hand: 0,
             capacity,
+            held: Vec::new(),
+            total_held: 0,
         }
     }
 
@@ -98,6 +104,7 @@ impl PrefixIndex {
             let last = self.slots.len() - 1;
             self.slots.swap(victim, last);
             let gone = self.slots.pop().expect("non-empty");
+            self.release(&gone.holders[..gone.n as usize]);
             self.map.remove(&gone.hash);
             if victim < self.slots.len() {
                 self.map.insert(self.slots[victim].hash, victim as u32);
@@ -105,6 +112,39 @@ impl PrefixIndex {
             self.hand = 0;
         }
         self.capacity = capacity;
+    }
+
+    /// Entries that list endpoint `id` as a holder (removed endpoints included until pruned): the share of the
+    /// recorded text the index places on it.
+    pub fn held(&self, id: u32) -> u32 {
+        self.held.get(id as usize).copied().unwrap_or(0)
+    }
+
+    /// Entries that list a holder, summed over holders: [`PrefixIndex::held`] of every endpoint id.
+    pub fn total_held(&self) -> u64 {
+        self.total_held
+    }
+
+    /// Counts one more entry listing `id`.
+    fn hold(&mut self, id: u32) {
+        let i = id as usize;
+        if i >= self.held.len() {
+            self.held.resize(i + 1, 0);
+        }
+        self.held[i] += 1;
+        self.total_held += 1;
+    }
+
+    /// Counts one entry fewer for each of `ids`.
+    fn release(&mut self, ids: &[u32]) {
+        for &id in ids {
+            if let Some(c) = self.held.get_mut(id as usize) {
+                if *c > 0 {
+                    *c -= 1;
+                    self.total_held -= 1;
+                }
+            }
+        }
     }
 
     /// Looks up a block without changing eviction state.
@@ -126,10 +166,12 @@ impl PrefixIndex {
                 // it are pruned when another endpoint is recorded.
                 return false;
             }
+            let old = slot.holders;
+            let old_n = slot.n as usize;
             let mut kept = [0u32; MAX_HOLDERS];
             kept[0] = id;
             let mut n = 1;
-            for &h in &slot.holders[..slot.n as usize] {
+            for &h in &old[..old_n] {
                 if h != id && n < MAX_HOLDERS && is_active(h) {
                     kept[n] = h;
                     n += 1;
@@ -137,17 +179,27 @@ impl PrefixIndex {
             }
             slot.holders = kept;
             slot.n = n as u8;
+            if !old[..old_n].contains(&id) {
+                self.hold(id);
+            }
+            for &h in &old[..old_n] {
+                if !kept[..n].contains(&h) {
+                    self.release(&[h]);
+                }
+            }
             return false;
         }
         let mut holders = [0u32; MAX_HOLDERS];
         holders[0] = id;
         let slot = Slot { hash, holders, n: 1, children: 0, branches: 0, referenced: false };
+        self.hold(id);
         if self.slots.len() < self.capacity {
             self.map.insert(hash, self.slots.len() as u32);
             self.slots.push(slot);
         } else {
             let victim = self.pick_victim();
             let old = std::mem::replace(&mut self.slots[victim], slot);
+            self.release(&old.holders[..old.n as usize]);
             self.map.remove(&old.hash);
             self.map.insert(hash, victim as u32);
             self.hand = (victim + 1) % self.capacity;
@@ -179,6 +231,8 @@ impl PrefixIndex {
     pub fn clear(&mut self) {
         self.map.clear();
         self.slots.clear();
+        self.held.clear();
+        self.total_held = 0;
         self.hand = 0;
     }
 
@@ -230,6 +284,30 @@ mod tests {
         ix.add_branch(1);
         let info = ix.get(1).unwrap();
         assert_eq!((info.children, info.branches), (2, 1));
+    }
+
+    #[test]
+    fn held_counts_the_entries_listing_each_holder() {
+        // Inserts, re-records, pruning, eviction and a smaller capacity, against a count over the entries.
+        let count =
+            |ix: &PrefixIndex, id: u32| ix.slots.iter().filter(|s| s.holders[..s.n as usize].contains(&id)).count();
+        let mut ix = PrefixIndex::new(64);
+        for step in 0..2_000u64 {
+            let hash = step.wrapping_mul(0x9e37_79b9) % 97;
+            let id = (step % 7) as u32;
+            ix.record(hash, id, |h| step < 1_000 || h != 3);
+            if step == 1_500 {
+                ix.set_capacity(40);
+            }
+            if step % 250 == 0 || step == 1_500 {
+                for id in 0..8 {
+                    assert_eq!(ix.held(id) as usize, count(&ix, id), "step {step}, endpoint {id}");
+                }
+                assert_eq!(ix.total_held(), (0..8).map(|id| ix.held(id) as u64).sum::<u64>());
+            }
+        }
+        ix.clear();
+        assert_eq!((ix.held(0), ix.total_held()), (0, 0));
     }
 
     #[test]

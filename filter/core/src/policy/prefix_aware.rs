@@ -71,11 +71,19 @@
 //!    the comparison and no coefficient needs tuning. The decode term is left out: it needs the output length,
 //!    which a gateway does not know, and under chunked prefill decode steps slow prefill by a factor that depends
 //!    on the engine's batch budget; the hard cap below bounds it instead.
-//! 5. Lowest prediction wins; ties go to the higher rendezvous score for the key, so with equal loads a request
-//!    with a useful match goes to a holder, one without to the key's rendezvous top — the consistent pick every
-//!    replica computes. A candidate at `concurrency_threshold` (counting the server's own waiting and running
-//!    requests when the feed reports them, [`EndpointLoad::effective`]) is never chosen; when every candidate
-//!    is, the least-loaded endpoint under the cap is, else the least-loaded one.
+//! 5. Lowest prediction wins. Ties go in rendezvous order for the key, skipping a candidate the index already
+//!    lists as the holder of more than [`BOUND_NUM`]/[`BOUND_DEN`] times the mean share of its entries
+//!    (consistent hashing with bounded loads, Mirrokni, Thorup and Zadimoghaddam, SODA 2018). So with equal
+//!    loads a request with a useful match goes to a holder, one without to the key's rendezvous top, or to its
+//!    next top when the index has filled the first past the bound — the consistent pick every replica computes
+//!    from the same index. The bound applies to ties only: a first request of a prefix is a miss everywhere, and
+//!    without it equal predictions followed rendezvous scores alone, which left one endpoint with the first
+//!    requests of seven of the code workload's sixteen files (more than its cache holds) and measured a worse
+//!    tail (code TTFT p90 106.1 vs 102.6 ms, chat 156.5 vs 151.4, means of 3; BENCHMARKS.md §1). A text too
+//!    short to record keeps its plain rendezvous pick. A candidate at `concurrency_threshold` (counting the
+//!    server's own waiting and running requests when the feed reports them, [`EndpointLoad::effective`]) is
+//!    never chosen; when every candidate is, the least-loaded endpoint under the cap is, else the least-loaded
+//!    one.
 //!
 //! The chosen endpoint's chain is recorded in the index in the same call.
 
@@ -94,6 +102,14 @@ use crate::RequestKey;
 
 /// A node is common when the traffic diverged below it at least `BRANCH_FACTOR × N` times (N endpoints).
 pub const BRANCH_FACTOR: u16 = 2;
+
+/// Bounded-load factor for ties, `BOUND_NUM / BOUND_DEN` = 1.25 (consistent hashing with bounded loads, Mirrokni,
+/// Thorup and Zadimoghaddam, SODA 2018; 1.25 is the default of brpc's bounded-load balancer and the factor of
+/// Vimeo's HAProxy deployment): an endpoint the index lists as the holder of more than 1.25 × the mean share of
+/// its entries loses a tie to one that is not. Only measured against no bound (BENCHMARKS.md §1), not tuned.
+const BOUND_NUM: u64 = 5;
+/// Denominator of the bounded-load factor ([`BOUND_NUM`]).
+const BOUND_DEN: u64 = 4;
 
 /// Message separator byte of the extracted text ([`crate::extract::MSG_SEP`]).
 const SEPARATOR: u8 = 0x1e;
@@ -126,7 +142,10 @@ struct Candidate {
     pos: usize,
     /// Predicted prefill work before this request's first token, bytes.
     ttft: u64,
-    /// Rendezvous score for the request's key (ties go to the higher).
+    /// The index lists the endpoint as a holder more than [`BOUND_NUM`]/[`BOUND_DEN`] times the mean over the
+    /// endpoints (ties go first to a candidate that is not).
+    over: bool,
+    /// Rendezvous score for the request's key (then ties go to the higher).
     score: u64,
     /// Bytes of this request's text the index expects cached there.
     cached: usize,
@@ -383,6 +402,28 @@ impl PrefixAwarePolicy {
         self.pos_by_id = pos_by_id;
     }
 
+    /// The index lists endpoint `pos` as a holder more than [`BOUND_NUM`]/[`BOUND_DEN`] times the mean over the
+    /// endpoints: it loses ties to candidates that are within the bound.
+    fn over_bound(&self, pos: usize) -> bool {
+        u64::from(self.index.held(self.ids[pos])) * self.ids.len() as u64 * BOUND_DEN
+            > self.index.total_held() * BOUND_NUM
+    }
+
+    /// `best` is the key's first rendezvous top within the bound: every top ranked above it was a candidate with
+    /// the same prediction over the bound (the bounded-load consistent pick every replica with the same index
+    /// computes).
+    fn is_bounded_top(&self, top: &[usize], candidates: &[Candidate], best: &Candidate) -> bool {
+        for &t in top.iter().filter(|&&t| t != usize::MAX) {
+            if t == best.pos {
+                return true;
+            }
+            if !candidates.iter().any(|c| c.pos == t && c.over && c.ttft == best.ttft) {
+                return false;
+            }
+        }
+        false
+    }
+
     /// The decision for a request with text (steps 1–5 of the module docs), without recording it.
     fn decide(
         &mut self,
@@ -392,6 +433,7 @@ impl PrefixAwarePolicy {
         body_len: usize,
         endpoints: &[Endpoint],
         loads: &[EndpointLoad],
+        bounded: bool,
     ) -> Decision {
         let guard = LoadGuard::new(self.threshold);
         let key_hash = self.consistent_key(&key.text, ph, plan.common_blocks);
@@ -426,14 +468,18 @@ impl PrefixAwarePolicy {
         // next of them, so it is spread by load like a miss.
         let continues = plan.deepest.and_then(|h| self.index.get(h)).is_some_and(|i| i.children == 0);
         let most_cached = if continues { scored.iter().map(|&(_, c)| c).max().unwrap_or(0) } else { 0 };
-        let best = scored
+        let candidates: Vec<Candidate> = scored
             .iter()
             .map(|&(i, cached)| {
                 let waiting = u64::from(load_at(loads, i).pending_prefill);
                 let ttft = waiting + (prompt - cached) as u64 + most_cached.saturating_sub(cached) as u64;
-                Candidate { pos: i, ttft, score: score(i), cached }
+                Candidate { pos: i, ttft, over: bounded && self.over_bound(i), score: score(i), cached }
             })
-            .min_by(|a, b| a.ttft.cmp(&b.ttft).then_with(|| b.score.cmp(&a.score)));
+            .collect();
+        let best = candidates
+            .iter()
+            .min_by(|a, b| a.ttft.cmp(&b.ttft).then(a.over.cmp(&b.over)).then_with(|| b.score.cmp(&a.score)))
+            .copied();
         let capped = best.is_none();
         let best = match best {
             Some(c) => c,
@@ -441,7 +487,7 @@ impl PrefixAwarePolicy {
                 // Every endpoint is at the cap: the least-loaded one (the request is never refused).
                 let i = least_loaded(key_hash, endpoints, loads).expect("endpoints are not empty");
                 let cached = self.cached_at(plan, &ph.blocks, i);
-                Candidate { pos: i, ttft: 0, score: 0, cached }
+                Candidate { pos: i, ttft: 0, over: false, score: 0, cached }
             }
         };
         let holds_match = best.cached > 0 && self.holds(plan.deepest, best.pos);
@@ -449,7 +495,7 @@ impl PrefixAwarePolicy {
             Reason::Overflow
         } else if holds_match && (plan.useful || plan.matched_len >= key.text.len()) {
             Reason::PrefixMatch
-        } else if !plan.useful && best.pos == top[0] {
+        } else if !plan.useful && self.is_bounded_top(&top, &candidates, &best) {
             Reason::ConsistentPick
         } else {
             Reason::Overflow
@@ -487,8 +533,11 @@ impl Policy for PrefixAwarePolicy {
             _ => Cow::Owned(PrefixHashes::compute(key.namespace, &key.text, self.block_size)),
         };
         let plan = self.plan(&key.text, &ph);
-        let decision = self.decide(key, &ph, &plan, input.body_len, endpoints, loads);
         let chain = self.chain(&key.text, &ph, plan.common_blocks);
+        // A text too short to record (no node) adds nothing to what the index places anywhere: the load bound
+        // does not apply to it, so it keeps its plain rendezvous pick.
+        let bounded = !chain.is_empty();
+        let decision = self.decide(key, &ph, &plan, input.body_len, endpoints, loads, bounded);
         self.record(&chain, endpoints[decision.endpoint].id);
         self.last_chain = chain;
         Some(decision)

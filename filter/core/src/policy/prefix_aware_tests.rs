@@ -120,18 +120,17 @@ fn removing_or_adding_an_endpoint_moves_about_one_nth() {
     let mut four_set = addrs(5);
     four_set.remove(2);
     let four = place(4, four_set);
-    let mut moved = 0;
-    for (a, b) in five.iter().zip(&four) {
-        if a != b {
-            assert_eq!(a, "127.0.0.1:8002", "a key moved although its endpoint stayed");
-            moved += 1;
-        }
-    }
-    assert!((300..=500).contains(&moved), "moved {moved} of 2000, expected about 1/5");
-    // Add a sixth endpoint: about 1/6 move, all of them to the new endpoint.
+    // A key whose endpoint stayed moves only where the load bound turned a tie the other way (the bound counts
+    // what the index places on each endpoint, which changes with the set): under 1 % of the keys.
+    let moved: Vec<_> = five.iter().zip(&four).filter(|(a, b)| a != b).collect();
+    let stray = moved.iter().filter(|(a, _)| a.as_str() != "127.0.0.1:8002").count();
+    assert!(stray < 20, "{stray} of 2000 keys moved although their endpoint stayed");
+    assert!((300..=500).contains(&moved.len()), "moved {} of 2000, expected about 1/5", moved.len());
+    // Add a sixth endpoint: about 1/6 move, almost all of them to the new endpoint.
     let six = place(6, addrs(6));
     let moved: Vec<_> = five.iter().zip(&six).filter(|(a, b)| a != b).collect();
-    assert!(moved.iter().all(|(_, b)| b.as_str() == "127.0.0.1:8005"));
+    let stray = moved.iter().filter(|(_, b)| b.as_str() != "127.0.0.1:8005").count();
+    assert!(stray < 20, "{stray} of 2000 keys moved to an endpoint that was there before");
     assert!((240..=430).contains(&moved.len()), "moved {} of 2000, expected about 1/6", moved.len());
 }
 
@@ -437,7 +436,8 @@ fn pending(work: &[u32]) -> Vec<EndpointLoad> {
 #[test]
 fn equal_loads_give_the_consistent_pick() {
     // Whatever the (equal) load, a fresh key goes to the same endpoint as on an idle fleet, on every replica
-    // (another endpoint order included): the rendezvous top of its key.
+    // (another endpoint order included): the rendezvous top of its key (an empty index: no endpoint is past
+    // the load bound).
     let n = 6;
     for seed in 0..40u64 {
         let k = key(&[("user", &words(100 + seed, 300))]);
@@ -620,5 +620,30 @@ fn a_prefix_other_requests_went_on_from_is_not_charged_for_moving() {
         w[p] = work;
         let d = r.route_key(&k2, 0, &pending(&w)).unwrap();
         assert_eq!(d.endpoint == p, stays, "waiting {work}, cached {matched}: {:?}", d.reason);
+    }
+}
+
+#[test]
+fn a_miss_between_equal_loads_goes_to_the_rendezvous_top_the_index_fills_less() {
+    // A fresh key's two rendezvous tops, a (first) and b: with a one byte busier, the request goes to b.
+    let n = 5;
+    let k = key(&[("user", &words(51, 300))]);
+    let a = Router::new(settings(n)).route_key(&k, 0, &[]).unwrap().endpoint;
+    let mut w = vec![0u32; n];
+    w[a] = 1;
+    let b = Router::new(settings(n)).route_key(&k, 0, &pending(&w)).unwrap().endpoint;
+    assert_ne!(a, b);
+    // `filled` has had 20 other prompts placed on it (every other endpoint busy); then the key comes with equal
+    // loads: it goes to the other of its two tops, whose cache holds less of what was sent.
+    for (filled, expect) in [(a, b), (b, a)] {
+        let mut r = Router::new(settings(n));
+        let mut busy = vec![1_000_000u32; n];
+        busy[filled] = 0;
+        for i in 0..20 {
+            let d = r.route_key(&key(&[("user", &words(600 + i, 1000))]), 0, &pending(&busy)).unwrap();
+            assert_eq!(d.endpoint, filled);
+        }
+        let d = r.route_key(&k, 0, &pending(&vec![7; n])).unwrap();
+        assert_eq!((d.endpoint, d.reason), (expect, Reason::ConsistentPick), "{filled} holds 20 prompts");
     }
 }

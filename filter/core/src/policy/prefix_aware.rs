@@ -79,11 +79,11 @@
 //!    from the same index. The bound applies to ties only: a first request of a prefix is a miss everywhere, and
 //!    without it equal predictions followed rendezvous scores alone, which left one endpoint with the first
 //!    requests of seven of the code workload's sixteen files (more than its cache holds) and measured a worse
-//!    tail (code TTFT p90 106.1 vs 102.6 ms, chat 156.5 vs 151.4, means of 3; BENCHMARKS.md §1). A text too
-//!    short to record keeps its plain rendezvous pick. A candidate at `concurrency_threshold` (counting the
-//!    server's own waiting and running requests when the feed reports them, [`EndpointLoad::effective`]) is
-//!    never chosen; when every candidate is, the least-loaded endpoint under the cap is, else the least-loaded
-//!    one.
+//!    tail (code TTFT p90 106.1 vs 102.6 simulated ms, chat 156.5 vs 151.4, means of 3 in one alternating pass;
+//!    docs/bench/replay.md §23). A text too short to record keeps its plain rendezvous pick. A candidate at
+//!    `concurrency_threshold` (counting the server's own waiting and running requests when the feed reports
+//!    them, [`EndpointLoad::effective`]) is never chosen; when every candidate is, the least-loaded endpoint
+//!    under the cap is, else the least-loaded one.
 //!
 //! The chosen endpoint's chain is recorded in the index in the same call.
 
@@ -167,6 +167,9 @@ struct Plan {
     /// Bytes of the match that many requests diverged after (see [`BRANCH_FACTOR`]): counted as cached at every
     /// endpoint.
     shared_len: usize,
+    /// The request records at least one node: the load bound applies to its ties (a text too short to record
+    /// adds nothing to what the index places anywhere, so it keeps its plain rendezvous pick).
+    records: bool,
 }
 
 impl PrefixAwarePolicy {
@@ -316,7 +319,7 @@ impl PrefixAwarePolicy {
             Some((c, h)) if branching == m && self.is_branching(h) => start + c,
             _ => branching * bs,
         };
-        Plan { matched_blocks: m, matched_len, deepest, useful, common_blocks: common, shared_len }
+        Plan { matched_blocks: m, matched_len, deepest, useful, common_blocks: common, shared_len, records: false }
     }
 
     /// Rendezvous key: the first non-common node after the `common` leading blocks (see the module docs).
@@ -433,7 +436,6 @@ impl PrefixAwarePolicy {
         body_len: usize,
         endpoints: &[Endpoint],
         loads: &[EndpointLoad],
-        bounded: bool,
     ) -> Decision {
         let guard = LoadGuard::new(self.threshold);
         let key_hash = self.consistent_key(&key.text, ph, plan.common_blocks);
@@ -473,7 +475,7 @@ impl PrefixAwarePolicy {
             .map(|&(i, cached)| {
                 let waiting = u64::from(load_at(loads, i).pending_prefill);
                 let ttft = waiting + (prompt - cached) as u64 + most_cached.saturating_sub(cached) as u64;
-                Candidate { pos: i, ttft, over: bounded && self.over_bound(i), score: score(i), cached }
+                Candidate { pos: i, ttft, over: plan.records && self.over_bound(i), score: score(i), cached }
             })
             .collect();
         let best = candidates
@@ -532,12 +534,10 @@ impl Policy for PrefixAwarePolicy {
             Some(p) if p.block_size == self.block_size && p.namespace == key.namespace => Cow::Borrowed(p),
             _ => Cow::Owned(PrefixHashes::compute(key.namespace, &key.text, self.block_size)),
         };
-        let plan = self.plan(&key.text, &ph);
+        let mut plan = self.plan(&key.text, &ph);
         let chain = self.chain(&key.text, &ph, plan.common_blocks);
-        // A text too short to record (no node) adds nothing to what the index places anywhere: the load bound
-        // does not apply to it, so it keeps its plain rendezvous pick.
-        let bounded = !chain.is_empty();
-        let decision = self.decide(key, &ph, &plan, input.body_len, endpoints, loads, bounded);
+        plan.records = !chain.is_empty();
+        let decision = self.decide(key, &ph, &plan, input.body_len, endpoints, loads);
         self.record(&chain, endpoints[decision.endpoint].id);
         self.last_chain = chain;
         Some(decision)

@@ -433,6 +433,13 @@ fn pending(work: &[u32]) -> Vec<EndpointLoad> {
     work.iter().map(|&w| EndpointLoad { pending_prefill: w, ..Default::default() }).collect()
 }
 
+/// Loads of `n` endpoints with nothing waiting but `work` bytes of prefill work at endpoint `at`.
+fn pending_at(n: usize, at: usize, work: u32) -> Vec<EndpointLoad> {
+    let mut w = vec![0u32; n];
+    w[at] = work;
+    pending(&w)
+}
+
 #[test]
 fn equal_loads_give_the_consistent_pick() {
     // Whatever the (equal) load, a fresh key goes to the same endpoint as on an idle fleet, on every replica
@@ -475,9 +482,7 @@ fn a_loaded_holder_loses_only_when_the_predicted_ttft_says_so() {
         [(0, true), (matched, true), (2 * matched - 1, true), (2 * matched + 1, false), (matched * 5, false)]
     {
         let (mut r, _) = primed(settings(n), &t[0]);
-        let mut w = vec![0u32; n];
-        w[p] = work;
-        let d = r.route_key(&t[1], 0, &pending(&w)).unwrap();
+        let d = r.route_key(&t[1], 0, &pending_at(n, p, work)).unwrap();
         if stays {
             assert_eq!((d.endpoint, d.reason), (p, Reason::PrefixMatch), "waiting {work} < 2 × cached {matched}");
         } else {
@@ -497,13 +502,12 @@ fn a_miss_avoids_an_endpoint_with_queued_prefill_work() {
     let n = 5;
     let k = key(&[("user", &words(41, 300))]);
     let q = Router::new(settings(n)).route_key(&k, 0, &[]).unwrap().endpoint;
-    let mut w = vec![0u32; n];
-    w[q] = 1;
-    let d = Router::new(settings(n)).route_key(&k, 0, &pending(&w)).unwrap();
+    let loads = pending_at(n, q, 1);
+    let d = Router::new(settings(n)).route_key(&k, 0, &loads).unwrap();
     assert_ne!(d.endpoint, q, "one byte more waiting work decides a tie");
     assert_eq!(d.reason, Reason::Overflow);
     // Its alternative is the same on every replica with the same loads.
-    let again = Router::new(settings(n)).route_key(&k, 9, &pending(&w)).unwrap();
+    let again = Router::new(settings(n)).route_key(&k, 9, &loads).unwrap();
     assert_eq!(again.endpoint, d.endpoint);
     // All busy, one less: that one.
     let mut w = vec![50_000u32; n];
@@ -588,10 +592,8 @@ fn a_key_held_whole_past_its_cut_counts_the_whole_prompt_as_cached() {
     for (work, stays) in [(0, true), (4 * 1024, true), (prompt, true), (2 * prompt - 1, true), (2 * prompt + 1, false)]
     {
         let (mut r, _) = primed(s.clone(), &k1);
-        let mut w = vec![0u32; n];
-        w[p] = work;
         let input = crate::PickInput { key: Some(&k2), body_len: body2.len(), ..Default::default() };
-        let d = r.route(&input, &pending(&w)).unwrap();
+        let d = r.route(&input, &pending_at(n, p, work)).unwrap();
         assert_eq!(d.endpoint == p, stays, "waiting {work}, prompt {prompt}: {:?}", d.reason);
         // The work charged is what the index does not confirm: the part past the key at the holder, the whole
         // body elsewhere.
@@ -616,9 +618,7 @@ fn a_prefix_other_requests_went_on_from_is_not_charged_for_moving() {
     assert!(matched >= 1400 && (matched as usize) < k2.text.len(), "matched {matched}");
     for (work, stays) in [(matched / 2, true), (matched - 1, true), (matched + 100, false), (matched * 3 / 2, false)] {
         let (mut r, _) = primed(settings(n), &k1);
-        let mut w = vec![0u32; n];
-        w[p] = work;
-        let d = r.route_key(&k2, 0, &pending(&w)).unwrap();
+        let d = r.route_key(&k2, 0, &pending_at(n, p, work)).unwrap();
         assert_eq!(d.endpoint == p, stays, "waiting {work}, cached {matched}: {:?}", d.reason);
     }
 }
@@ -629,9 +629,7 @@ fn a_miss_between_equal_loads_goes_to_the_rendezvous_top_the_index_fills_less() 
     let n = 5;
     let k = key(&[("user", &words(51, 300))]);
     let a = Router::new(settings(n)).route_key(&k, 0, &[]).unwrap().endpoint;
-    let mut w = vec![0u32; n];
-    w[a] = 1;
-    let b = Router::new(settings(n)).route_key(&k, 0, &pending(&w)).unwrap().endpoint;
+    let b = Router::new(settings(n)).route_key(&k, 0, &pending_at(n, a, 1)).unwrap().endpoint;
     assert_ne!(a, b);
     // `filled` has had 20 other prompts placed on it (every other endpoint busy); then the key comes with equal
     // loads: it goes to the other of its two tops, whose cache holds less of what was sent.

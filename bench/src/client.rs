@@ -188,6 +188,13 @@ impl Outcome {
         simulated_ms(self.ttft_ms, self.server.map(|t| t.first_token_us), time_scale)
     }
 
+    /// The part of the time to first token the server does not account for, wall ms: the client, the proxies and
+    /// the router's pick on the way there, the network both ways (`None` without the server's timing). It is not
+    /// scaled, so it is the same in simulated ms.
+    pub fn ttft_outside_server_ms(&self) -> Option<f64> {
+        self.server.map(|t| (self.ttft_ms - t.first_token_us as f64 / 1000.0).max(0.0))
+    }
+
     /// End-to-end latency in simulated ms at `time_scale`: see [`simulated_ms`].
     pub fn sim_e2e_ms(&self, time_scale: f64) -> f64 {
         simulated_ms(self.e2e_ms, self.server.map(|t| t.done_us), time_scale)
@@ -248,6 +255,21 @@ mod tests {
         let server_ms = timing.first_token_us as f64 / 1000.0;
         assert!((sim - (out.ttft_ms - server_ms + server_ms * 1000.0)).abs() < 1e-6, "{sim} from {out:?}");
         assert!(sim >= 600.0 + 30.0, "600 ms at wall speed plus the server's 30 simulated ms of overhead: {sim}");
+        // What the server does not account for is the path: here the 600 ms before the send and the hop.
+        let outside = out.ttft_outside_server_ms().expect("timed");
+        assert!((outside - (out.ttft_ms - server_ms)).abs() < 1e-9 && outside >= 600.0, "{outside} from {out:?}");
+    }
+
+    #[test]
+    fn the_part_outside_the_server_needs_its_timing_and_is_never_negative() {
+        let timed = |ttft_ms: f64, first_token_us: u64| Outcome {
+            ttft_ms,
+            server: Some(ServerTiming { first_token_us, done_us: first_token_us }),
+            ..Default::default()
+        };
+        assert_eq!(timed(10.0, 4_000).ttft_outside_server_ms(), Some(6.0));
+        assert_eq!(timed(1.0, 5_000).ttft_outside_server_ms(), Some(0.0));
+        assert_eq!(Outcome { ttft_ms: 10.0, ..Default::default() }.ttft_outside_server_ms(), None);
     }
 
     #[test]

@@ -26,6 +26,9 @@ pub struct Summary {
     pub hit_ratio: f64,
     /// TTFT percentiles p50/p90/p99, simulated ms.
     pub ttft_ms: [f64; 3],
+    /// Median of the part of each TTFT outside the server's own account ([`crate::client::Outcome::ttft_outside_server_ms`]):
+    /// what the path (client, proxies, the router's pick) adds at wall speed, ms; `None` without the servers' timing.
+    pub outside_ms: Option<f64>,
     /// End-to-end latency p50/p99, simulated ms.
     pub e2e_ms: [f64; 2],
     /// Largest share of requests served by one endpoint (server truth), 0–1.
@@ -70,6 +73,7 @@ impl Summary {
         let ok: Vec<_> = run.outcomes.iter().filter(|o| o.ok).collect();
         let mut ttft: Vec<f64> = ok.iter().map(|o| o.sim_ttft_ms(run.time_scale)).collect();
         let mut e2e: Vec<f64> = ok.iter().map(|o| o.sim_e2e_ms(run.time_scale)).collect();
+        let mut outside: Vec<f64> = ok.iter().filter_map(|o| o.ttft_outside_server_ms()).collect();
         let queries: f64 = run.servers.iter().map(|(_, m)| m.prefix_queries).sum();
         let hits: f64 = run.servers.iter().map(|(_, m)| m.prefix_hits).sum();
         let per: Vec<f64> = run.servers.iter().map(|(_, m)| m.requests).collect();
@@ -82,6 +86,7 @@ impl Summary {
             errors: run.outcomes.len() - ok.len() + run.not_sent,
             hit_ratio: if queries > 0.0 { hits / queries } else { 0.0 },
             ttft_ms: [percentile(&mut ttft, 0.5), percentile(&mut ttft, 0.9), percentile(&mut ttft, 0.99)],
+            outside_ms: (!outside.is_empty()).then(|| percentile(&mut outside, 0.5)),
             e2e_ms: [percentile(&mut e2e, 0.5), percentile(&mut e2e, 0.99)],
             max_share: if total > 0.0 { per.iter().cloned().fold(0.0, f64::max) / total } else { 0.0 },
             overflows: run.overflows,
@@ -109,6 +114,8 @@ impl Summary {
 /// What the table's units and path column mean, printed under every table.
 const LEGEND: &str = "latencies in simulated ms (the servers' own share of each request's time divided by the \
     time scale, the client's and proxies' at wall speed); hit ratio = server-side cached prompt tokens / prompt tokens; \
+    outside server = median part of TTFT outside the server's own account (client, proxies, the router's pick, network), \
+    wall ms, included in the TTFT columns; \
     path: envoy = Envoy + the filter; envoy-pick = routed client-side by the harness, its pick through Envoy without \
     the filter; direct = routed client-side, no proxy hop; smg / vllm-router = the peer's real router process; \
     proxy CPU = user + system CPU time of the proxy processes on the request path per request, µs of real time \
@@ -155,13 +162,13 @@ pub fn table(rows: &[Summary], pooled: Option<f64>) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "| strategy | path | requests | errors | hit ratio | TTFT p50 | TTFT p90 | TTFT p99 | E2E p50 | E2E p99 | max share | overflow | req/s | proxy CPU µs/req | CPU busy % |"
+        "| strategy | path | requests | errors | hit ratio | TTFT p50 | TTFT p90 | TTFT p99 | outside server | E2E p50 | E2E p99 | max share | overflow | req/s | proxy CPU µs/req | CPU busy % |"
     );
-    let _ = writeln!(s, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let _ = writeln!(s, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for r in rows {
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {} | {:.3} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.3} | {} | {:.2} | {} | {} |",
+            "| {} | {} | {} | {} | {:.3} | {:.0} | {:.0} | {:.0} | {} | {:.0} | {:.0} | {:.3} | {} | {:.2} | {} | {} |",
             r.label,
             r.path,
             r.requests,
@@ -170,6 +177,7 @@ pub fn table(rows: &[Summary], pooled: Option<f64>) -> String {
             r.ttft_ms[0],
             r.ttft_ms[1],
             r.ttft_ms[2],
+            opt(r.outside_ms, 1),
             r.e2e_ms[0],
             r.e2e_ms[1],
             r.max_share,
@@ -205,9 +213,9 @@ pub fn table_runs(runs: &[Vec<Summary>], pooled: &[f64]) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "| strategy | path | runs | requests | errors | hit ratio | TTFT p50 | TTFT p90 | TTFT p99 | E2E p50 | E2E p99 | max share | overflow | req/s | proxy CPU µs/req | CPU busy % |"
+        "| strategy | path | runs | requests | errors | hit ratio | TTFT p50 | TTFT p90 | TTFT p99 | outside server | E2E p50 | E2E p99 | max share | overflow | req/s | proxy CPU µs/req | CPU busy % |"
     );
-    let _ = writeln!(s, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let _ = writeln!(s, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     let mut busiest = Vec::new();
     let Some(first) = runs.first() else { return s };
     for (i, r) in first.iter().enumerate() {
@@ -215,7 +223,7 @@ pub fn table_runs(runs: &[Vec<Summary>], pooled: &[f64]) -> String {
         let col = |f: &dyn Fn(&Summary) -> f64, d: usize| mean_range(&rows.iter().map(|r| f(r)).collect::<Vec<_>>(), d);
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             r.label,
             r.path,
             rows.len(),
@@ -225,6 +233,7 @@ pub fn table_runs(runs: &[Vec<Summary>], pooled: &[f64]) -> String {
             col(&|r| r.ttft_ms[0], 0),
             col(&|r| r.ttft_ms[1], 0),
             col(&|r| r.ttft_ms[2], 0),
+            mean_range_opt(&rows.iter().map(|r| r.outside_ms).collect::<Vec<_>>(), 1),
             col(&|r| r.e2e_ms[0], 0),
             col(&|r| r.e2e_ms[1], 0),
             col(&|r| r.max_share, 3),
@@ -263,6 +272,7 @@ pub fn write_csv(dir: &Path, runs: &[StrategyRun], rows: &[Summary]) -> anyhow::
         "ttft_p50_ms",
         "ttft_p90_ms",
         "ttft_p99_ms",
+        "ttft_outside_server_p50_ms",
         "e2e_p50_ms",
         "e2e_p99_ms",
         "max_share",
@@ -282,6 +292,7 @@ pub fn write_csv(dir: &Path, runs: &[StrategyRun], rows: &[Summary]) -> anyhow::
             format!("{:.1}", r.ttft_ms[0]),
             format!("{:.1}", r.ttft_ms[1]),
             format!("{:.1}", r.ttft_ms[2]),
+            r.outside_ms.map(|m| format!("{m:.2}")).unwrap_or_default(),
             format!("{:.1}", r.e2e_ms[0]),
             format!("{:.1}", r.e2e_ms[1]),
             format!("{:.4}", r.max_share),
@@ -301,6 +312,7 @@ pub fn write_csv(dir: &Path, runs: &[StrategyRun], rows: &[Summary]) -> anyhow::
         "ok",
         "status",
         "ttft_ms",
+        "ttft_outside_server_ms",
         "e2e_ms",
         "prompt_tokens",
         "cached_tokens",
@@ -317,6 +329,7 @@ pub fn write_csv(dir: &Path, runs: &[StrategyRun], rows: &[Summary]) -> anyhow::
                 o.ok.to_string(),
                 o.status.to_string(),
                 format!("{:.1}", o.sim_ttft_ms(run.time_scale)),
+                o.ttft_outside_server_ms().map(|m| format!("{m:.2}")).unwrap_or_default(),
                 format!("{:.1}", o.sim_e2e_ms(run.time_scale)),
                 o.usage.prompt_tokens.to_string(),
                 o.usage.prompt_tokens_details.cached_tokens.to_string(),
@@ -372,6 +385,7 @@ mod tests {
             errors,
             hit_ratio: hit,
             ttft_ms: [p50, 2.0 * p50, 3.0 * p50],
+            outside_ms: Some(0.5),
             e2e_ms: [100.0, 200.0],
             max_share: 0.5,
             overflows: 0,
@@ -430,6 +444,16 @@ mod tests {
         let one = table(&[with("PROXIED", Some(250.0), Some(0.4))], None);
         assert!(one.lines().any(|x| x.starts_with("| PROXIED |") && x.ends_with("| 250 | 40 |")), "{one}");
         assert!(!one.contains("note:"), "no replay was saturated: {one}");
+    }
+
+    #[test]
+    fn the_part_outside_the_server_follows_the_ttft_columns() {
+        let with = |outside: Option<f64>| Summary { outside_ms: outside, ..row("A", 0.5, 100.0, 0) };
+        let t = table_runs(&[vec![with(Some(0.4))], vec![with(Some(0.6))], vec![with(None)]], &[]);
+        // p99 300, then the mean of the runs that had the servers' timing.
+        assert!(t.contains("| 300 | 0.5 (0.4–0.6) | 100 |"), "{t}");
+        let one = table(&[with(None)], None);
+        assert!(one.contains("| 300 | - | 100 |"), "{one}");
     }
 
     #[test]

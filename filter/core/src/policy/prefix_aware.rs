@@ -31,17 +31,20 @@
 //! 4. For each candidate `e` the predicted time to first token, in bytes of prompt text to prefill before this
 //!    request's first token:
 //!
-//!    `ttft(e) = waiting(e) + max(prompt − cached(e), 0) + (most_cached − cached(e))`
+//!    `ttft(e) = waiting(e) + max(prompt − cached(e), 0) + MOVE_CHARGE × (most_cached − cached(e))`
 //!
 //!    where `most_cached` is the largest `cached` among the admitted candidates when the request continues an
 //!    earlier request's whole text (its deepest matched node has no recorded continuation: a conversation's next
 //!    turn, a repeated document), else 0. A move off the best-cached endpoint then computes that difference a
-//!    second time, on an endpoint that then serves whoever queues behind it, for a prefix only this line of
-//!    requests reuses, so it is charged twice; a holder keeps such a request until its waiting work exceeds twice
-//!    its cached advantage. A match that ends where earlier traffic went on differently is a prefix several
-//!    requests share (a system prompt, a template): a second copy of it is reused by the next of them, so it is
-//!    not charged (charging it queued the first requests of a template behind its first holder: templated TTFT
-//!    p99 1,022 vs 490 ms). Requests with nothing cached anywhere are placed by `waiting + prompt` alone.
+//!    second time, for a prefix only this line of requests reuses, on an endpoint whose next requests wait for it
+//!    and whose cache gives up as much to the copy; so it is charged three times ([`MOVE_CHARGE`] = 2 beyond the
+//!    request's own prefill), and a holder keeps such a request until its waiting work exceeds three times its
+//!    cached advantage (charged twice it measured a longer chat tail, TTFT p90 166 vs 153 simulated ms, and a
+//!    lower hit ratio on the Mooncake trace, 0.097 vs 0.104 at 4 × 32k, with TTFT otherwise equal; four times
+//!    gained nothing more; BENCHMARKS.md §1). A match that ends where earlier traffic went on differently is a
+//!    prefix several requests share (a system prompt, a template): a second copy of it is reused by the next of
+//!    them, so it is not charged (charging it queued the first requests of a template behind its first holder:
+//!    templated TTFT p99 1,022 vs 490 ms). Requests with nothing cached anywhere are placed by `waiting + prompt` alone.
 //!
 //!    - `cached(e)`: the longest match of this request's chain that the index lists `e` as a holder of (the
 //!      matched length for holders of the deepest node, else the deepest full block `e` holds, by binary search),
@@ -110,6 +113,12 @@ pub const BRANCH_FACTOR: u16 = 2;
 const BOUND_NUM: u64 = 5;
 /// Denominator of the bounded-load factor ([`BOUND_NUM`]).
 const BOUND_DEN: u64 = 4;
+
+/// Extra times the work a move redoes is charged, beyond this request's own prefill of it (module docs, step 4):
+/// the requests that queue behind it at the new endpoint wait for it, and the copy it leaves takes as much of that
+/// endpoint's cache, full in steady state, from prefixes other requests would have reused. Measured against 1 and
+/// 3 on every workload (BENCHMARKS.md §1).
+const MOVE_CHARGE: u64 = 2;
 
 /// Message separator byte of the extracted text ([`crate::extract::MSG_SEP`]).
 const SEPARATOR: u8 = 0x1e;
@@ -474,7 +483,8 @@ impl PrefixAwarePolicy {
             .iter()
             .map(|&(i, cached)| {
                 let waiting = u64::from(load_at(loads, i).pending_prefill);
-                let ttft = waiting + (prompt - cached) as u64 + most_cached.saturating_sub(cached) as u64;
+                let redo = most_cached.saturating_sub(cached) as u64;
+                let ttft = waiting + (prompt - cached) as u64 + MOVE_CHARGE * redo;
                 Candidate { pos: i, ttft, over: plan.records && self.over_bound(i), score: score(i), cached }
             })
             .collect();

@@ -5,6 +5,7 @@
 use wasm_bindgen_test::wasm_bindgen_test as test;
 use xxhash_rust::xxh3::xxh3_64;
 
+use super::MOVE_CHARGE;
 use crate::config::{Settings, Strategy};
 use crate::decision::Reason;
 use crate::endpoint::{EndpointLoad, ServerLoad};
@@ -465,9 +466,9 @@ fn equal_loads_give_the_consistent_pick() {
 #[test]
 fn a_loaded_holder_loses_only_when_the_predicted_ttft_says_so() {
     // Turn 1 is cached at p (`matched` bytes); turn 2 extends it. Another endpoint has nothing cached, so its
-    // prediction is the whole prompt plus the `matched` bytes the move would compute a second time; p's is its
-    // waiting work plus the new part. p keeps the conversation while its waiting work is below twice what it has
-    // cached, and loses it beyond.
+    // prediction is the whole prompt plus the `matched` bytes the move would compute a second time, charged
+    // MOVE_CHARGE times; p's is its waiting work plus the new part. p keeps the conversation while its waiting
+    // work is below three times what it has cached, and loses it beyond.
     let n = 4;
     let t = conversation(31, None, 2, 300);
     let (_, p) = primed(settings(n), &t[0]);
@@ -478,21 +479,22 @@ fn a_loaded_holder_loses_only_when_the_predicted_ttft_says_so() {
     let prompt = t[1].text.len() as u32;
     assert!(matched > 0 && matched < prompt, "matched {matched} of {prompt}");
     assert_eq!(d.prefill_bytes, prompt - matched, "prefill work charged = uncached part");
+    let times = MOVE_CHARGE as u32 + 1;
     for (work, stays) in
-        [(0, true), (matched, true), (2 * matched - 1, true), (2 * matched + 1, false), (matched * 5, false)]
+        [(0, true), (matched, true), (times * matched - 1, true), (times * matched + 1, false), (matched * 5, false)]
     {
         let (mut r, _) = primed(settings(n), &t[0]);
         let d = r.route_key(&t[1], 0, &pending_at(n, p, work)).unwrap();
         if stays {
-            assert_eq!((d.endpoint, d.reason), (p, Reason::PrefixMatch), "waiting {work} < 2 × cached {matched}");
+            assert_eq!((d.endpoint, d.reason), (p, Reason::PrefixMatch), "waiting {work} < {times} × cached {matched}");
         } else {
-            assert_ne!(d.endpoint, p, "waiting {work} > 2 × cached {matched}");
+            assert_ne!(d.endpoint, p, "waiting {work} > {times} × cached {matched}");
             assert_eq!((d.reason, d.matched_len, d.prefill_bytes), (Reason::Overflow, 0, prompt));
         }
     }
     // Every other endpoint just as busy: the holder is still the cheapest.
     let (mut r, _) = primed(settings(n), &t[0]);
-    let d = r.route_key(&t[1], 0, &pending(&vec![matched * 3; n])).unwrap();
+    let d = r.route_key(&t[1], 0, &pending(&vec![matched * 5; n])).unwrap();
     assert_eq!((d.endpoint, d.reason), (p, Reason::PrefixMatch));
 }
 
@@ -579,7 +581,8 @@ fn a_key_held_whole_past_its_cut_counts_the_whole_prompt_as_cached() {
     // Turn 1 is longer than `prefix_length`, so the key is cut and the index sees only its first 1,024 bytes; turn
     // 2 repeats turn 1 and adds a question. The holder p of the whole key is expected to hold the rest of the
     // prompt too: it keeps turn 2 with far more waiting work than the key's length, until its waiting work
-    // exceeds twice the prompt (the prompt this request would prefill elsewhere, plus the same work done again).
+    // exceeds three times the prompt (the prompt this request would prefill elsewhere, plus the same work done
+    // again charged MOVE_CHARGE times).
     let s = Settings { prefix_length: 1024, ..settings(4) };
     let long = words(81, 6000);
     let k1 = extract_key(CHAT, &chat(&[("user", &long)]), None, 1024).unwrap();
@@ -589,7 +592,9 @@ fn a_key_held_whole_past_its_cut_counts_the_whole_prompt_as_cached() {
     let (_, p) = primed(s.clone(), &k1);
     let prompt = body2.len() as u32;
     let n = 4;
-    for (work, stays) in [(0, true), (4 * 1024, true), (prompt, true), (2 * prompt - 1, true), (2 * prompt + 1, false)]
+    let times = MOVE_CHARGE as u32 + 1;
+    for (work, stays) in
+        [(0, true), (4 * 1024, true), (prompt, true), (times * prompt - 1, true), (times * prompt + 1, false)]
     {
         let (mut r, _) = primed(s.clone(), &k1);
         let input = crate::PickInput { key: Some(&k2), body_len: body2.len(), ..Default::default() };

@@ -143,20 +143,20 @@ async fn a_holder_whose_queue_is_nearly_prefilled_keeps_its_prefix() {
     let rig = Rig::start_workers(2, json!({"strategy": "PREFIX_AWARE"}), 1).await;
     learn_prefill_speed(&rig, 24, Connections::Pooled).await;
     // A long request: a 12,000-character shared part (past `prefix_length`, so its key is cut there and a later
-    // request with the same start counts as cached whole on its holder) and 20,000 characters of its own, about
-    // 32 KB of work: its first byte comes ~650 ms after it reaches its upstream.
+    // request with the same start counts as cached whole on its holder) and 30,000 characters of its own, about
+    // 42 KB of work: its first byte comes ~850 ms after it reaches its upstream.
     let shared = prompt("shared document", 12_000);
     let rig = std::sync::Arc::new(rig);
     let long = {
-        let (rig, body) = (rig.clone(), format!("{shared}{}", prompt("first question", 20_000)));
+        let (rig, body) = (rig.clone(), format!("{shared}{}", prompt("first question", 30_000)));
         tokio::spawn(async move { rig.chat(&body).await })
     };
     let holder = upstream_with_one_request(&rig.upstreams, Duration::from_millis(5)).await;
     let holder = holder.expect("the long request reached an upstream");
     // 400 ms after it arrived, ~20 KB of it is done (~14 KB at the slowest speed accepted above). Counted whole, the
-    // 32 KB still waiting on the holder is more than prefilling the next request on the idle endpoint (~12 KB,
-    // charged twice for duplicating a prefix: ~24 KB); drained, the 12–18 KB left is less. The first byte is still
-    // ~250 ms away, so the holder's work has not been released yet.
+    // 42 KB still waiting on the holder is more than prefilling the next request on the idle endpoint (~12 KB,
+    // charged three times for duplicating a prefix: ~36 KB); drained, the 16–28 KB left is less. The first byte is
+    // still ~450 ms away, so the holder's work has not been released yet.
     tokio::time::sleep(Duration::from_millis(400)).await;
     assert!(!long.is_finished() && rig.upstreams[holder].active() == 1, "the long request was answered too soon");
     let next = rig.chat(&format!("{shared} second question")).await;

@@ -192,7 +192,7 @@ impl Outcome {
     /// the router's pick on the way there, the network both ways (`None` without the server's timing). It is not
     /// scaled, so it is the same in simulated ms.
     pub fn ttft_outside_server_ms(&self) -> Option<f64> {
-        self.server.map(|t| (self.ttft_ms - t.first_token_us as f64 / 1000.0).max(0.0))
+        self.server.map(|t| self.ttft_ms - server_share_ms(self.ttft_ms, t.first_token_us))
     }
 
     /// End-to-end latency in simulated ms at `time_scale`: see [`simulated_ms`].
@@ -209,11 +209,17 @@ pub fn simulated_ms(wall_ms: f64, server_us: Option<u64>, time_scale: f64) -> f6
     let scale = time_scale.max(1e-9);
     match server_us {
         Some(us) => {
-            let server_ms = (us as f64 / 1000.0).min(wall_ms);
+            let server_ms = server_share_ms(wall_ms, us);
             (wall_ms - server_ms) + server_ms / scale
         }
         None => wall_ms / scale,
     }
+}
+
+/// The server's reported share `server_us` of a latency of `wall_ms`, wall ms, capped at the client's own measure
+/// (so the part outside the server is never negative).
+fn server_share_ms(wall_ms: f64, server_us: u64) -> f64 {
+    (server_us as f64 / 1000.0).min(wall_ms)
 }
 
 fn ms(start: Instant) -> f64 {

@@ -26,8 +26,9 @@ pub struct Summary {
     pub hit_ratio: f64,
     /// TTFT percentiles p50/p90/p99, simulated ms.
     pub ttft_ms: [f64; 3],
-    /// Median of the part of each TTFT outside the server's own account ([`crate::client::Outcome::ttft_outside_server_ms`]):
-    /// what the path (client, proxies, the router's pick) adds at wall speed, ms; `None` without the servers' timing.
+    /// Median of the part of each TTFT outside the server's own account
+    /// ([`crate::client::Outcome::ttft_outside_server_ms`]): what the path (client, proxies, the router's pick)
+    /// adds at wall speed, ms; `None` without the servers' timing.
     pub outside_ms: Option<f64>,
     /// End-to-end latency p50/p99, simulated ms.
     pub e2e_ms: [f64; 2],

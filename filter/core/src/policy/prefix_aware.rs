@@ -44,7 +44,8 @@
 //!    gained nothing more; BENCHMARKS.md §1). A match that ends where earlier traffic went on differently is a
 //!    prefix several requests share (a system prompt, a template): a second copy of it is reused by the next of
 //!    them, so it is not charged (charging it queued the first requests of a template behind its first holder:
-//!    templated TTFT p99 1,022 vs 490 ms). Requests with nothing cached anywhere are placed by `waiting + prompt` alone.
+//!    templated TTFT p99 1,022 vs 490 ms). Requests with nothing cached anywhere are placed by `waiting + prompt`
+//!    alone.
 //!
 //!    - `cached(e)`: the longest match of this request's chain that the index lists `e` as a holder of (the
 //!      matched length for holders of the deepest node, else the deepest full block `e` holds, by binary search),

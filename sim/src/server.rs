@@ -352,7 +352,7 @@ async fn simulate(s: Shared, prompt: String, max_tokens: usize, received: Instan
     };
     s.pending_prefill_tokens.fetch_add(expected, Ordering::Relaxed);
 
-    tokio::time::sleep(lat.wall(lat.overhead_ms)).await;
+    lat.sleep(lat.overhead_ms).await;
     let (mut alloc, cached);
     {
         let _lane = match &s.prefill {
@@ -374,7 +374,7 @@ async fn simulate(s: Shared, prompt: String, max_tokens: usize, received: Instan
         s.metrics.prompt_tokens.inc_by(prompt_tokens);
         s.metrics.waiting.dec();
         s.metrics.running.inc();
-        tokio::time::sleep(lat.wall(lat.prefill_ms(prompt_tokens - cached))).await;
+        lat.sleep(lat.prefill_ms(prompt_tokens - cached)).await;
     }
     {
         let mut c = s.cache.lock().unwrap_or_else(|e| e.into_inner());

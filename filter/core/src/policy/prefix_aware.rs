@@ -31,7 +31,7 @@
 //! 4. For each candidate `e` the predicted time to first token, in bytes of prompt text to prefill before this
 //!    request's first token:
 //!
-//!    `ttft(e) = waiting(e) + max(prompt − cached(e), 0) + MOVE_CHARGE × (most_cached − cached(e))`
+//!    `ttft(e) = waiting(e) + max(prompt − cached(e), 0) + MOVE_CHARGE × (most_cached − cached(e)) + new(e)`
 //!
 //!    where `most_cached` is the largest `cached` among the admitted candidates when the request continues an
 //!    earlier request's whole text (its deepest matched node has no recorded continuation: a conversation's next
@@ -46,6 +46,20 @@
 //!    them, so it is not charged (charging it queued the first requests of a template behind its first holder:
 //!    templated TTFT p99 1,022 vs 490 ms). Requests with nothing cached anywhere are placed by `waiting + prompt`
 //!    alone.
+//!
+//!    `new(e)` charges a request without a useful match (its text past the common part is new everywhere) the
+//!    new part, `prompt − matched`, once more at a candidate the index lists as the holder of more than
+//!    [`BOUND_NUM`]/[`BOUND_DEN`] times the mean share of its entries: the new prefix takes that much of the cache
+//!    of an endpoint that already holds more than its share, where it evicts prefixes other requests come back
+//!    for. Consistent hashing with bounded loads bounds the placement of every new key this way, not only ties
+//!    (step 5). Without it a short prefix held only by the first endpoints to serve (a system prompt continued by a
+//!    few documents, below [`BRANCH_FACTOR`]·N) made each new document cheaper there by its length: on rag, runs
+//!    that placed six documents on three of four servers, then found some of them evicted (TTFT p90 over 24 seeds
+//!    50.5 ± 1.9 against 46.7 ± 0.1 simulated ms with the charge; BENCHMARKS.md §1). Charging the whole uncached
+//!    work instead, the common part included, moved requests off the holders of long common prefixes: Mooncake
+//!    4 × 32k hit ratio 0.099 against 0.103 without a charge, 0.102 with this one (docs/bench/replay.md §27). Queued
+//!    work still decides beyond the charge: an idle endpoint over the bound wins over one within it whose queue is
+//!    longer than the new part.
 //!
 //!    - `cached(e)`: the longest match of this request's chain that the index lists `e` as a holder of (the
 //!      matched length for holders of the deepest node, else the deepest full block `e` holds, by binary search),
@@ -75,19 +89,18 @@
 //!    the comparison and no coefficient needs tuning. The decode term is left out: it needs the output length,
 //!    which a gateway does not know, and under chunked prefill decode steps slow prefill by a factor that depends
 //!    on the engine's batch budget; the hard cap below bounds it instead.
-//! 5. Lowest prediction wins. Ties go in rendezvous order for the key, skipping a candidate the index already
-//!    lists as the holder of more than [`BOUND_NUM`]/[`BOUND_DEN`] times the mean share of its entries
-//!    (consistent hashing with bounded loads, Mirrokni, Thorup and Zadimoghaddam, SODA 2018). So with equal
-//!    loads a request with a useful match goes to a holder, one without to the key's rendezvous top, or to its
-//!    next top when the index has filled the first past the bound — the consistent pick every replica computes
-//!    from the same index. The bound applies to ties only: a first request of a prefix is a miss everywhere, and
-//!    without it equal predictions followed rendezvous scores alone, which left one endpoint with the first
-//!    requests of seven of the code workload's sixteen files (more than its cache holds) and measured a worse
-//!    tail (code TTFT p90 106.1 vs 102.6 simulated ms, chat 156.5 vs 151.4, means of 3 in one alternating pass;
-//!    docs/bench/replay.md §23). A text too short to record keeps its plain rendezvous pick. A candidate at
-//!    `concurrency_threshold` (counting the server's own waiting and running requests when the feed reports
-//!    them, [`EndpointLoad::effective`]) is never chosen; when every candidate is, the least-loaded endpoint
-//!    under the cap is, else the least-loaded one.
+//! 5. Lowest prediction wins. Ties go in rendezvous order for the key, skipping a candidate the index already lists as
+//!    the holder of more than [`BOUND_NUM`]/[`BOUND_DEN`] times the mean share of its entries (consistent hashing with
+//!    bounded loads, Mirrokni, Thorup and Zadimoghaddam, SODA 2018). So with equal loads a request with a useful match
+//!    goes to a holder, one without to the key's rendezvous top, or to its next top when the index has filled the first
+//!    past the bound — the consistent pick every replica computes from the same index. Beyond ties the bound enters
+//!    only as the charge `new(e)` of step 4. On ties: a first request of a prefix is a miss everywhere, and without the
+//!    bound equal predictions followed rendezvous scores alone, which left one endpoint with the first requests of
+//!    seven of the code workload's sixteen files (more than its cache holds) and measured a worse tail (code TTFT p90
+//!    106.1 vs 102.6 simulated ms, chat 156.5 vs 151.4, means of 3 in one alternating pass; docs/bench/replay.md §23).
+//!    A text too short to record keeps its plain rendezvous pick. A candidate at `concurrency_threshold` (counting the
+//!    server's own waiting and running requests when the feed reports them, [`EndpointLoad::effective`]) is never
+//!    chosen; when every candidate is, the least-loaded endpoint under the cap is, else the least-loaded one.
 //!
 //! The chosen endpoint's chain is recorded in the index in the same call.
 
@@ -107,10 +120,11 @@ use crate::RequestKey;
 /// A node is common when the traffic diverged below it at least `BRANCH_FACTOR × N` times (N endpoints).
 pub const BRANCH_FACTOR: u16 = 2;
 
-/// Bounded-load factor for ties, `BOUND_NUM / BOUND_DEN` = 1.25 (consistent hashing with bounded loads, Mirrokni,
-/// Thorup and Zadimoghaddam, SODA 2018; 1.25 is the default of brpc's bounded-load balancer and the factor of
-/// Vimeo's HAProxy deployment): an endpoint the index lists as the holder of more than 1.25 × the mean share of
-/// its entries loses a tie to one that is not. Only measured against no bound (BENCHMARKS.md §1), not tuned.
+/// Bounded-load factor, `BOUND_NUM / BOUND_DEN` = 1.25 (consistent hashing with bounded loads, Mirrokni, Thorup and
+/// Zadimoghaddam, SODA 2018; 1.25 is the default of brpc's bounded-load balancer and the factor of Vimeo's HAProxy
+/// deployment): an endpoint the index lists as the holder of more than 1.25 × the mean share of its entries loses a
+/// tie to one that is not, and a new prefix's new part is charged there twice (module docs, steps 4 and 5). Only
+/// measured against no bound (BENCHMARKS.md §1), not tuned.
 const BOUND_NUM: u64 = 5;
 /// Denominator of the bounded-load factor ([`BOUND_NUM`]).
 const BOUND_DEN: u64 = 4;
@@ -152,8 +166,12 @@ struct Candidate {
     pos: usize,
     /// Predicted prefill work before this request's first token, bytes.
     ttft: u64,
+    /// `ttft` without the charge for new work on an endpoint over the bound (the prediction rendezvous ties
+    /// compare).
+    base: u64,
     /// The index lists the endpoint as a holder more than [`BOUND_NUM`]/[`BOUND_DEN`] times the mean over the
-    /// endpoints (ties go first to a candidate that is not).
+    /// endpoints (ties go first to a candidate that is not; a request without a useful match is charged its new part
+    /// twice there).
     over: bool,
     /// Rendezvous score for the request's key (then ties go to the higher).
     score: u64,
@@ -430,7 +448,7 @@ impl PrefixAwarePolicy {
             if t == best.pos {
                 return true;
             }
-            if !candidates.iter().any(|c| c.pos == t && c.over && c.ttft == best.ttft) {
+            if !candidates.iter().any(|c| c.pos == t && c.over && c.base == best.base) {
                 return false;
             }
         }
@@ -485,8 +503,10 @@ impl PrefixAwarePolicy {
             .map(|&(i, cached)| {
                 let waiting = u64::from(load_at(loads, i).pending_prefill);
                 let redo = most_cached.saturating_sub(cached) as u64;
-                let ttft = waiting + (prompt - cached) as u64 + MOVE_CHARGE * redo;
-                Candidate { pos: i, ttft, over: plan.records && self.over_bound(i), score: score(i), cached }
+                let over = plan.records && self.over_bound(i);
+                let fresh = if over && !plan.useful { prompt.saturating_sub(plan.matched_len) as u64 } else { 0 };
+                let base = waiting + (prompt - cached) as u64 + MOVE_CHARGE * redo;
+                Candidate { pos: i, ttft: base + fresh, base, over, score: score(i), cached }
             })
             .collect();
         let best = candidates
@@ -500,7 +520,7 @@ impl PrefixAwarePolicy {
                 // Every endpoint is at the cap: the least-loaded one (the request is never refused).
                 let i = least_loaded(key_hash, endpoints, loads).expect("endpoints are not empty");
                 let cached = self.cached_at(plan, &ph.blocks, i);
-                Candidate { pos: i, ttft: 0, over: false, score: 0, cached }
+                Candidate { pos: i, ttft: 0, base: 0, over: false, score: 0, cached }
             }
         };
         let holds_match = best.cached > 0 && self.holds(plan.deepest, best.pos);

@@ -650,3 +650,27 @@ fn a_miss_between_equal_loads_goes_to_the_rendezvous_top_the_index_fills_less() 
         assert_eq!((d.endpoint, d.reason), (expect, Reason::ConsistentPick), "{filled} holds 20 prompts");
     }
 }
+
+#[test]
+fn a_new_prefix_goes_past_endpoints_holding_more_than_their_share() {
+    // Six documents behind one system prompt, two on each of three endpoints (each sent where nothing else was
+    // queued): those three hold the prompt and every document, `cold` holds nothing. A seventh document with equal
+    // loads goes to `cold`, although the others would reuse the system prompt: each holds more than the bounded
+    // share of the index, and the new document would take its cache.
+    let n = 4;
+    let sys = words(70, 700);
+    let doc = |i: u64| key(&[("system", &sys), ("user", &words(700 + i, 2000))]);
+    let cold = 0;
+    let mut r = Router::new(settings(n));
+    for i in 0..6 {
+        let to = 1 + (i as usize % 3);
+        let mut busy = vec![1_000_000u32; n];
+        busy[to] = 0;
+        assert_eq!(r.route_key(&doc(i), 0, &pending(&busy)).unwrap().endpoint, to);
+    }
+    let d = r.route_key(&doc(6), 0, &pending(&vec![0; n])).unwrap();
+    assert_eq!(d.endpoint, cold, "equal loads: the endpoint within the bound");
+    // The charge is the new part once more: queued work beyond it still decides.
+    let d = r.route_key(&doc(7), 0, &pending_at(n, cold, doc(7).text.len() as u32)).unwrap();
+    assert_ne!(d.endpoint, cold, "a queue longer than the charge");
+}

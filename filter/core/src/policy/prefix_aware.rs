@@ -47,19 +47,19 @@
 //!    templated TTFT p99 1,022 vs 490 ms). Requests with nothing cached anywhere are placed by `waiting + prompt`
 //!    alone.
 //!
-//!    `new(e)` charges a request without a useful match (its text past the common part is new everywhere) the
-//!    new part, `prompt − matched`, once more at a candidate the index lists as the holder of more than
-//!    [`BOUND_NUM`]/[`BOUND_DEN`] times the mean share of its entries: the new prefix takes that much of the cache
-//!    of an endpoint that already holds more than its share, where it evicts prefixes other requests come back
-//!    for. Consistent hashing with bounded loads bounds the placement of every new key this way, not only ties
-//!    (step 5). Without it a short prefix held only by the first endpoints to serve (a system prompt continued by a
-//!    few documents, below [`BRANCH_FACTOR`]·N) made each new document cheaper there by its length: on rag, runs
-//!    that placed six documents on three of four servers, then found some of them evicted (TTFT p90 over 24 seeds
-//!    50.5 ± 1.9 against 46.7 ± 0.1 simulated ms with the charge; BENCHMARKS.md §1). Charging the whole uncached
-//!    work instead, the common part included, moved requests off the holders of long common prefixes: Mooncake
-//!    4 × 32k hit ratio 0.099 against 0.103 without a charge, 0.102 with this one (docs/bench/replay.md §27). Queued
-//!    work still decides beyond the charge: an idle endpoint over the bound wins over one within it whose queue is
-//!    longer than the new part.
+//!    `new(e)` charges a request without a useful match (its text past the common part is new everywhere) the new part,
+//!    `prompt − matched`, once more at a candidate the index lists as the holder of more than
+//!    [`BOUND_NUM`]/[`BOUND_DEN`] times the mean share of its entries: the new prefix takes that much of the cache of
+//!    an endpoint that already holds more than its share, where it evicts prefixes other requests come back for.
+//!    Consistent hashing with bounded loads bounds the placement of every new key this way, not only ties (step 5).
+//!    Without it a short prefix held only by the first endpoints to serve (a system prompt continued by a few
+//!    documents, below [`BRANCH_FACTOR`]·N) made each new document cheaper there by its length: one rag run in twelve
+//!    placed six documents on three of four servers and evicted some of them. Over 24 rag seeds TTFT p90 was 50.5 ± 1.9
+//!    simulated ms without the charge (four runs 58.7–83.2) and 46.7 ± 0.1 with it (every run 45.6–48.2; BENCHMARKS.md
+//!    §1). Charging the whole uncached work instead, the common part the holders reuse included, lowered the Mooncake
+//!    4 × 32k hit ratio: 0.099 against 0.103 without a charge and 0.102 with this one (one alternating pass;
+//!    docs/bench/replay.md §27). Queued work still decides beyond the charge: an idle endpoint over the bound wins over
+//!    one within it whose queue is longer than the new part.
 //!
 //!    - `cached(e)`: the longest match of this request's chain that the index lists `e` as a holder of (the
 //!      matched length for holders of the deepest node, else the deepest full block `e` holds, by binary search),

@@ -498,13 +498,15 @@ impl PrefixAwarePolicy {
         // next of them, so it is spread by load like a miss.
         let continues = plan.deepest.and_then(|h| self.index.get(h)).is_some_and(|i| i.children == 0);
         let most_cached = if continues { scored.iter().map(|&(_, c)| c).max().unwrap_or(0) } else { 0 };
+        // The part of a request without a useful match that is new everywhere: charged once more over the bound.
+        let new_part = if plan.useful { 0 } else { prompt.saturating_sub(plan.matched_len) as u64 };
         let candidates: Vec<Candidate> = scored
             .iter()
             .map(|&(i, cached)| {
                 let waiting = u64::from(load_at(loads, i).pending_prefill);
                 let redo = most_cached.saturating_sub(cached) as u64;
                 let over = plan.records && self.over_bound(i);
-                let fresh = if over && !plan.useful { prompt.saturating_sub(plan.matched_len) as u64 } else { 0 };
+                let fresh = if over { new_part } else { 0 };
                 let base = waiting + (prompt - cached) as u64 + MOVE_CHARGE * redo;
                 Candidate { pos: i, ttft: base + fresh, base, over, score: score(i), cached }
             })

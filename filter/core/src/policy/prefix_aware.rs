@@ -33,19 +33,22 @@
 //!
 //!    `ttft(e) = waiting(e) + max(prompt − cached(e), 0) + MOVE_CHARGE × (most_cached − cached(e)) + new(e)`
 //!
-//!    where `most_cached` is the largest `cached` among the admitted candidates when the request continues an
-//!    earlier request's whole text (its deepest matched node has no recorded continuation: a conversation's next
-//!    turn, a repeated document), else 0. A move off the best-cached endpoint then computes that difference a
-//!    second time, for a prefix only this line of requests reuses, on an endpoint whose next requests wait for it
-//!    and whose cache gives up as much to the copy; so it is charged three times ([`MOVE_CHARGE`] = 2 beyond the
-//!    request's own prefill), and a holder keeps such a request until its waiting work exceeds three times its
-//!    cached advantage (charged twice it measured a longer chat tail, TTFT p90 166 vs 153 simulated ms, and a
-//!    lower hit ratio on the Mooncake trace, 0.097 vs 0.104 at 4 × 32k, with TTFT otherwise equal; four times
-//!    gained nothing more; BENCHMARKS.md §1). A match that ends where earlier traffic went on differently is a
-//!    prefix several requests share (a system prompt, a template): a second copy of it is reused by the next of
-//!    them, so it is not charged (charging it queued the first requests of a template behind its first holder:
-//!    templated TTFT p99 1,022 vs 490 ms). Requests with nothing cached anywhere are placed by `waiting + prompt`
-//!    alone.
+//!    where `most_cached` is the largest `cached` among the admitted candidates when the request is the next of one
+//!    line of requests (its deepest matched node has at most [`LINE_CONTINUATIONS`] = 1 recorded continuation: a
+//!    conversation's next turn, a repeated document, a file's next version whose edit replaced the tail recorded
+//!    after the match), else 0. A move off the best-cached endpoint then computes that difference a second time, for
+//!    a prefix only this line of requests reuses, on an endpoint whose next requests wait for it and whose cache
+//!    gives up as much to the copy; so it is charged three times ([`MOVE_CHARGE`] = 2 beyond the request's own
+//!    prefill), and a holder keeps such a request until its waiting work exceeds three times its cached advantage
+//!    (charged twice it measured a longer chat tail, TTFT p90 166 vs 153 simulated ms, and a lower hit ratio on the
+//!    Mooncake trace, 0.097 vs 0.104 at 4 × 32k, with TTFT otherwise equal; four times gained nothing more;
+//!    BENCHMARKS.md §1). A match that ends where earlier traffic went on in two or more ways is a prefix several
+//!    requests share (a system prompt, a template): a second copy of it is reused by the next of them, so it is not
+//!    charged (charging it queued the first requests of a template behind its first holder: templated TTFT p99
+//!    1,022 vs 490 ms). With one continuation a request cannot tell an edited text from a shared prefix's second
+//!    user; it is charged, which keeps a file's edited versions on their holder (code: 16.4 whole-file misses a run
+//!    against 17.8, 16 being the files' first requests) and costs nothing measurable elsewhere (docs/bench/replay.md
+//!    §28). Requests with nothing cached anywhere are placed by `waiting + prompt` alone.
 //!
 //!    `new(e)` charges a request without a useful match (its text past the common part is new everywhere) the new part,
 //!    `prompt − matched`, once more at a candidate the index lists as the holder of more than
@@ -134,6 +137,14 @@ const BOUND_DEN: u64 = 4;
 /// endpoint's cache, full in steady state, from prefixes other requests would have reused. Measured against 1 and
 /// 3 on every workload (BENCHMARKS.md §1).
 const MOVE_CHARGE: u64 = 2;
+
+/// Most recorded continuations of a request's deepest matched node for the request to count as the next of one line
+/// of requests, charged [`MOVE_CHARGE`] for moving (module docs, step 4): one, the text the request replaces. A
+/// file's next version after an edit near its end goes on from where the previous version went on differently;
+/// charging only whole-text continuations (none allowed) spread such requests by load like a shared prefix's, and on
+/// the code workload over twelve seeds they were 18 of the 23 whole-file misses SGLang-style's placement did not have
+/// (docs/bench/replay.md §28). Two continuations are the least evidence of a prefix several requests share.
+const LINE_CONTINUATIONS: u16 = 1;
 
 /// Message separator byte of the extracted text ([`crate::extract::MSG_SEP`]).
 const SEPARATOR: u8 = 0x1e;
@@ -491,12 +502,13 @@ impl PrefixAwarePolicy {
                 (i, cached)
             })
             .collect();
-        // The charge for moving applies when this request continues an earlier request's whole text: its deepest
-        // matched node has no recorded continuation yet (a conversation's next turn, a repeated document). A move
-        // then duplicates a prefix that only this line of requests reuses. A match that ends where earlier traffic
-        // already went on differently is a prefix several requests share: a second copy of it is reused by the
-        // next of them, so it is spread by load like a miss.
-        let continues = plan.deepest.and_then(|h| self.index.get(h)).is_some_and(|i| i.children == 0);
+        // The charge for moving applies when this request continues one line of requests: its deepest matched
+        // node has at most one recorded continuation (a conversation's next turn, a repeated document, a file's
+        // next version whose edited tail replaces the one recorded). A move then duplicates a prefix that only this
+        // line reuses. A match that ends where earlier traffic already went on in two or more ways is a prefix
+        // several requests share: a second copy of it is reused by the next of them, so it is spread by load like
+        // a miss.
+        let continues = plan.deepest.and_then(|h| self.index.get(h)).is_some_and(|i| i.children <= LINE_CONTINUATIONS);
         let most_cached = if continues { scored.iter().map(|&(_, c)| c).max().unwrap_or(0) } else { 0 };
         // The part of a request without a useful match that is new everywhere: charged once more over the bound.
         let new_part = if plan.useful { 0 } else { prompt.saturating_sub(plan.matched_len) as u64 };

@@ -608,22 +608,48 @@ fn a_key_held_whole_past_its_cut_counts_the_whole_prompt_as_cached() {
 
 #[test]
 fn a_prefix_other_requests_went_on_from_is_not_charged_for_moving() {
-    // Request 1 is a shared prompt plus its own question, at p. Request 2 shares the prompt and asks another
-    // question: its match ends where request 1 went on differently, so a second copy of the prompt elsewhere is
-    // reused by the requests after it, not waste. p keeps request 2 while its waiting work is below the shared
-    // part p has cached, and loses it beyond — no doubling, unlike a conversation's next turn (the test above).
+    // Requests 1 and 2 are a shared prompt plus their own question, both at p. Request 3 shares the prompt and asks
+    // a third question: its match ends where earlier requests went on in two ways, so a second copy of the prompt
+    // elsewhere is reused by the requests after it, not waste. p keeps request 3 while its waiting work is below
+    // the shared part p has cached, and loses it beyond — no doubling, unlike a conversation's next turn.
     let n = 4;
     let system = words(91, 1500);
-    let k1 = key(&[("system", &system), ("user", &words(92, 200))]);
-    let k2 = key(&[("system", &system), ("user", &words(93, 200))]);
-    let (mut r, p) = primed(settings(n), &k1);
-    let d = r.route_key(&k2, 0, &pending(&vec![0; n])).unwrap();
+    let q = |i: u64| key(&[("system", &system), ("user", &words(92 + i, 200))]);
+    let primed_twice = || {
+        let (mut r, p) = primed(settings(n), &q(0));
+        assert_eq!(route(&mut r, &q(1)).endpoint, p);
+        (r, p)
+    };
+    let (mut r, p) = primed_twice();
+    let d = r.route_key(&q(2), 0, &pending(&vec![0; n])).unwrap();
     assert_eq!(d.endpoint, p);
     let matched = d.matched_len as u32;
-    assert!(matched >= 1400 && (matched as usize) < k2.text.len(), "matched {matched}");
+    assert!(matched >= 1400 && (matched as usize) < q(2).text.len(), "matched {matched}");
     for (work, stays) in [(matched / 2, true), (matched - 1, true), (matched + 100, false), (matched * 3 / 2, false)] {
-        let (mut r, _) = primed(settings(n), &k1);
-        let d = r.route_key(&k2, 0, &pending_at(n, p, work)).unwrap();
+        let (mut r, _) = primed_twice();
+        let d = r.route_key(&q(2), 0, &pending_at(n, p, work)).unwrap();
+        assert_eq!(d.endpoint == p, stays, "waiting {work}, cached {matched}: {:?}", d.reason);
+    }
+}
+
+#[test]
+fn a_text_whose_tail_changed_is_charged_for_moving() {
+    // A file sent again after an edit near its end: its match ends where the previous version went on (one
+    // recorded continuation, the tail the edit replaced). It is the next request of one line, like a
+    // conversation's next turn: the holder keeps it until its waiting work exceeds three times the matched part.
+    let n = 4;
+    let head = words(95, 1500);
+    let v1 = key(&[("user", &format!("{head} {}", words(96, 120)))]);
+    let v2 = key(&[("user", &format!("{head} {}", words(97, 120)))]);
+    let (mut r, p) = primed(settings(n), &v1);
+    let d = r.route_key(&v2, 0, &pending(&vec![0; n])).unwrap();
+    assert_eq!((d.endpoint, d.reason), (p, Reason::PrefixMatch));
+    let matched = d.matched_len as u32;
+    assert!(matched >= 1400 && (matched as usize) < v2.text.len(), "matched {matched}");
+    let times = MOVE_CHARGE as u32 + 1;
+    for (work, stays) in [(matched + 100, true), (times * matched - 1, true), (times * matched + 200, false)] {
+        let (mut r, _) = primed(settings(n), &v1);
+        let d = r.route_key(&v2, 0, &pending_at(n, p, work)).unwrap();
         assert_eq!(d.endpoint == p, stays, "waiting {work}, cached {matched}: {:?}", d.reason);
     }
 }

@@ -59,10 +59,11 @@
 //!    documents, below [`BRANCH_FACTOR`]·N) made each new document cheaper there by its length: one rag run in twelve
 //!    placed six documents on three of four servers and evicted some of them. Over 24 rag seeds TTFT p90 was 50.5 ± 1.9
 //!    simulated ms without the charge (four runs 58.7–83.2) and 46.7 ± 0.1 with it (every run 45.6–48.2; BENCHMARKS.md
-//!    §1). Charging the whole uncached work instead, the common part the holders reuse included, lowered the Mooncake
-//!    4 × 32k hit ratio: 0.099 against 0.103 without a charge and 0.102 with this one (one alternating pass;
-//!    docs/bench/replay.md §27). Queued work still decides beyond the charge: an idle endpoint over the bound wins over
-//!    one within it whose queue is longer than the new part.
+//!    §1). Charging the whole uncached work instead, the common part the holders reuse included, fixed rag as well and
+//!    measured a Mooncake 4 × 32k hit ratio of 0.099 against 0.102 with this charge (one alternating pass,
+//!    docs/bench/replay.md §27), a difference of one invocation's spread (±0.003, §28): the smaller charge is kept as
+//!    the one that does what rag needs and no more. Queued work still decides beyond the charge: an idle endpoint over
+//!    the bound wins over one within it whose queue is longer than the new part.
 //!
 //!    - `cached(e)`: the longest match of this request's chain that the index lists `e` as a holder of (the
 //!      matched length for holders of the deepest node, else the deepest full block `e` holds, by binary search),

@@ -29,7 +29,7 @@ async fn a_conversation_on_different_connections_stays_on_one_endpoint_across_wo
     // waiting there. A worker that does not know the conversation sees that work at `home` and an idle endpoint
     // elsewhere, and would place the next turn there; a worker that knows home holds 3,000 cached characters stays.
     // A few fillers' work (about 450 characters each) stays well under the 3,000 cached ones, and three of them
-    // with the turns stay under the default `concurrency_threshold` (10).
+    // with the turns stay under the default `concurrency_threshold`.
     rig.upstreams[home].hold();
     let (filler, waiting) = hold_filler(&rig.upstreams[home], |i| {
         spawn_post(rig.envoy.url(), turn(&prompt(&format!("unrelated filler {i}"), 400), "hello"))

@@ -565,6 +565,27 @@ fn a_server_reported_queue_counts_toward_the_cap_not_the_estimate() {
 }
 
 #[test]
+fn a_holder_running_an_ordinary_batch_keeps_its_prefix_at_the_default_cap() {
+    // The feed reports each server's running requests, and a model server under ordinary load runs dozens at once
+    // (decoding, nothing waiting). At the default cap such a holder is not refused: the next turn stays where the
+    // history is cached although every other endpoint is idle. A cap of 10 refused it, and with every busy server
+    // refused the request went to the least-loaded endpoint.
+    let n = 4;
+    let t = conversation(71, None, 2, 300);
+    let cap = Settings::default().concurrency_threshold;
+    let route = |threshold: u32| {
+        let (mut r, p) = primed(Settings { concurrency_threshold: threshold, ..settings(n) }, &t[0]);
+        let mut loads = vec![EndpointLoad::default(); n];
+        loads[p].server = Some(ServerLoad { waiting: 0, running: 32, kv_cache_usage: 0.5 });
+        (r.route_key(&t[1], 0, &loads).unwrap(), p)
+    };
+    let (d, p) = route(cap);
+    assert_eq!((d.endpoint, d.reason), (p, Reason::PrefixMatch), "32 running at a cap of {cap}");
+    let (d, p) = route(10);
+    assert_ne!(d.endpoint, p, "32 running reach a cap of 10");
+}
+
+#[test]
 fn a_cut_key_takes_the_body_length_as_the_prompt() {
     let s = Settings { prefix_length: 1024, ..settings(3) };
     let body = chat(&[("user", &words(71, 5000))]);

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 use warmpath_core::feed::{FeedEndpoint, FeedLoad, FeedSnapshot};
+use warmpath_core::Settings;
 use warmpath_harness::{filter_wasm, EnvoyConfig, FeedCluster, FeedServer, Stats, Upstream};
 
 use crate::common::{prompt, Rig, CONCURRENCY};
@@ -113,8 +114,9 @@ async fn feed_drives_endpoints_and_survives_outages() {
     let during = rig.used();
     assert!(!during.contains(&1) && !during.is_empty(), "outage routing used {during:?}");
 
-    // Feed back with v4 = A, B where A reports a deep queue: the overload guard (threshold 10) sends all to B.
-    let busy = FeedLoad { waiting: 40, running: 8, kv_cache_usage: 0.9 };
+    // Feed back with v4 = A, B where A reports a queue past the default `concurrency_threshold`: the overload guard
+    // sends all to B.
+    let busy = FeedLoad { waiting: Settings::default().concurrency_threshold + 32, running: 8, kv_cache_usage: 0.9 };
     feed.set_snapshot(snapshot(4, &[(a[0], Some(busy)), (a[1], None)]));
     feed.restart().await.expect("feed restart");
     wait_version(&rig, 4).await;

@@ -546,17 +546,27 @@ fn the_concurrency_threshold_is_a_hard_cap() {
     }
 }
 
+/// Routes turn 2 of the conversation `t` over `n` endpoints with cap `threshold`, turn 1's holder reporting `server`
+/// through the feed and every other endpoint idle. Returns the decision and the holder.
+fn turn_two_with_holder_report(
+    t: &[RequestKey],
+    n: usize,
+    threshold: u32,
+    server: ServerLoad,
+) -> (crate::Decision, usize) {
+    let (mut r, p) = primed(Settings { concurrency_threshold: threshold, ..settings(n) }, &t[0]);
+    let mut loads = vec![EndpointLoad::default(); n];
+    loads[p].server = Some(server);
+    (r.route_key(&t[1], 0, &loads).unwrap(), p)
+}
+
 #[test]
 fn a_server_reported_queue_counts_toward_the_cap_not_the_estimate() {
     // p holds turn 1; the feed says p has requests waiting (a report up to one poll old). It does not raise p's
     // predicted time to first token, so turn 2 stays on p, until the server's count reaches the cap.
-    let n = 4;
     let t = conversation(61, None, 2, 300);
     let route = |threshold: u32, waiting: u32| {
-        let (mut r, p) = primed(Settings { concurrency_threshold: threshold, ..settings(n) }, &t[0]);
-        let mut loads = vec![EndpointLoad::default(); n];
-        loads[p].server = Some(ServerLoad { waiting, running: 0, kv_cache_usage: 0.1 });
-        (r.route_key(&t[1], 0, &loads).unwrap(), p)
+        turn_two_with_holder_report(&t, 4, threshold, ServerLoad { waiting, running: 0, kv_cache_usage: 0.1 })
     };
     let (d, p) = route(1000, 500);
     assert_eq!((d.endpoint, d.reason), (p, Reason::PrefixMatch), "a reported queue alone keeps the holder");
@@ -570,14 +580,10 @@ fn a_holder_running_an_ordinary_batch_keeps_its_prefix_at_the_default_cap() {
     // (decoding, nothing waiting). At the default cap such a holder is not refused: the next turn stays where the
     // history is cached although every other endpoint is idle. A cap of 10 refused it, and with every busy server
     // refused the request went to the least-loaded endpoint.
-    let n = 4;
     let t = conversation(71, None, 2, 300);
     let cap = Settings::default().concurrency_threshold;
     let route = |threshold: u32| {
-        let (mut r, p) = primed(Settings { concurrency_threshold: threshold, ..settings(n) }, &t[0]);
-        let mut loads = vec![EndpointLoad::default(); n];
-        loads[p].server = Some(ServerLoad { waiting: 0, running: 32, kv_cache_usage: 0.5 });
-        (r.route_key(&t[1], 0, &loads).unwrap(), p)
+        turn_two_with_holder_report(&t, 4, threshold, ServerLoad { waiting: 0, running: 32, kv_cache_usage: 0.5 })
     };
     let (d, p) = route(cap);
     assert_eq!((d.endpoint, d.reason), (p, Reason::PrefixMatch), "32 running at a cap of {cap}");

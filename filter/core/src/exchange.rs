@@ -148,13 +148,20 @@ pub fn push_count(out: &mut Vec<u8>, address: &[u8], count: u32) -> bool {
 /// The counts of `bytes` ([`push_count`]'s layout) in order, as `(address, count)`; stops at the first truncated
 /// entry.
 pub fn counts(bytes: &[u8]) -> impl Iterator<Item = (&[u8], u32)> + '_ {
+    entries(bytes, 4).map(|(addr, count)| (addr, u32::from_le_bytes(count.try_into().expect("4 bytes"))))
+}
+
+/// The entries of a per-endpoint table laid out like [`push_count`]'s but with values of `value_len` bytes
+/// (`[address length: u8][address bytes][value]`), in order, as `(address, value)`; stops at the first truncated
+/// entry. The filter keeps its shared per-endpoint tables (loads, health) in this layout.
+pub fn entries(bytes: &[u8], value_len: usize) -> impl Iterator<Item = (&[u8], &[u8])> + '_ {
     let mut rest = bytes;
     std::iter::from_fn(move || {
         let (&len, tail) = rest.split_first()?;
         let (addr, tail) = split(tail, usize::from(len))?;
-        let (count, tail) = split(tail, 4)?;
+        let (value, tail) = split(tail, value_len)?;
         rest = tail;
-        Some((addr, u32::from_le_bytes(count.try_into().expect("4 bytes"))))
+        Some((addr, value))
     })
 }
 

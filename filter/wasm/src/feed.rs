@@ -34,7 +34,7 @@ use warmpath_core::{FeedSettings, Router, ServerLoad};
 
 use crate::exchange::Exchange;
 use crate::metrics::Metrics;
-use crate::shared::{self, Counter};
+use crate::shared;
 
 /// Counters of the gateway leg of the index exchange (see `metrics`).
 mod metric {
@@ -75,7 +75,7 @@ fn feed_id(feed: &FeedSettings) -> String {
 }
 
 /// The shared-data key under which the poller of `feed` stores the other gateways' pending prefill work
-/// (`shared::store_remote`, read by `shared::Table::read_remote`), completed like `SNAPSHOT_KEY`.
+/// (`shared::store_remote`, read by `shared::Remote::read`), completed like `SNAPSHOT_KEY`.
 pub fn remote_pending_key(feed: &FeedSettings) -> String {
     format!("{REMOTE_PENDING_KEY}{}", feed_id(feed))
 }
@@ -218,7 +218,7 @@ impl FeedPoller {
         let n = warmpath_core::exchange::decode(&body).count() as u64;
         if self.feed_takes_pending() {
             body.push(PENDING_SECTION);
-            body.extend_from_slice(shared::Table::read_of(Counter::PendingPrefill).bytes());
+            body.extend_from_slice(&shared::Table::read().pending_counts());
         }
         let (reporter, cursor) = self.index_state();
         let reporter = format!("{reporter:016x}");

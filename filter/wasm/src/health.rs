@@ -4,6 +4,7 @@
 
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::Status;
+use warmpath_core::exchange::entries;
 use warmpath_core::health::Health;
 use warmpath_core::{Endpoint, EndpointLoad};
 
@@ -41,19 +42,10 @@ impl HealthTable {
 
     /// Entries `(address, state)`; stops at the first malformed entry.
     fn entries(&self) -> impl Iterator<Item = (&[u8], Health)> + '_ {
-        let mut rest = self.bytes.as_slice();
-        std::iter::from_fn(move || {
-            let (&len, tail) = rest.split_first()?;
-            let len = usize::from(len);
-            if tail.len() < len + HEALTH_VALUE_LEN {
-                return None;
-            }
-            let (addr, tail) = tail.split_at(len);
-            let failures = u32::from_le_bytes(tail[0..4].try_into().ok()?);
-            let down_until_ms = u64::from_le_bytes(tail[4..12].try_into().ok()?);
-            let probing = tail[12] == 1;
-            rest = &tail[HEALTH_VALUE_LEN..];
-            Some((addr, Health { failures, down_until_ms, probing }))
+        entries(&self.bytes, HEALTH_VALUE_LEN).map(|(addr, v)| {
+            let failures = u32::from_le_bytes(v[0..4].try_into().expect("4 bytes"));
+            let down_until_ms = u64::from_le_bytes(v[4..12].try_into().expect("8 bytes"));
+            (addr, Health { failures, down_until_ms, probing: v[12] == 1 })
         })
     }
 

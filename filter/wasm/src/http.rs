@@ -18,7 +18,6 @@ use warmpath_core::{extract_key, EndpointLoad, PickInput, Reason, RequestKey, St
 
 use crate::outcome::Outcome;
 use crate::root::{now_ms, random_u64, Shared};
-use crate::shared::Counter;
 use crate::stream::{Mode, RouteOn, Step, Stream};
 use crate::{health, shared, DEBUG_HEADER, DECISION_PROPERTY, DESTINATION_HEADER, ORIGINAL_DST_HEADER};
 
@@ -187,34 +186,29 @@ impl FilterHttp {
         // gateways reported through the feed; the router adds what its feed says the server itself reports.
         let table = shared::Table::read();
         let prefix_aware = router.settings().strategy == Strategy::PrefixAware;
-        let pending = prefix_aware.then(|| shared::Table::read_of(Counter::PendingPrefill));
         let now = now_ms();
         let remote = shared
             .remote_pending
             .as_ref()
             .filter(|_| prefix_aware)
-            .map(|(key, age)| shared::Table::read_remote(key, now, *age));
-        let in_flight = table.per_endpoint(&router);
-        let own = pending.as_ref().map(|p| p.per_endpoint(&router));
+            .map(|(key, age)| shared::Remote::read(key, now, *age));
+        let own = table.per_endpoint(&router);
         let others = remote.as_ref().map(|r| r.per_endpoint(&router));
-        let at = |counts: &Option<Vec<u32>>, i: usize| counts.as_ref().map_or(0, |c| c[i]);
+        let at_others = |i: usize| others.as_ref().map_or(0, |o| o[i]);
         // Once the pool's prefill speed is learned, this Envoy's pending work on an endpoint drains at that speed
         // from the last moment its queue there was known exactly, sharing the speed with the other gateways' work
-        // there (`PrefillEstimate::left_after`), which counts as the feed last reported it.
-        let drain = prefix_aware.then(|| router.prefill_estimate()).flatten().map(|estimate| {
-            let since = shared::Table::read_of(Counter::PendingSince).elapsed_per_endpoint(&router, now);
-            (estimate, since)
-        });
-        let own_left = |i: usize| match &drain {
-            Some((estimate, since)) => {
-                since[i].map_or(at(&own, i), |ms| estimate.left_after(at(&own, i), at(&others, i), ms))
-            }
-            None => at(&own, i),
+        // there (`PrefillEstimate::left_after`), which counts as the feed last reported it. Pending work is
+        // PREFIX_AWARE's alone (another instance on this listener may have charged some on a shared endpoint).
+        let drain = prefix_aware.then(|| router.prefill_estimate()).flatten();
+        let own_left = |i: usize| match (&drain, own[i].pending_for_ms(now)) {
+            _ if !prefix_aware => 0,
+            (Some(estimate), Some(ms)) => estimate.left_after(own[i].pending, at_others(i), ms),
+            _ => own[i].pending,
         };
-        let loads: Vec<EndpointLoad> = (0..in_flight.len())
+        let loads: Vec<EndpointLoad> = (0..own.len())
             .map(|i| EndpointLoad {
-                in_flight: in_flight[i],
-                pending_prefill: own_left(i).saturating_add(at(&others, i)),
+                in_flight: own[i].in_flight,
+                pending_prefill: own_left(i).saturating_add(at_others(i)),
                 server: None,
             })
             .collect();
@@ -250,28 +244,22 @@ impl FilterHttp {
         }
         let matched = (key.is_some() && strategy == Strategy::PrefixAware).then_some(decision.matched_len);
         shared.metrics.decision(strategy, decision.reason, matched);
-        // Take the slot from the table the decision was made on; a concurrent change retries the increment only.
-        match shared::add(&decision.address, 1, Some(table)) {
-            Some(_) => self.stream.took_slot(decision.address.clone()),
-            None => shared.metrics.count("warmpath.cas_failures", 1),
-        }
-        if decision.prefill_bytes > 0 {
-            let bytes = decision.prefill_bytes.min(i32::MAX as u32);
-            match shared::add_to(Counter::PendingPrefill, &decision.address, bytes as i32, pending) {
-                Some(total) => {
+        // Take the slot and charge the prefill work in one write, from the table the decision was made on; a
+        // concurrent change retries the write only.
+        let bytes = decision.prefill_bytes.min(i32::MAX as u32);
+        match shared::update(&decision.address, Some(table), |load| load.take(bytes, now)) {
+            Some(_) => {
+                self.stream.took_slot(decision.address.clone());
+                if bytes > 0 {
                     self.stream.took_pending(decision.address.clone(), bytes);
-                    // Work arrived with none pending: its prefill starts now (and idle endpoints' moments go).
-                    if total == bytes && !shared::mark(&decision.address, now, true) {
-                        shared.metrics.count("warmpath.cas_failures", 1);
-                    }
                     // A sample of the prefill speed: no pending work was known there, this gateway's (undrained) or
                     // the other gateways'.
-                    let queued = at(&own, decision.endpoint).saturating_add(at(&others, decision.endpoint));
+                    let queued = own[decision.endpoint].pending.saturating_add(at_others(decision.endpoint));
                     let idle = !avoided && decision.matched_len == 0 && queued == 0;
                     self.prefill_sample = idle.then_some((now, bytes));
                 }
-                None => shared.metrics.count("warmpath.cas_failures", 1),
             }
+            None => shared.metrics.count("warmpath.cas_failures", 1),
         }
         set_request_header(DESTINATION_HEADER, Some(&decision.address));
         // The retry conditions the pick relies on, whatever the route's own policy says (`ENVOY_RETRY_ON_HEADER`).
@@ -298,12 +286,24 @@ impl FilterHttp {
 impl Context for FilterHttp {}
 
 impl FilterHttp {
-    /// Gives back this stream's pending prefill work, if the state machine says it is time.
-    fn release_pending(&mut self) {
-        let Some((address, bytes)) = self.stream.take_pending() else { return };
+    /// Gives back this stream's pending prefill work if the state machine says it is time, and `slot` (the slot
+    /// of a stream that ended), in one write per endpoint.
+    fn release(&mut self, slot: Option<String>) {
+        let pending = self.stream.take_pending();
+        let now = now_ms();
         // The queue is known exactly again: the next request's prefill starts now, or nothing is left.
-        let written = shared::add_to(Counter::PendingPrefill, &address, -(bytes as i32), None).is_some()
-            && shared::mark(&address, now_ms(), false);
+        let written = match (pending, slot) {
+            (Some((address, bytes)), Some(slot)) if address == slot => shared::update(&address, None, |load| {
+                load.release_pending(bytes, now);
+                load.release_slot();
+            })
+            .is_some(),
+            (pending, slot) => {
+                let released = |(a, bytes): (String, u32)| shared::update(&a, None, |l| l.release_pending(bytes, now));
+                let pending_done = pending.is_none_or(|p| released(p).is_some());
+                slot.is_none_or(|a| shared::update(&a, None, |l| l.release_slot()).is_some()) && pending_done
+            }
+        };
         if !written {
             if let Some(shared) = &self.shared {
                 shared.metrics.count("warmpath.cas_failures", 1);
@@ -393,7 +393,7 @@ impl HttpContext for FilterHttp {
 
     fn on_http_response_body(&mut self, body_size: usize, _end_of_stream: bool) -> Action {
         if self.stream.on_response_body(body_size) {
-            self.release_pending();
+            self.release(None);
             if let (Some((sent, bytes)), Some(shared)) = (self.prefill_sample.take(), &self.shared) {
                 // Into the fit every worker shares; this worker routes with the result at once, the others from
                 // their next tick.
@@ -413,9 +413,8 @@ impl HttpContext for FilterHttp {
     fn on_log(&mut self) {
         // Runs once for every stream that ends — finished, reset by either side, or aborted by the client.
         let Some(ended) = self.stream.on_end() else { return };
-        self.release_pending();
-        if let Some(address) = ended.slot {
-            let outcome = health::learn(&address, now_ms());
+        if let Some(address) = &ended.slot {
+            let outcome = health::learn(address, now_ms());
             if let Some(shared) = &self.shared {
                 match outcome {
                     Outcome::Failed => shared.metrics.count(metric::ENDPOINT_FAILURES, 1),
@@ -423,11 +422,7 @@ impl HttpContext for FilterHttp {
                     Outcome::Succeeded | Outcome::Unknown => {}
                 }
             }
-            if shared::add(&address, -1, None).is_none() {
-                if let Some(shared) = &self.shared {
-                    shared.metrics.count("warmpath.cas_failures", 1);
-                }
-            }
         }
+        self.release(ended.slot);
     }
 }

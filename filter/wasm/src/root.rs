@@ -137,19 +137,17 @@ impl FilterRoot {
         let endpoints = router.endpoints();
         shared.metrics.gauge("warmpath.endpoints", endpoints.len() as u64);
         let table = shared::Table::read();
-        let pending = shared::Table::read_of(shared::Counter::PendingPrefill);
-        let remote = shared.remote_pending.as_ref().map(|(key, age)| shared::Table::read_remote(key, now_ms(), *age));
-        let (in_flight, own) = (table.per_endpoint(&router), pending.per_endpoint(&router));
+        let remote = shared.remote_pending.as_ref().map(|(key, age)| shared::Remote::read(key, now_ms(), *age));
+        let own = table.per_endpoint(&router);
         let others = remote.as_ref().map(|r| r.per_endpoint(&router));
-        let current = endpoints
-            .iter()
-            .enumerate()
-            .map(|(i, e)| (e.address.as_str(), [in_flight[i], own[i], others.as_ref().map_or(0, |o| o[i])]));
+        let current = endpoints.iter().enumerate().map(|(i, e)| {
+            (e.address.as_str(), [own[i].in_flight, own[i].pending, others.as_ref().map_or(0, |o| o[i])])
+        });
         let writes = GAUGES.with(|g| {
             g.borrow_mut()
                 .entry(self.plugin.clone())
                 .or_default()
-                .update(current, others.is_some(), |a| router.position(a).is_none().then(|| table.get(a)))
+                .update(current, others.is_some(), |a| router.position(a).is_none().then(|| table.get(a).in_flight))
         });
         for (gauge, address, value) in writes {
             shared.metrics.gauge(&gauge.name(&address), u64::from(value));

@@ -1,81 +1,217 @@
 //! State shared by every VM (each Envoy worker's and the two that route nothing) through proxy-wasm shared data:
-//! three tables per endpoint ([`Counter`]: requests in flight, pending prefill work in bytes of prompt text, and when
-//! that work was last known exactly), the other gateways' pending prefill work as the feed reported it
-//! ([`store_remote`], written only by the feed poller), the feed poller's lease ([`take_lease`],
+//! the load table ([`Table`]: per endpoint, requests in flight, pending prefill work in bytes of prompt text, and
+//! when that work was last known exactly), the other gateways' pending prefill work as the feed reported it
+//! ([`store_remote`], [`Remote`], written only by the feed poller), the feed poller's lease ([`take_lease`],
 //! [`release_lease`]) and each plugin's prefill-speed fit ([`add_prefill_sample`]). This is the only
 //! compare-and-swap code in the filter.
 //!
-//! Each table lives under one key (`warmpath.in_flight`, `warmpath.pending_prefill`, `warmpath.pending_since`) as a
-//! small table of entries
-//! (`warmpath_core::exchange::push_count`'s layout, which the gateway leg of the index exchange also carries, see
-//! `feed`), so a request costs one read (loads of every endpoint, plus
-//! the CAS token) and one write to take its slot, and one read + one write to release it — independent of the
-//! number of endpoints. Entries whose count drops to 0 are pruned on the next write, which bounds the table by the
-//! endpoints that have requests in flight.
+//! The load table lives under one key ([`LOADS_KEY`]) as a small table of entries ([`Load`], one per endpoint with
+//! something in flight or pending), so a request costs one read (the loads of every endpoint, plus the CAS token)
+//! and one write to take its slot and charge its prefill work, one read + one write to release that work at its
+//! first response byte, and one read + one write to release the slot — independent of the number of endpoints.
+//! One entry holds all three values, so every change to an endpoint's load is one atomic write: the moment its
+//! queue was last known exactly can never be written apart from the work it dates. Entries whose in-flight count
+//! and pending work are both 0 are pruned on the next write, which bounds the table by the busy endpoints.
 //!
 //! A write carries the CAS token of the read it was computed from; a mismatch (another worker wrote in between)
 //! re-reads and retries. Decrements saturate at 0.
 
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::Status;
-use warmpath_core::exchange::{counts, push_count};
+use warmpath_core::exchange::{counts, entries, push_count};
 use warmpath_core::prefill_rate::PrefillRate;
 use warmpath_core::Router;
 
-/// A per-endpoint counter shared by every worker.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Counter {
-    /// Requests sent to the endpoint that have not ended.
-    InFlight,
-    /// Bytes of prompt text sent to the endpoint whose first response byte has not arrived
-    /// (`warmpath_core::EndpointLoad::pending_prefill`).
-    PendingPrefill,
-    /// When the endpoint's pending prefill work was last known exactly: work arrived with none pending, or a request
-    /// there got its first byte or ended. Milliseconds of the host clock, low 32 bits ([`clock32`]), compared with a
-    /// wrapping difference. Written with [`mark`], read by [`Table::elapsed_per_endpoint`]; an entry means something
-    /// only while the endpoint has work pending.
-    PendingSince,
-}
+/// Shared-data key of the load table.
+const LOADS_KEY: &str = "warmpath.loads";
 
-impl Counter {
-    fn key(self) -> &'static str {
-        match self {
-            Counter::InFlight => "warmpath.in_flight",
-            Counter::PendingPrefill => "warmpath.pending_prefill",
-            Counter::PendingSince => "warmpath.pending_since",
-        }
-    }
-}
 /// Attempts before an update gives up (counted as a CAS failure by the caller); contention is between a few worker
 /// threads, so a handful of retries always suffices in practice.
 const MAX_CAS_ATTEMPTS: usize = 64;
 
-/// One read of a counter table.
+/// One endpoint's load as every worker of this Envoy sees it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Load {
+    /// Requests sent to the endpoint that have not ended.
+    pub in_flight: u32,
+    /// Bytes of prompt text sent to the endpoint whose first response byte has not arrived
+    /// (`warmpath_core::EndpointLoad::pending_prefill`).
+    pub pending: u32,
+    /// When the endpoint's pending work was last known exactly: work arrived with none pending, or a request there
+    /// got its first byte or ended. Milliseconds of the host clock, low 32 bits ([`clock32`]); meaningful only while
+    /// `pending` is above 0, read through [`Load::pending_for_ms`].
+    pub since: u32,
+}
+
+/// Bytes of a [`Load`] after its address in the table: three little-endian `u32`s.
+const LOAD_BYTES: usize = 12;
+
+impl Load {
+    /// Milliseconds from [`Load::since`] to `now_ms` while work is pending (`None` otherwise). A moment ahead of
+    /// `now_ms` (another worker wrote a later millisecond after this one read its clock, or the host's wall clock
+    /// stepped back) is 0 ms old, not 49 days.
+    pub fn pending_for_ms(&self, now_ms: u64) -> Option<u64> {
+        (self.pending > 0).then(|| {
+            let ms = clock32(now_ms).wrapping_sub(self.since);
+            if ms > u32::MAX / 2 {
+                0
+            } else {
+                u64::from(ms)
+            }
+        })
+    }
+
+    /// Takes a request's slot and charges its `bytes` of prefill work at `now_ms` (work arriving with none pending
+    /// starts the queue's clock).
+    pub fn take(&mut self, bytes: u32, now_ms: u64) {
+        self.in_flight = self.in_flight.saturating_add(1);
+        if bytes > 0 {
+            if self.pending == 0 {
+                self.since = clock32(now_ms);
+            }
+            self.pending = self.pending.saturating_add(bytes);
+        }
+    }
+
+    /// Gives back `bytes` of prefill work at `now_ms` (a first byte or an end: the queue is known exactly again).
+    pub fn release_pending(&mut self, bytes: u32, now_ms: u64) {
+        self.pending = self.pending.saturating_sub(bytes);
+        self.since = clock32(now_ms);
+    }
+
+    /// Gives back a request's slot.
+    pub fn release_slot(&mut self) {
+        self.in_flight = self.in_flight.saturating_sub(1);
+    }
+}
+
+/// Appends `address`'s entry to `out`: the address's length (one byte), the address, then the [`Load`]'s three
+/// values; false (nothing written) for an address longer than 255 bytes.
+fn push_load(out: &mut Vec<u8>, address: &[u8], load: Load) -> bool {
+    let Ok(len) = u8::try_from(address.len()) else { return false };
+    out.push(len);
+    out.extend_from_slice(address);
+    for v in [load.in_flight, load.pending, load.since] {
+        out.extend_from_slice(&v.to_le_bytes());
+    }
+    true
+}
+
+/// The entries of a load table in order; stops at the first truncated entry.
+fn loads(bytes: &[u8]) -> impl Iterator<Item = (&[u8], Load)> + '_ {
+    entries(bytes, LOAD_BYTES).map(|(address, values)| {
+        let v = |i: usize| u32::from_le_bytes(values[4 * i..4 * i + 4].try_into().expect("4 bytes"));
+        (address, Load { in_flight: v(0), pending: v(1), since: v(2) })
+    })
+}
+
+/// One read of the load table.
 pub struct Table {
-    /// The counter read (`None`: a table of the other gateways' pending work, read only, see [`Table::read_remote`]).
-    counter: Option<Counter>,
     bytes: Vec<u8>,
     cas: Option<u32>,
 }
 
 impl Table {
-    /// Reads the in-flight table (empty on a missing key or a host error).
+    /// Reads the load table (empty on a missing key or a host error).
     pub fn read() -> Table {
-        Table::read_of(Counter::InFlight)
-    }
-
-    /// Reads the table of `counter` (empty on a missing key or a host error).
-    pub fn read_of(counter: Counter) -> Table {
-        match hostcalls::get_shared_data(counter.key()) {
-            Ok((bytes, cas)) => Table { counter: Some(counter), bytes: bytes.unwrap_or_default(), cas },
-            Err(_) => Table { counter: Some(counter), bytes: Vec::new(), cas: None },
+        match hostcalls::get_shared_data(LOADS_KEY) {
+            Ok((bytes, cas)) => Table { bytes: bytes.unwrap_or_default(), cas },
+            Err(_) => Table { bytes: Vec::new(), cas: None },
         }
     }
 
+    /// Entries `(address, load)` in table order.
+    fn entries(&self) -> impl Iterator<Item = (&[u8], Load)> + '_ {
+        loads(&self.bytes)
+    }
+
+    /// The load of `address` (all 0 when absent).
+    pub fn get(&self, address: &str) -> Load {
+        self.entries().find(|(a, _)| *a == address.as_bytes()).map(|(_, l)| l).unwrap_or_default()
+    }
+
+    /// The load of each of `router`'s endpoints, by position (all 0 when absent). One hash lookup per entry of the
+    /// table (the busy endpoints), not a scan of the table per endpoint: at 1,000 endpoints the scans cost more
+    /// Envoy CPU per request than the rest of the decision.
+    pub fn per_endpoint(&self, router: &Router) -> Vec<Load> {
+        let mut out = vec![Load::default(); router.endpoints().len()];
+        for (a, l) in self.entries() {
+            if let Some(i) = std::str::from_utf8(a).ok().and_then(|a| router.position(a)) {
+                out[i] = l;
+            }
+        }
+        out
+    }
+
+    /// The pending work of every endpoint that has some, in `warmpath_core::exchange::push_count`'s layout (what
+    /// the feed's index exchange carries to the other gateways).
+    pub fn pending_counts(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        for (a, l) in self.entries().filter(|(_, l)| l.pending > 0) {
+            push_count(&mut out, a, l.pending);
+        }
+        out
+    }
+
+    /// The table with `change` applied to `address`'s entry, entries with nothing in flight or pending dropped;
+    /// `None` for an address longer than 255 bytes (cannot be an `IP:port`). Returns the new bytes and the new load.
+    fn with(&self, address: &str, change: impl Fn(&mut Load)) -> Option<(Vec<u8>, Load)> {
+        u8::try_from(address.len()).ok()?;
+        let busy = |l: &Load| l.in_flight > 0 || l.pending > 0;
+        let mut out = Vec::with_capacity(self.bytes.len() + address.len() + 1 + LOAD_BYTES);
+        let mut current = Load::default();
+        for (a, l) in self.entries() {
+            if a == address.as_bytes() {
+                current = l;
+            } else if busy(&l) {
+                push_load(&mut out, a, l);
+            }
+        }
+        change(&mut current);
+        if busy(&current) {
+            push_load(&mut out, address.as_bytes(), current);
+        }
+        Some((out, current))
+    }
+}
+
+/// Applies `change` to `address`'s load with compare-and-swap, starting from `read` (the table the caller just read
+/// to decide) or a fresh read; `change` may run more than once (once per attempt, each time on a fresh read).
+///
+/// Returns the new load, or `None` when the host kept refusing the write (`MAX_CAS_ATTEMPTS` mismatches in a row,
+/// or another host error) or the address cannot be stored.
+pub fn update(address: &str, read: Option<Table>, change: impl Fn(&mut Load)) -> Option<Load> {
+    let mut table = read.unwrap_or_else(Table::read);
+    for _ in 0..MAX_CAS_ATTEMPTS {
+        let (bytes, load) = table.with(address, &change)?;
+        match hostcalls::set_shared_data(LOADS_KEY, Some(&bytes), table.cas) {
+            Ok(()) => return Some(load),
+            Err(Status::CasMismatch) => table = Table::read(),
+            Err(_) => return None,
+        }
+    }
+    None
+}
+
+/// Creates the load table if it does not exist yet, so that later writes always carry a CAS token (Envoy ignores
+/// the token when it creates a key). Called at configure time, before traffic.
+pub fn init() {
+    if let Ok((None, _)) = hostcalls::get_shared_data(LOADS_KEY) {
+        let _ = hostcalls::set_shared_data(LOADS_KEY, Some(&[]), None);
+    }
+}
+
+/// One read of the other gateways' pending prefill work ([`store_remote`]): entries in
+/// `warmpath_core::exchange::push_count`'s layout, read only.
+pub struct Remote {
+    bytes: Vec<u8>,
+}
+
+impl Remote {
     /// Reads the other gateways' pending prefill work stored under `key` by [`store_remote`]; empty when missing or
     /// written more than `max_age_ms` before `now_ms` (the feed stopped answering: the work it said has long been
     /// served).
-    pub fn read_remote(key: &str, now_ms: u64, max_age_ms: u64) -> Table {
+    pub fn read(key: &str, now_ms: u64, max_age_ms: u64) -> Remote {
         let bytes = match hostcalls::get_shared_data(key) {
             Ok((Some(b), _)) if b.len() >= 8 => {
                 let at = u64::from_le_bytes(b[..8].try_into().expect("8 bytes"));
@@ -87,96 +223,23 @@ impl Table {
             }
             _ => Vec::new(),
         };
-        Table { counter: None, bytes, cas: None }
+        Remote { bytes }
     }
 
-    /// The table's bytes (entries as `warmpath_core::exchange::push_count` writes them).
-    pub fn bytes(&self) -> &[u8] {
-        &self.bytes
-    }
-
-    /// Entries `(address, count)` in table order; stops at the first malformed entry.
-    fn entries(&self) -> impl Iterator<Item = (&[u8], u32)> + '_ {
-        counts(&self.bytes)
-    }
-
-    /// In-flight count of `address` (0 when absent).
-    pub fn get(&self, address: &str) -> u32 {
-        self.entries().find(|(a, _)| *a == address.as_bytes()).map(|(_, c)| c).unwrap_or(0)
-    }
-
-    /// The count of each of `router`'s endpoints, by position (0 when absent). One hash lookup per entry of the
-    /// table (the endpoints with work outstanding), not a scan of the table per endpoint: at 1,000 endpoints the
-    /// scans cost more Envoy CPU per request than the rest of the decision.
+    /// The pending work of each of `router`'s endpoints, by position (0 when absent), one hash lookup per entry.
     pub fn per_endpoint(&self, router: &Router) -> Vec<u32> {
         let mut out = vec![0u32; router.endpoints().len()];
-        self.by_position(router, |i, c| out[i] = out[i].saturating_add(c));
-        out
-    }
-
-    /// Calls `f(position, value)` for each entry whose address is one of `router`'s endpoints, in table order.
-    fn by_position(&self, router: &Router, mut f: impl FnMut(usize, u32)) {
-        for (a, c) in self.entries() {
+        for (a, c) in counts(&self.bytes) {
             if let Some(i) = std::str::from_utf8(a).ok().and_then(|a| router.position(a)) {
-                f(i, c);
+                out[i] = out[i].saturating_add(c);
             }
         }
-    }
-
-    /// Milliseconds from each of `router`'s endpoints' [`Counter::PendingSince`] entry to `now_ms`, by position
-    /// (`None` without an entry). The table must be the `PendingSince` one. An entry ahead of `now_ms` (another
-    /// worker wrote a later millisecond after this one read its clock, or the host's wall clock stepped back) is 0 ms
-    /// old, not 49 days.
-    pub fn elapsed_per_endpoint(&self, router: &Router, now_ms: u64) -> Vec<Option<u64>> {
-        let mut out = vec![None; router.endpoints().len()];
-        self.by_position(router, |i, since| {
-            let ms = clock32(now_ms).wrapping_sub(since);
-            out[i] = Some(if ms > u32::MAX / 2 { 0 } else { u64::from(ms) });
-        });
         out
-    }
-
-    /// The table with `address`'s entry set to `value` and the other entries kept where `keep` says so; `None` for an
-    /// address longer than 255 bytes.
-    fn with_marked(&self, address: &str, value: u32, keep: impl Fn(&[u8]) -> bool) -> Option<Vec<u8>> {
-        u8::try_from(address.len()).ok()?;
-        let mut out = Vec::with_capacity(self.bytes.len() + address.len() + 5);
-        for (a, c) in self.entries() {
-            if a != address.as_bytes() && keep(a) {
-                push_count(&mut out, a, c);
-            }
-        }
-        push_count(&mut out, address.as_bytes(), value);
-        Some(out)
-    }
-
-    /// The table with `delta` added to `address` (saturating), zero entries dropped; `None` for an address longer
-    /// than 255 bytes (cannot be an `IP:port`). Returns the new bytes and the new count.
-    fn with_delta(&self, address: &str, delta: i32) -> Option<(Vec<u8>, u32)> {
-        u8::try_from(address.len()).ok()?;
-        let mut out = Vec::with_capacity(self.bytes.len() + address.len() + 5);
-        let mut current = 0;
-        for (a, c) in self.entries() {
-            if a == address.as_bytes() {
-                current = c;
-            } else if c > 0 {
-                push_count(&mut out, a, c);
-            }
-        }
-        let next = if delta >= 0 {
-            current.saturating_add(delta.unsigned_abs())
-        } else {
-            current.saturating_sub(delta.unsigned_abs())
-        };
-        if next > 0 {
-            push_count(&mut out, address.as_bytes(), next);
-        }
-        Some((out, next))
     }
 }
 
 /// Stores the other gateways' pending prefill work (`entries`, as the feed answered it) under `key` with the time
-/// it arrived, for every VM to add to its own ([`Table::read_remote`]).
+/// it arrived, for every VM to add to its own ([`Remote::read`]).
 pub fn store_remote(key: &str, entries: &[u8], now_ms: u64) {
     let mut v = Vec::with_capacity(8 + entries.len());
     v.extend_from_slice(&now_ms.to_le_bytes());
@@ -212,62 +275,6 @@ pub fn unique_id(random: u64) -> u64 {
         }
     }
     random | 1
-}
-
-/// Creates the table if it does not exist yet, so that later writes always carry a CAS token (Envoy ignores the
-/// token when it creates a key). Called at configure time, before traffic.
-pub fn init() {
-    for c in [Counter::InFlight, Counter::PendingPrefill, Counter::PendingSince] {
-        if let Ok((None, _)) = hostcalls::get_shared_data(c.key()) {
-            let _ = hostcalls::set_shared_data(c.key(), Some(&[]), None);
-        }
-    }
-}
-
-/// Adds `delta` to the counter of `address` with compare-and-swap, starting from `read` (the table the caller just
-/// read to decide) or a fresh read.
-///
-/// Returns the new count, or `None` when the host kept refusing the write (`MAX_CAS_ATTEMPTS` mismatches in a row,
-/// or another host error).
-pub fn add(address: &str, delta: i32, read: Option<Table>) -> Option<u32> {
-    add_to(Counter::InFlight, address, delta, read)
-}
-
-/// [`add`] for the table of `counter` (`read`, if given, must be that table).
-pub fn add_to(counter: Counter, address: &str, delta: i32, read: Option<Table>) -> Option<u32> {
-    let mut table = read.filter(|t| t.counter == Some(counter)).unwrap_or_else(|| Table::read_of(counter));
-    for _ in 0..MAX_CAS_ATTEMPTS {
-        let (bytes, next) = table.with_delta(address, delta)?;
-        match hostcalls::set_shared_data(counter.key(), Some(&bytes), table.cas) {
-            Ok(()) => return Some(next),
-            Err(Status::CasMismatch) => table = Table::read_of(counter),
-            Err(_) => return None,
-        }
-    }
-    None
-}
-
-/// Records `now_ms` as the moment `address`'s pending work was last known exactly ([`Counter::PendingSince`]), with
-/// compare-and-swap; `false` when the host kept refusing the write.
-///
-/// The entry is never removed when the endpoint's work drops to 0: the two tables are written one after the other,
-/// so a removal could land after another worker's new work had written its moment, which would leave pending work
-/// without one. With `prune`, entries of endpoints with no pending work in a fresh read of that table are dropped
-/// instead, which bounds the table by the endpoints with work pending; the caller prunes when an endpoint goes from
-/// idle to busy, not on every request.
-pub fn mark(address: &str, now_ms: u64, prune: bool) -> bool {
-    let mut table = Table::read_of(Counter::PendingSince);
-    for _ in 0..MAX_CAS_ATTEMPTS {
-        let pending = prune.then(|| Table::read_of(Counter::PendingPrefill));
-        let busy = |a: &[u8]| pending.as_ref().is_none_or(|p| p.entries().any(|(b, c)| b == a && c > 0));
-        let Some(bytes) = table.with_marked(address, clock32(now_ms), busy) else { return false };
-        match hostcalls::set_shared_data(Counter::PendingSince.key(), Some(&bytes), table.cas) {
-            Ok(()) => return true,
-            Err(Status::CasMismatch) => table = Table::read_of(Counter::PendingSince),
-            Err(_) => return false,
-        }
-    }
-    false
 }
 
 /// Shared-data key of `plugin`'s prefill-speed fit ([`add_prefill_sample`], [`read_prefill_fit`]): one fit per plugin
@@ -310,7 +317,7 @@ pub fn add_prefill_sample(key: &str, bytes: u32, ms: u64) -> Option<PrefillRate>
     None
 }
 
-/// `now_ms` as a [`Counter::PendingSince`] entry: its low 32 bits.
+/// `now_ms` as a [`Load::since`]: its low 32 bits, compared with a wrapping difference.
 pub fn clock32(now_ms: u64) -> u32 {
     now_ms as u32
 }
@@ -370,81 +377,89 @@ mod tests {
     }
 
     fn table(bytes: Vec<u8>) -> Table {
-        Table { counter: Some(Counter::InFlight), bytes, cas: None }
+        Table { bytes, cas: None }
+    }
+
+    fn router(n: u16) -> Router {
+        let endpoints = (1..=n).map(|p| format!("127.0.0.1:{p}")).collect();
+        Router::new(warmpath_core::Settings { endpoints, ..warmpath_core::Settings::default() })
+    }
+
+    /// `t` with `change` applied to `address` (the bytes a successful write stores).
+    fn changed(t: &Table, address: &str, change: impl Fn(&mut Load)) -> Table {
+        table(t.with(address, change).expect("fits").0)
     }
 
     #[test]
-    fn counts_round_trip_and_zero_entries_are_pruned() {
+    fn slots_and_pending_work_round_trip_and_idle_entries_are_pruned() {
         let t = table(Vec::new());
-        assert_eq!(t.get("127.0.0.1:1"), 0);
-        let (b, n) = t.with_delta("127.0.0.1:1", 1).expect("fits");
-        assert_eq!(n, 1);
-        let (b, n) = table(b).with_delta("127.0.0.1:2", 1).expect("fits");
-        assert_eq!(n, 1);
-        let (b, n) = table(b).with_delta("127.0.0.1:1", 1).expect("fits");
-        assert_eq!(n, 2);
-        let t = table(b);
-        assert_eq!((t.get("127.0.0.1:1"), t.get("127.0.0.1:2")), (2, 1));
-        let (b, n) = t.with_delta("127.0.0.1:2", -1).expect("fits");
-        assert_eq!(n, 0);
-        let t = table(b);
-        assert_eq!(t.entries().count(), 1, "zero entry pruned");
-        assert_eq!(t.get("127.0.0.1:1"), 2);
+        assert_eq!(t.get("127.0.0.1:1"), Load::default());
+        let t = changed(&t, "127.0.0.1:1", |l| l.take(0, 5));
+        let t = changed(&t, "127.0.0.1:2", |l| l.take(300, 7));
+        let t = changed(&t, "127.0.0.1:1", |l| l.take(100, 9));
+        assert_eq!(t.get("127.0.0.1:1"), Load { in_flight: 2, pending: 100, since: 9 });
+        assert_eq!(t.get("127.0.0.1:2"), Load { in_flight: 1, pending: 300, since: 7 });
+        let t = changed(&t, "127.0.0.1:2", |l| l.take(50, 11));
+        assert_eq!(t.get("127.0.0.1:2"), Load { in_flight: 2, pending: 350, since: 7 }, "the queue's clock runs on");
+        let t = changed(&t, "127.0.0.1:2", |l| l.release_pending(300, 20));
+        assert_eq!(t.get("127.0.0.1:2"), Load { in_flight: 2, pending: 50, since: 20 }, "a first byte restarts it");
+        let t = changed(&t, "127.0.0.1:2", |l| l.release_slot());
+        let t = changed(&t, "127.0.0.1:2", |l| {
+            l.release_pending(50, 30);
+            l.release_slot();
+        });
+        assert_eq!(t.get("127.0.0.1:2"), Load::default());
+        assert_eq!(t.entries().count(), 1, "an idle entry is pruned");
+        let t = changed(&t, "127.0.0.1:1", |l| l.release_slot());
+        let t = changed(&t, "127.0.0.1:1", |l| l.release_slot());
+        assert_eq!(t.get("127.0.0.1:1"), Load { in_flight: 0, pending: 100, since: 9 }, "pending work keeps it");
     }
 
     #[test]
-    fn per_endpoint_counts_follow_the_router_s_positions() {
-        let settings = warmpath_core::Settings {
-            endpoints: vec!["127.0.0.1:1".into(), "127.0.0.1:2".into(), "127.0.0.1:3".into()],
-            ..warmpath_core::Settings::default()
-        };
-        let router = Router::new(settings);
-        let (b, _) = table(Vec::new()).with_delta("127.0.0.1:3", 4).expect("fits");
-        let (b, _) = table(b).with_delta("127.0.0.1:9", 7).expect("fits");
-        let (b, _) = table(b).with_delta("127.0.0.1:1", 1).expect("fits");
-        assert_eq!(table(b).per_endpoint(&router), vec![1, 0, 4], "an address not in the set is left out");
-        assert_eq!(table(vec![200, 1, 2]).per_endpoint(&router), vec![0, 0, 0], "garbage reads as empty");
+    fn per_endpoint_loads_follow_the_router_s_positions() {
+        let t = changed(&table(Vec::new()), "127.0.0.1:3", |l| l.take(40, 1));
+        let t = changed(&t, "127.0.0.1:9", |l| l.take(70, 1));
+        let t = changed(&t, "127.0.0.1:1", |l| l.take(0, 1));
+        let in_flight: Vec<u32> = t.per_endpoint(&router(3)).iter().map(|l| l.in_flight).collect();
+        let pending: Vec<u32> = t.per_endpoint(&router(3)).iter().map(|l| l.pending).collect();
+        assert_eq!(in_flight, vec![1, 0, 1], "an address not in the set is left out");
+        assert_eq!(pending, vec![0, 0, 40]);
+        assert_eq!(table(vec![200, 1, 2]).per_endpoint(&router(3)), vec![Load::default(); 3], "garbage reads as empty");
     }
 
     #[test]
-    fn elapsed_time_survives_the_32_bit_wrap_and_a_missing_entry_is_none() {
-        let settings = warmpath_core::Settings {
-            endpoints: vec!["127.0.0.1:1".into(), "127.0.0.1:2".into(), "127.0.0.1:3".into()],
-            ..warmpath_core::Settings::default()
-        };
-        let router = Router::new(settings);
+    fn pending_work_reads_as_the_feed_s_counts() {
+        let t = changed(&table(Vec::new()), "127.0.0.1:1", |l| l.take(0, 1));
+        let t = changed(&t, "127.0.0.1:2", |l| l.take(250, 1));
+        let remote = Remote { bytes: t.pending_counts() };
+        assert_eq!(remote.per_endpoint(&router(2)), vec![0, 250], "only the endpoints with work pending");
+        assert_eq!(counts(&t.pending_counts()).count(), 1);
+    }
+
+    #[test]
+    fn time_pending_survives_the_32_bit_wrap_and_idle_endpoints_have_none() {
         let before_wrap = (1u64 << 32) - 5;
-        let all = |_: &[u8]| true;
-        let b = table(Vec::new()).with_marked("127.0.0.1:1", clock32(before_wrap), all).expect("fits");
         let now = (1u64 << 32) + 15;
-        let b = table(b).with_marked("127.0.0.1:3", clock32(now - 900), all).expect("fits");
-        let b = table(b).with_marked("127.0.0.1:3", clock32(now - 300), all).expect("fits");
-        assert_eq!(table(b.clone()).elapsed_per_endpoint(&router, now), vec![Some(20), None, Some(300)]);
-        let b = table(b).with_marked("127.0.0.1:2", clock32(now + 3), all).expect("fits");
-        assert_eq!(table(b).elapsed_per_endpoint(&router, now)[1], Some(0), "a moment ahead of the clock is now");
-    }
-
-    #[test]
-    fn marking_an_endpoint_keeps_the_entries_the_caller_keeps() {
-        let all = |_: &[u8]| true;
-        let b = table(Vec::new()).with_marked("10.0.0.1:80", 5, all).expect("fits");
-        let b = table(b).with_marked("10.0.0.2:80", 6, all).expect("fits");
-        let b = table(b).with_marked("10.0.0.3:80", 7, all).expect("fits");
-        let t = table(b.clone());
-        assert_eq!((t.get("10.0.0.1:80"), t.get("10.0.0.2:80"), t.get("10.0.0.3:80")), (5, 6, 7));
-        // Only 10.0.0.3 still has work pending: marking 10.0.0.1 again prunes 10.0.0.2.
-        let b = table(b).with_marked("10.0.0.1:80", 9, |a| a == b"10.0.0.3:80").expect("fits");
-        let t = table(b);
-        assert_eq!((t.get("10.0.0.1:80"), t.get("10.0.0.2:80"), t.get("10.0.0.3:80")), (9, 0, 7));
-        assert_eq!(t.entries().count(), 2);
+        let mut l = Load::default();
+        assert_eq!(l.pending_for_ms(now), None);
+        l.take(10, before_wrap);
+        assert_eq!(l.pending_for_ms(now), Some(20));
+        l.release_pending(4, now + 3);
+        assert_eq!(l.pending_for_ms(now), Some(0), "a moment ahead of the clock is now");
+        l.release_pending(6, now);
+        assert_eq!(l.pending_for_ms(now + 100), None, "nothing pending: no age");
     }
 
     #[test]
     fn decrements_saturate_and_garbage_reads_as_empty() {
-        let (_, n) = table(Vec::new()).with_delta("10.0.0.1:80", -1).expect("fits");
-        assert_eq!(n, 0);
-        let t = table(vec![200, 1, 2]);
-        assert_eq!(t.get("10.0.0.1:80"), 0);
-        assert!(table(Vec::new()).with_delta(&"x".repeat(300), 1).is_none());
+        let t = changed(&table(Vec::new()), "10.0.0.1:80", |l| {
+            l.release_slot();
+            l.release_pending(5, 1);
+        });
+        assert_eq!(t.get("10.0.0.1:80"), Load::default());
+        assert_eq!(t.entries().count(), 0);
+        assert_eq!(table(vec![200, 1, 2]).get("10.0.0.1:80"), Load::default());
+        assert_eq!(table(vec![3, b'a', b'b', b'c', 1, 0]).entries().count(), 0, "a truncated entry is dropped");
+        assert!(table(Vec::new()).with(&"x".repeat(300), |l| l.take(1, 1)).is_none());
     }
 }

@@ -15,6 +15,7 @@ use tokio::task::JoinSet;
 use warmpath_core::feed::{FeedEndpoint, FeedSnapshot};
 use warmpath_core::Settings;
 use warmpath_harness::cpu::{tree_cpu_seconds, MachineCpu};
+use warmpath_harness::timing::{self, ProxyTiming};
 use warmpath_harness::{filter_wasm, EnvoyConfig, EnvoyProcess, FeedCluster, FeedServer, FILTER_STAT_PREFIX};
 use warmpath_sim::{SimConfig, SimServer};
 
@@ -275,6 +276,9 @@ pub struct StrategyRun {
     /// Share of the machine's cores busy during the replay, 0–1 (everything running counts: proxies, the
     /// simulated servers, the client, and anything else on the machine).
     pub machine_busy: Option<f64>,
+    /// Envoy's own timing of each request (`warmpath_harness::timing`), over every Envoy on the path (with or
+    /// without the filter); empty when no Envoy was.
+    pub envoy_timing: Vec<ProxyTiming>,
 }
 
 enum Target {
@@ -301,11 +305,13 @@ pub async fn run_strategy(strategy: &Strategy, reqs: &[Request], s: &RunSettings
     let mut peer = None;
     let mut scraper = None;
     let mut feed: Option<Arc<FeedServer>> = None;
+    let mut timing_logs = TimingLogs::new();
     // The plain Envoy the harness's own picks travel through (ClientHop::Envoy).
     let mut hop = None;
     if matches!(strategy, Strategy::Baseline(_) | Strategy::Cost(_)) && s.client_hop == ClientHop::Envoy {
         let upstreams: Vec<std::net::SocketAddr> = servers.iter().map(|x| x.addr()).collect();
         let mut cfg = EnvoyConfig::new(upstreams, "{}");
+        cfg.timing_log = timing_logs.next();
         // No wasm filter, and the client's destination header is honoured: here the client is the router.
         cfg.strip_in_envoy = false;
         let envoy = EnvoyProcess::start(cfg, s.envoy_concurrency).await?;
@@ -345,7 +351,8 @@ pub async fn run_strategy(strategy: &Strategy, reqs: &[Request], s: &RunSettings
                 cfg = cfg.with_feed(c);
             }
             for _ in 0..s.gateways.max(1) {
-                envoys.push(EnvoyProcess::start(cfg.clone(), s.envoy_concurrency).await?);
+                let cfg = EnvoyConfig { timing_log: timing_logs.next(), ..cfg.clone() };
+                envoys.push(EnvoyProcess::start(cfg, s.envoy_concurrency).await?);
             }
             Target::Proxy(envoys.iter().map(|e| e.url()).collect())
         }
@@ -501,6 +508,7 @@ pub async fn run_strategy(strategy: &Strategy, reqs: &[Request], s: &RunSettings
     if let Some(t) = scraper {
         t.abort();
     }
+    let envoy_timing = timing_logs.read().await;
     drop(envoys);
     drop(feed);
     drop(peer);
@@ -524,7 +532,48 @@ pub async fn run_strategy(strategy: &Strategy, reqs: &[Request], s: &RunSettings
         time_scale: scale,
         proxy_cpu_s,
         machine_busy,
+        envoy_timing,
     })
+}
+
+/// The timing logs of one strategy's Envoys (`warmpath_harness::timing`), in a temporary directory removed with this
+/// value (after the run, or when a signal stops the bench mid-run).
+struct TimingLogs {
+    dir: Option<tempfile::TempDir>,
+    paths: Vec<std::path::PathBuf>,
+}
+
+impl TimingLogs {
+    fn new() -> TimingLogs {
+        TimingLogs { dir: None, paths: Vec::new() }
+    }
+
+    /// A fresh log path for the next Envoy (`None` when no temporary directory can be made: that Envoy is not
+    /// timed).
+    fn next(&mut self) -> Option<std::path::PathBuf> {
+        if self.dir.is_none() {
+            self.dir = tempfile::Builder::new().prefix("warmpath-bench-timing-").tempdir().ok();
+        }
+        let p = self.dir.as_ref()?.path().join(format!("envoy-{}.log", self.paths.len()));
+        self.paths.push(p.clone());
+        Some(p)
+    }
+
+    /// Every request the logs hold, once Envoy has flushed them (the last requests ended before this is called). A
+    /// log that cannot be read adds nothing.
+    async fn read(self) -> Vec<ProxyTiming> {
+        if self.paths.is_empty() {
+            return Vec::new();
+        }
+        tokio::time::sleep(Duration::from_millis(3 * timing::FLUSH_INTERVAL_MS)).await;
+        let mut all = Vec::new();
+        for p in &self.paths {
+            if let Ok(text) = std::fs::read_to_string(p) {
+                all.extend(timing::parse(&text, "/v1/"));
+            }
+        }
+        all
+    }
 }
 
 /// The proxies' CPU time and the machine's CPU counters at one moment (either part `None` when procfs could not be

@@ -9,6 +9,8 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::Path;
 
+use warmpath_harness::timing::ProxyTiming;
+
 use crate::harness::StrategyRun;
 
 /// One row of the comparison table.
@@ -52,6 +54,18 @@ pub struct Summary {
     pub proxy_cpu_us: Option<f64>,
     /// Share of the machine's cores busy during the replay, 0–1 ([`StrategyRun::machine_busy`]).
     pub cpu_busy: Option<f64>,
+    /// Medians of Envoy's own timing ([`StrategyRun::envoy_timing`]), µs: last request byte in → last byte out to
+    /// the server, and the server's first response byte → first byte to the client; `None` without an Envoy on the
+    /// path.
+    pub envoy_us: Option<[f64; 2]>,
+}
+
+/// The medians of each part of Envoy's timing, µs (`None` when a part was never logged).
+fn envoy_medians(timing: &[ProxyTiming]) -> Option<[f64; 2]> {
+    let mut request: Vec<f64> = timing.iter().filter_map(|t| t.request_us).map(|us| us as f64).collect();
+    let mut first_byte: Vec<f64> = timing.iter().filter_map(|t| t.first_byte_us).map(|us| us as f64).collect();
+    (!request.is_empty() && !first_byte.is_empty())
+        .then(|| [percentile(&mut request, 0.5), percentile(&mut first_byte, 0.5)])
 }
 
 /// A replay during which the machine's cores were at least this busy (share, 0–1) is flagged under the table: its
@@ -101,6 +115,7 @@ impl Summary {
                 .filter(|_| !run.outcomes.is_empty())
                 .map(|c| c * 1e6 / run.outcomes.len() as f64),
             cpu_busy: run.machine_busy,
+            envoy_us: envoy_medians(&run.envoy_timing),
         }
     }
 
@@ -116,7 +131,9 @@ impl Summary {
 const LEGEND: &str = "latencies in simulated ms (the servers' own share of each request's time divided by the \
     time scale, the client's and proxies' at wall speed); hit ratio = server-side cached prompt tokens / prompt tokens; \
     outside server = median part of TTFT outside the server's own account (client, proxies, the router's pick, network), \
-    wall ms, included in the TTFT columns; \
+    wall ms, included in the TTFT columns; Envoy µs = Envoy's own medians, wall µs: last request byte received → \
+    last byte sent to the server (the filter's pick, for the filter), and the server's first response byte → first \
+    byte to the client; \
     path: envoy = Envoy + the filter; envoy-pick = routed client-side by the harness, its pick through Envoy without \
     the filter; direct = routed client-side, no proxy hop; smg / vllm-router = the peer's real router process; \
     proxy CPU = user + system CPU time of the proxy processes on the request path per request, µs of real time \
@@ -163,13 +180,13 @@ pub fn table(rows: &[Summary], pooled: Option<f64>) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "| strategy | path | requests | errors | hit ratio | TTFT p50 | TTFT p90 | TTFT p99 | outside server | E2E p50 | E2E p99 | max share | overflow | req/s | proxy CPU µs/req | CPU busy % |"
+        "| strategy | path | requests | errors | hit ratio | TTFT p50 | TTFT p90 | TTFT p99 | outside server | Envoy µs | E2E p50 | E2E p99 | max share | overflow | req/s | proxy CPU µs/req | CPU busy % |"
     );
-    let _ = writeln!(s, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let _ = writeln!(s, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for r in rows {
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {} | {:.3} | {:.0} | {:.0} | {:.0} | {} | {:.0} | {:.0} | {:.3} | {} | {:.2} | {} | {} |",
+            "| {} | {} | {} | {} | {:.3} | {:.0} | {:.0} | {:.0} | {} | {} | {:.0} | {:.0} | {:.3} | {} | {:.2} | {} | {} |",
             r.label,
             r.path,
             r.requests,
@@ -179,6 +196,7 @@ pub fn table(rows: &[Summary], pooled: Option<f64>) -> String {
             r.ttft_ms[1],
             r.ttft_ms[2],
             opt(r.outside_ms, 1),
+            r.envoy_us.map_or_else(|| "-".to_string(), |[a, b]| format!("{a:.0} / {b:.0}")),
             r.e2e_ms[0],
             r.e2e_ms[1],
             r.max_share,
@@ -207,6 +225,16 @@ fn mean_range(v: &[f64], digits: usize) -> String {
     }
 }
 
+/// The "Envoy µs" cell over runs: the mean of each run's medians (`-` when no run had an Envoy on the path).
+fn envoy_means(rows: &[&Summary]) -> String {
+    let present: Vec<[f64; 2]> = rows.iter().filter_map(|r| r.envoy_us).collect();
+    if present.is_empty() {
+        return "-".to_string();
+    }
+    let mean = |i: usize| present.iter().map(|v| v[i]).sum::<f64>() / present.len() as f64;
+    format!("{:.0} / {:.0}", mean(0), mean(1))
+}
+
 /// The comparison table over repeated runs: `runs[k]` holds run k's rows (same strategies in the same order), and
 /// `pooled[k]` its pooled-cache bound. Each cell is the mean over runs with the min–max range; `errors` is the
 /// total over runs.
@@ -214,9 +242,9 @@ pub fn table_runs(runs: &[Vec<Summary>], pooled: &[f64]) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "| strategy | path | runs | requests | errors | hit ratio | TTFT p50 | TTFT p90 | TTFT p99 | outside server | E2E p50 | E2E p99 | max share | overflow | req/s | proxy CPU µs/req | CPU busy % |"
+        "| strategy | path | runs | requests | errors | hit ratio | TTFT p50 | TTFT p90 | TTFT p99 | outside server | Envoy µs | E2E p50 | E2E p99 | max share | overflow | req/s | proxy CPU µs/req | CPU busy % |"
     );
-    let _ = writeln!(s, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let _ = writeln!(s, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     let mut busiest = Vec::new();
     let Some(first) = runs.first() else { return s };
     for (i, r) in first.iter().enumerate() {
@@ -224,7 +252,7 @@ pub fn table_runs(runs: &[Vec<Summary>], pooled: &[f64]) -> String {
         let col = |f: &dyn Fn(&Summary) -> f64, d: usize| mean_range(&rows.iter().map(|r| f(r)).collect::<Vec<_>>(), d);
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             r.label,
             r.path,
             rows.len(),
@@ -235,6 +263,7 @@ pub fn table_runs(runs: &[Vec<Summary>], pooled: &[f64]) -> String {
             col(&|r| r.ttft_ms[1], 0),
             col(&|r| r.ttft_ms[2], 0),
             mean_range_opt(&rows.iter().map(|r| r.outside_ms).collect::<Vec<_>>(), 1),
+            envoy_means(&rows),
             col(&|r| r.e2e_ms[0], 0),
             col(&|r| r.e2e_ms[1], 0),
             col(&|r| r.max_share, 3),
@@ -274,6 +303,8 @@ pub fn write_csv(dir: &Path, runs: &[StrategyRun], rows: &[Summary]) -> anyhow::
         "ttft_p90_ms",
         "ttft_p99_ms",
         "ttft_outside_server_p50_ms",
+        "envoy_request_p50_us",
+        "envoy_first_byte_p50_us",
         "e2e_p50_ms",
         "e2e_p99_ms",
         "max_share",
@@ -294,6 +325,8 @@ pub fn write_csv(dir: &Path, runs: &[StrategyRun], rows: &[Summary]) -> anyhow::
             format!("{:.1}", r.ttft_ms[1]),
             format!("{:.1}", r.ttft_ms[2]),
             r.outside_ms.map(|m| format!("{m:.2}")).unwrap_or_default(),
+            r.envoy_us.map(|v| format!("{:.0}", v[0])).unwrap_or_default(),
+            r.envoy_us.map(|v| format!("{:.0}", v[1])).unwrap_or_default(),
             format!("{:.1}", r.e2e_ms[0]),
             format!("{:.1}", r.e2e_ms[1]),
             format!("{:.4}", r.max_share),
@@ -397,6 +430,7 @@ mod tests {
             untimed: 0,
             proxy_cpu_us: None,
             cpu_busy: None,
+            envoy_us: None,
         }
     }
 
@@ -452,9 +486,26 @@ mod tests {
         let with = |outside: Option<f64>| Summary { outside_ms: outside, ..row("A", 0.5, 100.0, 0) };
         let t = table_runs(&[vec![with(Some(0.4))], vec![with(Some(0.6))], vec![with(None)]], &[]);
         // p99 300, then the mean of the runs that had the servers' timing.
-        assert!(t.contains("| 300 | 0.5 (0.4–0.6) | 100 |"), "{t}");
+        assert!(t.contains("| 300 | 0.5 (0.4–0.6) | - | 100 |"), "{t}");
         let one = table(&[with(None)], None);
-        assert!(one.contains("| 300 | - | 100 |"), "{one}");
+        assert!(one.contains("| 300 | - | - | 100 |"), "{one}");
+    }
+
+    #[test]
+    fn envoy_s_timing_shows_its_medians_and_their_mean_over_runs() {
+        let timing = |request: &[u64], first_byte: &[u64]| -> Vec<ProxyTiming> {
+            let (r, f) = (request.iter().map(|v| Some(*v)), first_byte.iter().map(|v| Some(*v)));
+            r.zip(f).map(|(request_us, first_byte_us)| ProxyTiming { request_us, first_byte_us }).collect()
+        };
+        assert_eq!(envoy_medians(&timing(&[90, 60, 70], &[20, 10, 30])), Some([70.0, 20.0]));
+        let reset = ProxyTiming { request_us: Some(5), first_byte_us: None };
+        assert_eq!(envoy_medians(&[reset]), None, "a part never logged: no figure");
+        assert_eq!(envoy_medians(&[]), None);
+        let with = |us: Option<[f64; 2]>| Summary { envoy_us: us, ..row("A", 0.5, 100.0, 0) };
+        let t = table_runs(&[vec![with(Some([60.0, 14.0]))], vec![with(Some([80.0, 16.0]))], vec![with(None)]], &[]);
+        assert!(t.contains("| 0.5 | 70 / 15 | 100 |"), "{t}");
+        let one = table(&[with(Some([64.4, 13.6]))], None);
+        assert!(one.contains("| 0.5 | 64 / 14 | 100 |"), "{one}");
     }
 
     #[test]

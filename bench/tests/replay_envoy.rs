@@ -24,6 +24,10 @@ async fn prefix_aware_beats_random_on_hit_ratio_through_envoy() {
     // The Envoy that proxied the requests is the process whose CPU time is counted, and the machine was busy.
     assert!(prefix.proxy_cpu_s.is_some_and(|c| c > 0.0), "proxy CPU {:?}", prefix.proxy_cpu_s);
     assert!(prefix.machine_busy.is_some_and(|b| b > 0.0 && b <= 1.0), "busy share {:?}", prefix.machine_busy);
+    // Envoy's own timing of every request, both parts (the `Envoy µs` column).
+    assert_eq!(prefix.envoy_timing.len(), reqs.len(), "one timing line per request");
+    assert!(prefix.envoy_timing.iter().all(|t| t.request_us.is_some() && t.first_byte_us.is_some()));
+    assert!(Summary::of(&prefix).envoy_us.is_some());
     // The outputs carry the filter's counters: one decision per request, and the workers' records exchanged.
     let out = tempfile::tempdir().expect("tempdir");
     let runs = [random, prefix];
@@ -55,6 +59,7 @@ async fn baselines_run_in_the_same_harness_and_balance() {
         assert_eq!(run.path, "envoy-pick");
         assert!(run.outcomes.iter().all(|o| o.picked.is_some()), "{b}: every request carries the harness's pick");
         assert!(run.filter_stats.is_empty(), "{b}: no filter on the hop");
+        assert_eq!(run.envoy_timing.len(), reqs.len(), "{b}: the hop's Envoy times every request");
         assert_balanced(&run);
         let hit = Summary::of(&run).hit_ratio;
         eprintln!("{b}: hit ratio {hit:.3}");

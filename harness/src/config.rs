@@ -119,6 +119,8 @@ pub struct EnvoyConfig {
     /// The retry policy of every route (default `warmpath_envoy_config::retry_policy()`); a test replaces it to see
     /// the filter under another provider's route policy.
     pub route_retry_policy: Value,
+    /// Write Envoy's own timing of every request to this file ([`crate::timing`]; default none).
+    pub timing_log: Option<PathBuf>,
 }
 
 impl EnvoyConfig {
@@ -140,6 +142,7 @@ impl EnvoyConfig {
             plugins: Vec::new(),
             rig_headers: false,
             route_retry_policy: envoy_config::retry_policy(),
+            timing_log: None,
         }
     }
 
@@ -177,6 +180,12 @@ impl EnvoyConfig {
     /// Turns on [`Self::rig_headers`].
     pub fn with_rig_headers(mut self) -> Self {
         self.rig_headers = true;
+        self
+    }
+
+    /// Logs Envoy's own timing of every request to `path` ([`crate::timing`]).
+    pub fn with_timing_log(mut self, path: impl Into<PathBuf>) -> Self {
+        self.timing_log = Some(path.into());
         self
     }
 
@@ -263,7 +272,7 @@ impl EnvoyConfig {
 
     /// The listener resource (used inline in a static bootstrap and as the LDS resource).
     pub fn listener(&self) -> Value {
-        json!({
+        let mut listener = json!({
             "name": "warmpath_http",
             "address": { "socket_address": { "address": "127.0.0.1", "port_value": self.listener_port } },
             // Envoy binds with SO_REUSEPORT by default: two Envoys given the same port would both bind and split each
@@ -291,7 +300,11 @@ impl EnvoyConfig {
                     },
                 }],
             }],
-        })
+        });
+        if let Some(path) = &self.timing_log {
+            listener["filter_chains"][0]["filters"][0]["typed_config"]["access_log"] = crate::timing::access_log(path);
+        }
+        listener
     }
 
     fn clusters(&self) -> Value {

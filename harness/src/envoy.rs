@@ -263,6 +263,8 @@ fn launch(bootstrap_path: &Path, log_path: &Path, concurrency: u32) -> Result<Ch
         .arg("-c")
         .arg(bootstrap_path)
         .args(["--concurrency", &concurrency.to_string()])
+        // Access logs (only the timing log, when asked for) reach the file this soon after a request ends.
+        .args(["--file-flush-interval-msec", &crate::timing::FLUSH_INTERVAL_MS.to_string()])
         .args(["--disable-hot-restart", "--log-level", "info", "--log-format", "[%Y-%m-%d %T.%e][%l][%n] %v"])
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)

@@ -7,6 +7,7 @@
 //!   on drop;
 //! - [`Upstream`] is a local model-server stand-in that records every request it got and can hold requests;
 //! - [`FeedServer`] serves an endpoint/load snapshot for the filter's feed poller;
+//! - [`timing`] reads Envoy's own timing of each request (how long the proxy held it);
 //! - [`cpu`] reads the CPU time of a process tree and how busy the machine was, for the benchmarks.
 //!
 //! Everything binds to 127.0.0.1 only.
@@ -17,6 +18,7 @@ mod envoy;
 mod feed;
 mod paths;
 mod stats;
+pub mod timing;
 mod upstream;
 
 pub use config::{

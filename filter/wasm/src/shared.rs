@@ -105,6 +105,16 @@ fn loads(bytes: &[u8]) -> impl Iterator<Item = (&[u8], Load)> + '_ {
     })
 }
 
+/// Calls `f(position, value)` for each entry whose address is one of `router`'s endpoints, in table order: one hash
+/// lookup per entry, not a scan of the table per endpoint.
+fn by_position<'a, T>(router: &Router, entries: impl Iterator<Item = (&'a [u8], T)>, mut f: impl FnMut(usize, T)) {
+    for (a, v) in entries {
+        if let Some(i) = std::str::from_utf8(a).ok().and_then(|a| router.position(a)) {
+            f(i, v);
+        }
+    }
+}
+
 /// One read of the load table.
 pub struct Table {
     bytes: Vec<u8>,
@@ -135,11 +145,7 @@ impl Table {
     /// Envoy CPU per request than the rest of the decision.
     pub fn per_endpoint(&self, router: &Router) -> Vec<Load> {
         let mut out = vec![Load::default(); router.endpoints().len()];
-        for (a, l) in self.entries() {
-            if let Some(i) = std::str::from_utf8(a).ok().and_then(|a| router.position(a)) {
-                out[i] = l;
-            }
-        }
+        by_position(router, self.entries(), |i, l| out[i] = l);
         out
     }
 
@@ -196,8 +202,13 @@ pub fn update(address: &str, read: Option<Table>, change: impl Fn(&mut Load)) ->
 /// Creates the load table if it does not exist yet, so that later writes always carry a CAS token (Envoy ignores
 /// the token when it creates a key). Called at configure time, before traffic.
 pub fn init() {
-    if let Ok((None, _)) = hostcalls::get_shared_data(LOADS_KEY) {
-        let _ = hostcalls::set_shared_data(LOADS_KEY, Some(&[]), None);
+    create_empty(LOADS_KEY);
+}
+
+/// Stores an empty value under `key` unless it exists, so that later compare-and-swap writes carry a token.
+fn create_empty(key: &str) {
+    if let Ok((None, _)) = hostcalls::get_shared_data(key) {
+        let _ = hostcalls::set_shared_data(key, Some(&[]), None);
     }
 }
 
@@ -229,11 +240,7 @@ impl Remote {
     /// The pending work of each of `router`'s endpoints, by position (0 when absent), one hash lookup per entry.
     pub fn per_endpoint(&self, router: &Router) -> Vec<u32> {
         let mut out = vec![0u32; router.endpoints().len()];
-        for (a, c) in counts(&self.bytes) {
-            if let Some(i) = std::str::from_utf8(a).ok().and_then(|a| router.position(a)) {
-                out[i] = out[i].saturating_add(c);
-            }
-        }
+        by_position(router, counts(&self.bytes), |i, c| out[i] = out[i].saturating_add(c));
         out
     }
 }
@@ -286,9 +293,7 @@ pub fn prefill_fit_key(plugin: &str) -> String {
 /// Creates the fit under `key` ([`prefill_fit_key`]) empty if it does not exist yet, so later writes always carry a
 /// CAS token (called at configure time, before traffic).
 pub fn init_prefill_fit(key: &str) {
-    if let Ok((None, _)) = hostcalls::get_shared_data(key) {
-        let _ = hostcalls::set_shared_data(key, Some(&[]), None);
-    }
+    create_empty(key);
 }
 
 /// The fit stored under `key` (an empty fit when there is none yet or its value is not a fit).

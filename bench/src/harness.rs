@@ -192,6 +192,9 @@ pub struct RunSettings {
     pub endpoints: usize,
     /// Configuration of each server (cache size, block size, latency model with its time scale).
     pub sim: SimConfig,
+    /// Servers slower than the rest: the first `slow.endpoints` servers take `slow.factor` times as long per
+    /// prefilled token and per output token (see [`Slow::server_config`]).
+    pub slow: Slow,
     /// Arrival-rate multiplier: request `at_ms` is divided by this (2.0 = twice the load).
     pub rate_scale: f64,
     /// Wall-clock budget for sending; requests not sent by then are counted as not sent.
@@ -224,13 +227,43 @@ pub struct RunSettings {
     pub progress_every: Option<Duration>,
 }
 
+/// A fleet whose servers do not all run at one speed: a pool mixing accelerator generations, a throttled node, a
+/// noisy neighbour. No router is told which servers are slow.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Slow {
+    /// How many servers (the first ones started) are slow.
+    pub endpoints: usize,
+    /// How many times longer they take per prefilled token and per output token (their fixed per-request overhead
+    /// is unchanged).
+    pub factor: f64,
+}
+
+impl Default for Slow {
+    fn default() -> Self {
+        Slow { endpoints: 0, factor: 1.0 }
+    }
+}
+
+impl Slow {
+    /// The configuration of server `i` (0-based, in start order) of a fleet configured as `sim`: a slow server's
+    /// when `i` is among the first `endpoints`.
+    pub fn server_config(&self, i: usize, sim: &SimConfig) -> SimConfig {
+        let mut c = sim.clone();
+        if i < self.endpoints {
+            c.latency.prefill_ms_per_token *= self.factor;
+            c.latency.itl_ms *= self.factor;
+        }
+        c
+    }
+}
+
 /// How the client spreads requests over several gateways.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum Spread {
     /// Each request to a gateway chosen at random (by a hash of its id).
     #[default]
     Random,
-    /// Every request of one conversation to the same gateway ([`Request::session_key`]).
+    /// Every request of one conversation to the same gateway (keyed by its conversation).
     Session,
 }
 
@@ -297,8 +330,8 @@ const PEER_START_TIMEOUT: Duration = Duration::from_secs(60);
 pub async fn run_strategy(strategy: &Strategy, reqs: &[Request], s: &RunSettings) -> anyhow::Result<StrategyRun> {
     let label = strategy.label();
     let mut servers = Vec::with_capacity(s.endpoints);
-    for _ in 0..s.endpoints {
-        servers.push(SimServer::start(s.sim.clone(), "127.0.0.1:0".parse()?).await?);
+    for i in 0..s.endpoints {
+        servers.push(SimServer::start(s.slow.server_config(i, &s.sim), "127.0.0.1:0".parse()?).await?);
     }
     let addrs: Vec<String> = servers.iter().map(|x| x.addr().to_string()).collect();
     let mut envoys = Vec::new();
@@ -674,6 +707,23 @@ fn progress(label: &str, sent: usize, total: usize, outcomes: &[Outcome], start:
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_the_first_servers_are_slow_and_only_per_token() {
+        let sim = SimConfig::default();
+        let slow = Slow { endpoints: 2, factor: 3.0 };
+        for i in 0..2 {
+            let c = slow.server_config(i, &sim);
+            assert_eq!(c.latency.prefill_ms_per_token, sim.latency.prefill_ms_per_token * 3.0);
+            assert_eq!(c.latency.itl_ms, sim.latency.itl_ms * 3.0);
+            assert_eq!(c.latency.overhead_ms, sim.latency.overhead_ms);
+            assert_eq!(c.cache_blocks, sim.cache_blocks);
+        }
+        let fast = slow.server_config(2, &sim);
+        assert_eq!(fast.latency.prefill_ms_per_token, sim.latency.prefill_ms_per_token);
+        assert_eq!(fast.latency.itl_ms, sim.latency.itl_ms);
+        assert_eq!(Slow::default().server_config(0, &sim).latency.itl_ms, sim.latency.itl_ms);
+    }
 
     #[test]
     fn gateways_stats_are_summed_but_the_learned_speed_is_their_mean() {

@@ -9,7 +9,7 @@ use clap::Parser;
 use serde_json::Value;
 use tokio::signal::unix::{signal, SignalKind};
 use warmpath_bench::harness::{
-    check_filter_extra, feed_interval_note, run_strategy, ClientHop, RunSettings, Spread, Strategy,
+    check_filter_extra, feed_interval_note, run_strategy, ClientHop, RunSettings, Slow, Spread, Strategy,
 };
 use warmpath_bench::report::{table, table_runs, write_csv, Summary};
 use warmpath_bench::workload::{generate, window, GenParams, Request, WorkloadKind};
@@ -72,6 +72,13 @@ struct Args {
     /// Server batch limit (requests running at once).
     #[arg(long, default_value_t = 64)]
     max_num_seqs: usize,
+    /// Slow servers: the first N servers take --slow-factor times as long per prefilled token and per output
+    /// token (a fleet mixing accelerator generations, a throttled node). No router is told which.
+    #[arg(long, default_value_t = 0)]
+    slow_endpoints: usize,
+    /// How many times slower the --slow-endpoints servers are.
+    #[arg(long, default_value_t = 2.0)]
+    slow_factor: f64,
     /// Extra filter plugin configuration (JSON object merged into the generated one), e.g. '{"concurrency_threshold": 16}'.
     /// Checked by the filter's own validation before anything starts; may not set `strategy` or `endpoints`
     /// (use --strategies and --endpoints).
@@ -163,6 +170,17 @@ async fn run(a: Args) -> anyhow::Result<()> {
     anyhow::ensure!(a.time_scale > 0.0, "--time-scale must be > 0, got {}", a.time_scale);
     anyhow::ensure!(a.rate_scale > 0.0, "--rate-scale must be > 0, got {}", a.rate_scale);
     anyhow::ensure!(a.endpoints >= 1, "--endpoints must be at least 1");
+    anyhow::ensure!(
+        a.slow_endpoints <= a.endpoints,
+        "--slow-endpoints ({}) must not exceed --endpoints ({})",
+        a.slow_endpoints,
+        a.endpoints
+    );
+    anyhow::ensure!(
+        a.slow_factor.is_finite() && a.slow_factor > 0.0,
+        "--slow-factor must be a number > 0, got {}",
+        a.slow_factor
+    );
     let strategies: Vec<Strategy> = a.strategies.iter().map(|s| Strategy::parse(s)).collect::<Result<_, _>>()?;
     let filter_extra: Value =
         serde_json::from_str(&a.filter_config).with_context(|| format!("--filter-config {:?}", a.filter_config))?;
@@ -223,6 +241,7 @@ async fn run(a: Args) -> anyhow::Result<()> {
             },
             ..Default::default()
         },
+        slow: Slow { endpoints: a.slow_endpoints, factor: a.slow_factor },
         rate_scale: a.rate_scale,
         max_wall: Duration::from_secs_f64(a.max_wall_s),
         filter_extra,
@@ -256,6 +275,9 @@ async fn run(a: Args) -> anyhow::Result<()> {
             a.endpoints,
             a.cache_blocks
         );
+        if a.slow_endpoints > 0 {
+            eprintln!("  slow servers: {} of {}, {}× per token", a.slow_endpoints, a.endpoints, a.slow_factor);
+        }
         let mut runs = Vec::new();
         for s in &strategies {
             let run = run_strategy(s, reqs, &settings).await.with_context(|| format!("strategy {}", s.label()))?;

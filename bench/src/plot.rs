@@ -7,7 +7,9 @@ use plotters::prelude::*;
 use crate::harness::StrategyRun;
 use crate::report::percentile;
 
-const COLORS: [RGBColor; 8] = [
+/// One colour per strategy of a full comparison (eleven), so no two lines of a chart share one: matplotlib's
+/// "tab10" palette, then black and navy.
+const COLORS: [RGBColor; 12] = [
     RGBColor(31, 119, 180),
     RGBColor(255, 127, 14),
     RGBColor(44, 160, 44),
@@ -16,6 +18,10 @@ const COLORS: [RGBColor; 8] = [
     RGBColor(140, 86, 75),
     RGBColor(227, 119, 194),
     RGBColor(127, 127, 127),
+    RGBColor(188, 189, 34),
+    RGBColor(23, 190, 207),
+    RGBColor(0, 0, 0),
+    RGBColor(0, 0, 128),
 ];
 
 /// `ttft_cdf.png`: fraction of requests with TTFT ≤ x (simulated ms), one line per strategy; x capped at the
@@ -70,7 +76,7 @@ pub fn load_per_endpoint(path: &Path, runs: &[StrategyRun]) -> anyhow::Result<()
         })
         .fold(0.0_f64, f64::max)
         .max(1.0 / endpoints as f64)
-        * 1.15;
+        * 1.25;
     let root = BitMapBackend::new(path, (1000, 620)).into_drawing_area();
     root.fill(&WHITE)?;
     let width = (groups * (endpoints + 1)) as f64;
@@ -98,8 +104,9 @@ pub fn load_per_endpoint(path: &Path, runs: &[StrategyRun]) -> anyhow::Result<()
                 color.filled(),
             )))?;
         }
-        // Strategy name above its group, alternating heights so long names do not overlap.
-        let y = ymax * if g % 2 == 0 { 0.97 } else { 0.92 };
+        // Strategy name above its group, on three staggered heights so long names of neighbouring groups do not
+        // overlap.
+        let y = ymax * [0.97, 0.92, 0.87][g % 3];
         chart.draw_series(std::iter::once(Text::new(
             r.label.clone(),
             (g as f64 * per + 0.5, y),

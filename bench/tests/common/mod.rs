@@ -19,6 +19,7 @@ pub fn settings() -> RunSettings {
             latency: LatencyProfile { time_scale: 0.05, ..Default::default() },
             ..Default::default()
         },
+        slow: Default::default(),
         rate_scale: 1.0,
         max_wall: Duration::from_secs(60),
         filter_extra: json!({}),

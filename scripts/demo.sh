@@ -12,6 +12,14 @@
 # Ctrl-C stops Envoy and the servers.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+for arg in "$@"; do
+  case "$arg" in
+    -h|--help)
+      if [ ! -x "${CARGO_TARGET_DIR:-target}/release/warmpath-bench" ]; then
+        echo "[demo] the options are warmpath-bench's; building it first (a few minutes on a first run)" >&2
+      fi ;;
+  esac
+done
 export WARMPATH_TOOLS="${WARMPATH_TOOLS:-$HOME/.cache/warmpath/tools}"
 export PATH="$PWD/.venv/bin:$PATH"
 scripts/setup.sh --no-wasm-bindgen --no-k8s-tools

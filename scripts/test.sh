@@ -4,6 +4,22 @@
 # Usage: scripts/test.sh [SUITE-NAME-SUBSTRING...]   (no argument: all suites)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+suites=$(for f in scripts/test.d/*.sh; do basename "$f" .sh; done)
+case "${1:-}" in
+  -h|--help)
+    sed -n '2,4p' "$0" | sed 's/^# \{0,1\}//'
+    echo "suites:" $suites
+    exit 0 ;;
+esac
+# A name that matches no suite is a mistake, not a pass: say so before installing anything.
+for want in "$@"; do
+  case "$want" in -*) echo "unknown option: $want (see scripts/test.sh --help)" >&2; exit 2 ;; esac
+  found=0; for name in $suites; do case "$name" in *"$want"*) found=1 ;; esac; done
+  if [ $found = 0 ]; then
+    echo "no suite matches '$want'; suites:" $suites >&2
+    exit 2
+  fi
+done
 export WARMPATH_TOOLS="${WARMPATH_TOOLS:-$HOME/.cache/warmpath/tools}"
 export PATH="$WARMPATH_TOOLS/bin:$PWD/.venv/bin:$PATH"
 scripts/setup.sh

@@ -9,7 +9,7 @@ use crate::error::ConfigError;
 use crate::extract::RequestKey;
 use crate::load::least_loaded;
 use crate::policy::{self, PickInput, Policy};
-use crate::prefill_rate::{PrefillEstimate, PrefillRate};
+use crate::prefill_rate::{PrefillEstimate, PrefillFits, PrefillRate};
 use crate::prefix::PrefixHashes;
 
 /// Addresses remembered beyond the current set, so an endpoint that leaves and comes back keeps its id (and
@@ -33,9 +33,12 @@ pub struct Router {
     /// Position of the endpoint the last [`Router::route`] call's policy picked (`None` after a fail-open pick or
     /// once its record was taken).
     last_pick: Option<usize>,
-    /// The pool's prefill speed as the shell last handed it ([`Router::set_prefill_rate`]): reported, and the speed
-    /// at which the shell lets this gateway's pending prefill work drain ([`PrefillEstimate::left_after`]).
+    /// The pool's prefill speed as the shell last handed it ([`Router::set_prefill_fits`]): reported, and the speed
+    /// at which the shell lets this gateway's pending prefill work drain ([`PrefillEstimate::left_after`]) on an
+    /// endpoint without a speed of its own.
     prefill: PrefillRate,
+    /// The speed of each endpoint whose own fit gives one, by address.
+    endpoint_prefill: HashMap<String, PrefillEstimate>,
 }
 
 impl Router {
@@ -53,6 +56,7 @@ impl Router {
             settings,
             last_pick: None,
             prefill: PrefillRate::default(),
+            endpoint_prefill: HashMap::new(),
         };
         let eps = r.settings.endpoints.clone();
         r.install_endpoints(eps);
@@ -64,14 +68,22 @@ impl Router {
         &self.settings
     }
 
-    /// Replaces the fit with `rate`: the one every worker of this Envoy feeds (`prefill_rate`, shared data).
-    pub fn set_prefill_rate(&mut self, rate: PrefillRate) {
-        self.prefill = rate;
+    /// Replaces the fits with `fits`: the ones every worker of this Envoy feeds (`prefill_rate`, shared data).
+    pub fn set_prefill_fits(&mut self, fits: &PrefillFits) {
+        self.prefill = fits.pool.clone();
+        self.endpoint_prefill = fits.endpoints.iter().filter_map(|(a, f)| Some((a.clone(), f.estimate()?))).collect();
     }
 
-    /// The prefill speed learned so far, if the requests seen give one.
+    /// The pool's prefill speed learned so far, if the requests seen give one.
     pub fn prefill_estimate(&self) -> Option<PrefillEstimate> {
         self.prefill.estimate()
+    }
+
+    /// The prefill speed of the endpoint at position `i` of [`Router::endpoints`]: its own once its samples give
+    /// one, else the pool's (`None` when neither does, or for a position out of range).
+    pub fn prefill_estimate_at(&self, i: usize) -> Option<PrefillEstimate> {
+        let endpoint = self.endpoints.get(i)?;
+        self.endpoint_prefill.get(&endpoint.address).copied().or_else(|| self.prefill_estimate())
     }
 
     /// The relative standard error of the prefill-speed fit's slope, once a line is fitted
@@ -270,5 +282,48 @@ impl Router {
     pub fn fail_open(&self, random: u64, loads: &[EndpointLoad]) -> Option<Decision> {
         let i = least_loaded(random, &self.endpoints, loads)?;
         Some(Decision::new(&self.endpoints, i, Reason::FailOpen))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Strategy;
+    #[cfg(target_arch = "wasm32")]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    #[test]
+    fn an_endpoint_drains_at_its_own_speed_once_it_has_one_else_at_the_pools() {
+        let endpoints: Vec<String> = (0..3).map(|i| format!("127.0.0.1:{}", 9000 + i)).collect();
+        let mut router = Router::new(Settings {
+            strategy: Strategy::PrefixAware,
+            endpoints: endpoints.clone(),
+            ..Settings::default()
+        });
+        assert_eq!(router.prefill_estimate_at(0), None, "nothing learned yet");
+        let mut fits = PrefillFits::default();
+        // The first endpoint serves at 200 bytes/ms, the second at 400; the third is never sampled.
+        for i in 0..40u32 {
+            let bytes = 2_000 + (i * 7_919) % 40_000;
+            fits.observe(&endpoints[0], bytes, 2 + u64::from(bytes / 200), |_| true);
+            fits.observe(&endpoints[1], bytes, 2 + u64::from(bytes / 400), |_| true);
+        }
+        router.set_prefill_fits(&fits);
+        let speed = |r: &Router, i: usize| r.prefill_estimate_at(i).expect("a speed").bytes_per_ms;
+        assert!((speed(&router, 0) - 200.0).abs() < 4.0, "{}", speed(&router, 0));
+        assert!((speed(&router, 1) - 400.0).abs() < 8.0, "{}", speed(&router, 1));
+        // Two speeds in one fit scatter too much for a pool speed: the unsampled endpoint has none either.
+        assert_eq!(router.prefill_estimate(), None);
+        assert_eq!(router.prefill_estimate_at(2), None);
+        // Once the pool's recent samples agree (old ones decay), the unsampled endpoint drains at its speed.
+        for i in 0..400u32 {
+            let bytes = 2_000 + (i * 7_919) % 40_000;
+            fits.observe(&endpoints[1], bytes, 2 + u64::from(bytes / 400), |_| true);
+        }
+        router.set_prefill_fits(&fits);
+        let pool = router.prefill_estimate().expect("the pool's").bytes_per_ms;
+        assert_eq!(speed(&router, 2), pool, "an endpoint without samples drains at the pool's speed");
+        assert!((speed(&router, 0) - 200.0).abs() < 4.0, "its own speed still");
+        assert_eq!(router.prefill_estimate_at(3), None, "no such position");
     }
 }

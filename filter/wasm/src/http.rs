@@ -199,11 +199,14 @@ impl FilterHttp {
         // from the last moment its queue there was known exactly, sharing the speed with the other gateways' work
         // there (`PrefillEstimate::left_after`), which counts as the feed last reported it. Pending work is
         // PREFIX_AWARE's alone (another instance on this listener may have charged some on a shared endpoint).
-        let drain = prefix_aware.then(|| router.prefill_estimate()).flatten();
-        let own_left = |i: usize| match (&drain, own[i].pending_for_ms(now)) {
+        // Each endpoint drains at its own learned speed, or the pool's until it has one (`prefill_rate`).
+        let own_left = |i: usize| match own[i].pending_for_ms(now) {
             _ if !prefix_aware => 0,
-            (Some(estimate), Some(ms)) => estimate.left_after(own[i].pending, at_others(i), ms),
-            _ => own[i].pending,
+            Some(ms) => match router.prefill_estimate_at(i) {
+                Some(estimate) => estimate.left_after(own[i].pending, at_others(i), ms),
+                None => own[i].pending,
+            },
+            None => own[i].pending,
         };
         let loads: Vec<EndpointLoad> = (0..own.len())
             .map(|i| EndpointLoad {
@@ -394,15 +397,15 @@ impl HttpContext for FilterHttp {
     fn on_http_response_body(&mut self, body_size: usize, _end_of_stream: bool) -> Action {
         if self.stream.on_response_body(body_size) {
             self.release(None);
-            if let (Some((sent, bytes)), Some(shared)) = (self.prefill_sample.take(), &self.shared) {
-                // Into the fit every worker shares; this worker routes with the result at once, the others from
-                // their next tick.
-                match shared::add_prefill_sample(&shared.prefill_fit, bytes, now_ms().saturating_sub(sent)) {
-                    Some(fit) => {
-                        if let Ok(mut router) = shared.router.try_borrow_mut() {
-                            router.set_prefill_rate(fit);
-                        }
-                    }
+            let sample = self.prefill_sample.take();
+            if let (Some((sent, bytes)), Some(shared), Some(address)) = (sample, &self.shared, self.stream.slot()) {
+                // Into the pool's fit and this endpoint's, which every worker shares; this worker routes with the
+                // result at once, the others from their next tick. Fits of endpoints that left the pool are dropped.
+                let ms = now_ms().saturating_sub(sent);
+                let Ok(mut router) = shared.router.try_borrow_mut() else { return Action::Continue };
+                let keep = |a: &str| router.position(a).is_some();
+                match shared::add_prefill_sample(&shared.prefill_fit, address, bytes, ms, keep) {
+                    Some(fits) => router.set_prefill_fits(&fits),
                     None => shared.metrics.count("warmpath.cas_failures", 1),
                 }
             }

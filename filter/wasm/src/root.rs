@@ -83,7 +83,7 @@ pub struct Shared {
     /// With a feed: the shared-data key of the other gateways' pending prefill work and how long (ms) it counts
     /// after it arrived (`feed::remote_pending_key`).
     pub remote_pending: Option<(String, u64)>,
-    /// Shared-data key of the plugin's prefill-speed fit, fed by every worker (`shared::prefill_fit_key`).
+    /// Shared-data key of the plugin's prefill-speed fits, fed by every worker (`shared::prefill_fit_key`).
     pub prefill_fit: String,
     /// The key given to strategies that do not look at the request (RANDOM, LEAST_OUTSTANDING_REQUESTS), which
     /// decide at header time: the router treats a request without a key as fail-open.
@@ -284,7 +284,7 @@ impl RootContext for FilterRoot {
                 if let Ok(mut router) = shared.router.try_borrow_mut() {
                     shared.exchange.on_tick(&mut router, &shared.metrics);
                     // The speed the other workers' samples taught, for this worker's next picks.
-                    router.set_prefill_rate(shared::read_prefill_fit(&shared.prefill_fit));
+                    router.set_prefill_fits(&shared::read_prefill_fits(&shared.prefill_fit));
                 }
             }
             shared.metrics.flush();

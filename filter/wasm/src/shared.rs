@@ -2,7 +2,7 @@
 //! the load table ([`Table`]: per endpoint, requests in flight, pending prefill work in bytes of prompt text, and
 //! when that work was last known exactly), the other gateways' pending prefill work as the feed reported it
 //! ([`store_remote`], [`Remote`], written only by the feed poller), the feed poller's lease ([`take_lease`],
-//! [`release_lease`]) and each plugin's prefill-speed fit ([`add_prefill_sample`]). This is the only
+//! [`release_lease`]) and each plugin's prefill-speed fits ([`add_prefill_sample`]). This is the only
 //! compare-and-swap code in the filter.
 //!
 //! The load table lives under one key ([`LOADS_KEY`]) as a small table of entries ([`Load`], one per endpoint with
@@ -19,7 +19,7 @@
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::Status;
 use warmpath_core::exchange::{counts, entries, push_count};
-use warmpath_core::prefill_rate::PrefillRate;
+use warmpath_core::prefill_rate::PrefillFits;
 use warmpath_core::Router;
 
 /// Shared-data key of the load table.
@@ -284,37 +284,44 @@ pub fn unique_id(random: u64) -> u64 {
     random | 1
 }
 
-/// Shared-data key of `plugin`'s prefill-speed fit ([`add_prefill_sample`], [`read_prefill_fit`]): one fit per plugin
-/// and Envoy, fed by every worker.
+/// Shared-data key of `plugin`'s prefill-speed fits ([`add_prefill_sample`], [`read_prefill_fits`]): the pool's and
+/// each endpoint's, one set per plugin and Envoy, fed by every worker.
 pub fn prefill_fit_key(plugin: &str) -> String {
     format!("warmpath.prefill_fit.{plugin}")
 }
 
-/// Creates the fit under `key` ([`prefill_fit_key`]) empty if it does not exist yet, so later writes always carry a
-/// CAS token (called at configure time, before traffic).
+/// Creates the fits under `key` ([`prefill_fit_key`]) empty if they do not exist yet, so later writes always carry
+/// a CAS token (called at configure time, before traffic).
 pub fn init_prefill_fit(key: &str) {
     create_empty(key);
 }
 
-/// The fit stored under `key` (an empty fit when there is none yet or its value is not a fit).
-pub fn read_prefill_fit(key: &str) -> PrefillRate {
-    hostcalls::get_shared_data(key).map_or_else(|_| PrefillRate::default(), |(value, _)| stored_fit(value))
+/// The fits stored under `key` (empty when there are none yet or the value is not fits).
+pub fn read_prefill_fits(key: &str) -> PrefillFits {
+    hostcalls::get_shared_data(key).map_or_else(|_| PrefillFits::default(), |(value, _)| stored_fits(value))
 }
 
-/// A stored fit's value read back (an empty fit for a missing or malformed value).
-fn stored_fit(value: Option<Vec<u8>>) -> PrefillRate {
-    value.as_deref().and_then(PrefillRate::from_bytes).unwrap_or_default()
+/// A stored value read back as fits (empty for a missing or malformed value).
+fn stored_fits(value: Option<Vec<u8>>) -> PrefillFits {
+    value.as_deref().map(PrefillFits::from_bytes).unwrap_or_default()
 }
 
-/// Adds one sample (`bytes` charged, first byte `ms` later) to the fit stored under `key`, with compare-and-swap;
-/// returns the fit written, or `None` when the host kept refusing the write (the sample is lost).
-pub fn add_prefill_sample(key: &str, bytes: u32, ms: u64) -> Option<PrefillRate> {
+/// Adds one sample of `address` (`bytes` charged, first byte `ms` later) to the fits stored under `key`, with
+/// compare-and-swap, dropping the fits of addresses `keep` rejects; returns the fits written, or `None` when the
+/// host kept refusing the write (the sample is lost).
+pub fn add_prefill_sample(
+    key: &str,
+    address: &str,
+    bytes: u32,
+    ms: u64,
+    keep: impl Fn(&str) -> bool,
+) -> Option<PrefillFits> {
     for _ in 0..MAX_CAS_ATTEMPTS {
         let (value, cas) = hostcalls::get_shared_data(key).ok()?;
-        let mut fit = stored_fit(value);
-        fit.observe(bytes, ms);
-        match hostcalls::set_shared_data(key, Some(&fit.to_bytes()), cas) {
-            Ok(()) => return Some(fit),
+        let mut fits = stored_fits(value);
+        fits.observe(address, bytes, ms, &keep);
+        match hostcalls::set_shared_data(key, Some(&fits.to_bytes()), cas) {
+            Ok(()) => return Some(fits),
             Err(Status::CasMismatch) => continue,
             Err(_) => return None,
         }

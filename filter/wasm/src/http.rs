@@ -195,11 +195,11 @@ impl FilterHttp {
         let own = table.per_endpoint(&router);
         let others = remote.as_ref().map(|r| r.per_endpoint(&router));
         let at_others = |i: usize| others.as_ref().map_or(0, |o| o[i]);
-        // Once the pool's prefill speed is learned, this Envoy's pending work on an endpoint drains at that speed
-        // from the last moment its queue there was known exactly, sharing the speed with the other gateways' work
-        // there (`PrefillEstimate::left_after`), which counts as the feed last reported it. Pending work is
-        // PREFIX_AWARE's alone (another instance on this listener may have charged some on a shared endpoint).
-        // Each endpoint drains at its own learned speed, or the pool's until it has one (`prefill_rate`).
+        // Once a prefill speed is learned — the endpoint's own, or the pool's until it has one (`prefill_rate`) —
+        // this Envoy's pending work on an endpoint drains at that speed from the last moment its queue there was
+        // known exactly, sharing the speed with the other gateways' work there (`PrefillEstimate::left_after`),
+        // which counts as the feed last reported it. Pending work is PREFIX_AWARE's alone (another instance on this
+        // listener may have charged some on a shared endpoint).
         let own_left = |i: usize| match own[i].pending_for_ms(now) {
             _ if !prefix_aware => 0,
             Some(ms) => match router.prefill_estimate_at(i) {

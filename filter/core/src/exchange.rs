@@ -138,10 +138,16 @@ pub const PENDING_TTL_MS: u64 = 2_000;
 /// for an address longer than 255 bytes (not an `IP:port`). The layout of the pending section and of the filter's
 /// shared per-endpoint counters.
 pub fn push_count(out: &mut Vec<u8>, address: &[u8], count: u32) -> bool {
+    push_entry(out, address, &count.to_le_bytes())
+}
+
+/// Appends one per-endpoint entry, `[address length: u8][address bytes][value]` (what [`entries`] reads back);
+/// false (nothing appended) for an address longer than 255 bytes (not an `IP:port`).
+pub fn push_entry(out: &mut Vec<u8>, address: &[u8], value: &[u8]) -> bool {
     let Ok(len) = u8::try_from(address.len()) else { return false };
     out.push(len);
     out.extend_from_slice(address);
-    out.extend_from_slice(&count.to_le_bytes());
+    out.extend_from_slice(value);
     true
 }
 

@@ -201,7 +201,7 @@ impl PrefillEstimate {
 
 /// The pool's fit and each endpoint's own, as the shell keeps them in shared data: the pool's fit
 /// ([`PrefillRate::to_bytes`]), then one entry per endpoint that has samples — its address's length (one byte), the
-/// address, its fit (`crate::exchange::entries`' layout).
+/// address, its fit (`crate::exchange::push_entry`'s layout).
 #[derive(Debug, Clone, Default)]
 pub struct PrefillFits {
     /// Every sample of the pool.
@@ -217,10 +217,7 @@ impl PrefillFits {
         let mut out = Vec::with_capacity(ENCODED_LEN + self.endpoints.len() * (24 + ENCODED_LEN));
         out.extend_from_slice(&self.pool.to_bytes());
         for (address, fit) in &self.endpoints {
-            let Ok(len) = u8::try_from(address.len()) else { continue };
-            out.push(len);
-            out.extend_from_slice(address.as_bytes());
-            out.extend_from_slice(&fit.to_bytes());
+            crate::exchange::push_entry(&mut out, address.as_bytes(), &fit.to_bytes());
         }
         out
     }

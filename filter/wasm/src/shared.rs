@@ -18,7 +18,7 @@
 
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::Status;
-use warmpath_core::exchange::{counts, entries, push_count};
+use warmpath_core::exchange::{counts, entries, push_count, push_entry};
 use warmpath_core::prefill_rate::PrefillFits;
 use warmpath_core::Router;
 
@@ -88,13 +88,11 @@ impl Load {
 /// Appends `address`'s entry to `out`: the address's length (one byte), the address, then the [`Load`]'s three
 /// values; false (nothing written) for an address longer than 255 bytes.
 fn push_load(out: &mut Vec<u8>, address: &[u8], load: Load) -> bool {
-    let Ok(len) = u8::try_from(address.len()) else { return false };
-    out.push(len);
-    out.extend_from_slice(address);
-    for v in [load.in_flight, load.pending, load.since] {
-        out.extend_from_slice(&v.to_le_bytes());
+    let mut values = [0u8; LOAD_BYTES];
+    for (i, v) in [load.in_flight, load.pending, load.since].iter().enumerate() {
+        values[4 * i..4 * i + 4].copy_from_slice(&v.to_le_bytes());
     }
-    true
+    push_entry(out, address, &values)
 }
 
 /// The entries of a load table in order; stops at the first truncated entry.

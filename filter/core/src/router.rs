@@ -83,7 +83,12 @@ impl Router {
     /// one, else the pool's (`None` when neither does, or for a position out of range).
     pub fn prefill_estimate_at(&self, i: usize) -> Option<PrefillEstimate> {
         let endpoint = self.endpoints.get(i)?;
-        self.endpoint_prefill.get(&endpoint.address).copied().or_else(|| self.prefill_estimate())
+        self.endpoint_prefill_estimate(&endpoint.address).or_else(|| self.prefill_estimate())
+    }
+
+    /// The prefill speed of the endpoint at `address` from its own samples only (`None` until they give one).
+    pub fn endpoint_prefill_estimate(&self, address: &str) -> Option<PrefillEstimate> {
+        self.endpoint_prefill.get(address).copied()
     }
 
     /// The relative standard error of the prefill-speed fit's slope, once a line is fitted
@@ -323,6 +328,7 @@ mod tests {
         router.set_prefill_fits(&fits);
         let pool = router.prefill_estimate().expect("the pool's").bytes_per_ms;
         assert_eq!(speed(&router, 2), pool, "an endpoint without samples drains at the pool's speed");
+        assert_eq!(router.endpoint_prefill_estimate(&endpoints[2]), None, "but has no speed of its own");
         assert!((speed(&router, 0) - 200.0).abs() < 4.0, "its own speed still");
         assert_eq!(router.prefill_estimate_at(3), None, "no such position");
     }

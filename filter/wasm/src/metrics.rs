@@ -17,6 +17,7 @@
 //! | `warmpath.in_flight.<IP>_<port>` | gauge | the shared in-flight counter of each endpoint, refreshed every tick (written when it changed, [`EndpointGauges`]) |
 //! | `warmpath.pending_prefill.<IP>_<port>` | gauge | this Envoy's pending prefill work on each endpoint (bytes), refreshed every tick like the in-flight gauge |
 //! | `warmpath.remote_pending_prefill.<IP>_<port>` | gauge | with a feed: the other gateways' pending prefill work on each endpoint (bytes), as the feed last reported it |
+//! | `warmpath.prefill_speed.<IP>_<port>` | gauge | PREFIX_AWARE: each endpoint's own prefill speed, learned like `warmpath.prefill.bytes_per_s` from the requests it served alone (bytes of prompt text per second); absent until its own samples give one (the pool's speed stands in for it meanwhile), 0 once the endpoint left the pool |
 //! | `warmpath.endpoints` | gauge | endpoints the router currently picks from |
 //! | `warmpath.prefill.bytes_per_s` | gauge | PREFIX_AWARE: the pool's prefill speed learned from this Envoy's requests (every worker's, one shared fit) that matched nothing in the index and found their endpoint with none of this Envoy's prefill work pending (bytes of prompt text per second; `warmpath_core::prefill_rate`); absent until 16 such requests of different sizes, and while the line does not explain them (`MAX_SLOPE_ERROR`) |
 //! | `warmpath.prefill.overhead_us` | gauge | the same fit's time to first byte of a request with nothing to prefill (µs): the server's fixed cost plus the network and proxy path |
@@ -179,6 +180,12 @@ pub fn remote_pending_prefill_gauge_name(address: &str) -> String {
     endpoint_gauge_name("warmpath.remote_pending_prefill.", address)
 }
 
+/// The gauge name of an endpoint's own prefill speed in bytes per second (`warmpath.prefill_speed.<endpoint>`,
+/// named like [`in_flight_gauge_name`]).
+pub fn prefill_speed_gauge_name(address: &str) -> String {
+    endpoint_gauge_name("warmpath.prefill_speed.", address)
+}
+
 fn endpoint_gauge_name(prefix: &str, address: &str) -> String {
     format!("{prefix}{}", warmpath_core::endpoint::stat_token(address))
 }
@@ -189,6 +196,7 @@ pub enum EndpointGauge {
     InFlight = 0,
     PendingPrefill = 1,
     RemotePendingPrefill = 2,
+    PrefillSpeed = 3,
 }
 
 impl EndpointGauge {
@@ -198,6 +206,7 @@ impl EndpointGauge {
             EndpointGauge::InFlight => in_flight_gauge_name(address),
             EndpointGauge::PendingPrefill => pending_prefill_gauge_name(address),
             EndpointGauge::RemotePendingPrefill => remote_pending_prefill_gauge_name(address),
+            EndpointGauge::PrefillSpeed => prefill_speed_gauge_name(address),
         }
     }
 }
@@ -208,32 +217,37 @@ impl EndpointGauge {
 /// a core at 1,000 endpoints (BENCHMARKS.md §4).
 #[derive(Debug, Default)]
 pub struct EndpointGauges {
-    last: HashMap<String, [u32; 3]>,
+    last: HashMap<String, [u32; 4]>,
 }
 
 impl EndpointGauges {
-    /// The gauge writes that bring the gauges to `current` (each endpoint's address with its in-flight count,
-    /// pending prefill and the other gateways' pending prefill; the last is written only when `remote` is true).
+    /// The gauge writes that bring the gauges to `current`: each endpoint's address with its in-flight count,
+    /// pending prefill, the other gateways' pending prefill (written only when `remote` is true) and its own prefill
+    /// speed (0 for none yet: written from its first speed on, so an endpoint that never learns one has no gauge).
     /// `left(address)` is `None` for an address that is still an endpoint, else its in-flight count: an address
     /// written before that is no longer an endpoint keeps its in-flight gauge following that count until it reads 0,
-    /// then is forgotten (a gauge must not freeze at its last value).
+    /// then is forgotten (a gauge must not freeze at its last value); its speed gauge goes to 0 at once.
     pub fn update<'a>(
         &mut self,
-        current: impl Iterator<Item = (&'a str, [u32; 3])>,
+        current: impl Iterator<Item = (&'a str, [u32; 4])>,
         remote: bool,
         left: impl Fn(&str) -> Option<u32>,
     ) -> Vec<(EndpointGauge, String, u32)> {
-        let gauges = [EndpointGauge::InFlight, EndpointGauge::PendingPrefill, EndpointGauge::RemotePendingPrefill];
+        use EndpointGauge::*;
         let mut writes = Vec::new();
         for (address, now) in current {
             let before = self.last.get(address).copied();
             if before == Some(now) {
                 continue;
             }
-            for g in gauges.iter().take(if remote { 3 } else { 2 }) {
-                let k = *g as usize;
-                if before.is_none_or(|b| b[k] != now[k]) {
-                    writes.push((*g, address.to_string(), now[k]));
+            for g in [InFlight, PendingPrefill, RemotePendingPrefill, PrefillSpeed] {
+                let k = g as usize;
+                let changed = match before {
+                    Some(b) => b[k] != now[k],
+                    None => g != PrefillSpeed || now[k] != 0,
+                };
+                if changed && (remote || g != RemotePendingPrefill) {
+                    writes.push((g, address.to_string(), now[k]));
                 }
             }
             self.last.insert(address.to_string(), now);
@@ -241,8 +255,12 @@ impl EndpointGauges {
         self.last.retain(|address, last| {
             let Some(n) = left(address) else { return true };
             if n != last[0] {
-                writes.push((EndpointGauge::InFlight, address.clone(), n));
+                writes.push((InFlight, address.clone(), n));
                 last[0] = n;
+            }
+            if last[3] != 0 {
+                writes.push((PrefillSpeed, address.clone(), 0));
+                last[3] = 0;
             }
             n > 0
         });
@@ -259,15 +277,15 @@ mod tests {
         let mut book = EndpointGauges::default();
         let (a, b) = ("127.0.0.1:1", "127.0.0.1:2");
         let both_current = |_: &str| None;
-        let w = book.update([(a, [1, 10, 0]), (b, [0, 0, 0])].into_iter(), false, both_current);
+        let w = book.update([(a, [1, 10, 0, 0]), (b, [0, 0, 0, 0])].into_iter(), false, both_current);
         assert_eq!(w.len(), 4, "the first tick writes every gauge: {w:?}");
         assert!(
-            book.update([(a, [1, 10, 0]), (b, [0, 0, 0])].into_iter(), false, both_current).is_empty(),
+            book.update([(a, [1, 10, 0, 0]), (b, [0, 0, 0, 0])].into_iter(), false, both_current).is_empty(),
             "nothing changed"
         );
-        let w = book.update([(a, [0, 10, 0]), (b, [0, 0, 0])].into_iter(), false, both_current);
+        let w = book.update([(a, [0, 10, 0, 0]), (b, [0, 0, 0, 0])].into_iter(), false, both_current);
         assert_eq!(w, vec![(EndpointGauge::InFlight, a.to_string(), 0)], "only the changed gauge");
-        let only_a = || [(a, [0, 10, 7])].into_iter();
+        let only_a = || [(a, [0, 10, 7, 0])].into_iter();
         let b_left_with = |n: u32| move |addr: &str| (addr == b).then_some(n);
         let w = book.update(only_a(), true, b_left_with(2));
         assert_eq!(
@@ -281,9 +299,23 @@ mod tests {
     }
 
     #[test]
+    fn a_speed_gauge_appears_with_the_first_speed_and_reads_0_once_its_endpoint_left() {
+        let mut book = EndpointGauges::default();
+        let (a, b) = ("127.0.0.1:1", "127.0.0.1:2");
+        let current = |_: &str| None;
+        let w = book.update([(a, [0, 0, 0, 0]), (b, [0, 0, 0, 0])].into_iter(), false, current);
+        assert!(w.iter().all(|(g, _, _)| *g != EndpointGauge::PrefillSpeed), "no speed, no gauge: {w:?}");
+        let w = book.update([(a, [0, 0, 0, 50_000]), (b, [0, 0, 0, 0])].into_iter(), false, current);
+        assert_eq!(w, vec![(EndpointGauge::PrefillSpeed, a.to_string(), 50_000)]);
+        let w = book.update([(b, [0, 0, 0, 0])].into_iter(), false, |addr: &str| (addr == a).then_some(0));
+        assert_eq!(w, vec![(EndpointGauge::PrefillSpeed, a.to_string(), 0)], "a left: its speed is no longer known");
+    }
+
+    #[test]
     fn gauge_names_are_single_tokens() {
         assert_eq!(in_flight_gauge_name("127.0.0.1:8001"), "warmpath.in_flight.127_0_0_1_8001");
         assert_eq!(in_flight_gauge_name("[::1]:80"), "warmpath.in_flight.___1__80");
         assert_eq!(pending_prefill_gauge_name("127.0.0.1:8001"), "warmpath.pending_prefill.127_0_0_1_8001");
+        assert_eq!(prefill_speed_gauge_name("127.0.0.1:8001"), "warmpath.prefill_speed.127_0_0_1_8001");
     }
 }

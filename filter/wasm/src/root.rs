@@ -141,7 +141,9 @@ impl FilterRoot {
         let own = table.per_endpoint(&router);
         let others = remote.as_ref().map(|r| r.per_endpoint(&router));
         let current = endpoints.iter().enumerate().map(|(i, e)| {
-            (e.address.as_str(), [own[i].in_flight, own[i].pending, others.as_ref().map_or(0, |o| o[i])])
+            // `as` saturates: a speed above 4 GB/s reads 4 GB/s.
+            let speed = router.endpoint_prefill_estimate(&e.address).map_or(0, |s| (s.bytes_per_ms * 1000.0) as u32);
+            (e.address.as_str(), [own[i].in_flight, own[i].pending, others.as_ref().map_or(0, |o| o[i]), speed])
         });
         let writes = GAUGES.with(|g| {
             g.borrow_mut()

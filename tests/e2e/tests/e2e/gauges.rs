@@ -1,13 +1,13 @@
 //! The in-flight gauges of endpoints that leave (here by an LDS update of the plugin configuration) do not freeze
 //! at their last value: they keep reporting the shared count until their last request ends, then read 0. The
-//! learned prefill speed reads what the upstreams do.
+//! learned prefill speeds, the pool's and each endpoint's own, read what the upstreams do.
 
 use std::sync::Arc;
 
 use serde_json::json;
 use warmpath_harness::Stats;
 
-use crate::common::{learn_prefill_speed, Connections, Rig};
+use crate::common::{learn_prefill_speed, prompt, Connections, Rig};
 
 fn gauge(s: &Stats, addr: &str) -> u64 {
     s.filter(&format!("in_flight.{}", warmpath_core::endpoint::stat_token(addr)))
@@ -72,4 +72,40 @@ async fn the_prefill_speed_is_learned_from_the_requests() {
     let s = learn_prefill_speed(&rig, 40, Connections::Pooled).await;
     let overhead = s.filter("prefill.overhead_us");
     assert!(overhead < 100_000, "{overhead} µs of fixed time to first byte; the upstreams add 5,000");
+}
+
+/// PREFIX_AWARE learns each endpoint's own prefill speed beside the pool's: here one upstream answers 1 ms per 50
+/// bytes of request body and the other 1 ms per 20, and each one's `prefill_speed.<endpoint>` gauge reads its own
+/// (about 50,000 and 20,000 bytes per s). Prompts share nothing, so each request is placed as a miss on an idle
+/// pool: by its key's rendezvous order, about half on each upstream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_endpoint_s_prefill_speed_is_learned_from_its_own_requests() {
+    let rig = Rig::start(2, json!({"strategy": "PREFIX_AWARE"})).await;
+    let rates = [50, 20];
+    for (u, rate) in rig.upstreams.iter().zip(rates) {
+        u.set_delay(std::time::Duration::from_millis(5));
+        u.set_body_rate(rate);
+    }
+    let speed = |s: &Stats, i: usize| {
+        s.filter(&format!(
+            "prefill_speed.{}",
+            warmpath_core::endpoint::stat_token(&rig.upstreams[i].addr().to_string())
+        ))
+    };
+    let mut learned = None;
+    for i in 0..160 {
+        let reply = rig.chat(&prompt(&format!("alone {i}"), 1_000 + (i * 3_700) % 7_000)).await;
+        assert_eq!(reply.status, 200);
+        if i % 8 == 7 {
+            let s = rig.envoy.stats().await.expect("stats");
+            if speed(&s, 0) > 0 && speed(&s, 1) > 0 {
+                learned = Some(s);
+                break;
+            }
+        }
+    }
+    let s = learned.unwrap_or_else(|| panic!("no speed per endpoint after 160 requests: {:?}", rig.counts()));
+    let (fast, slow) = (speed(&s, 0), speed(&s, 1));
+    assert!((35_000..=65_000).contains(&fast), "{fast} bytes per s learned; the upstream answers at 50,000");
+    assert!((14_000..=26_000).contains(&slow), "{slow} bytes per s learned; the upstream answers at 20,000");
 }

@@ -250,6 +250,43 @@ impl PrefillFits {
     }
 }
 
+/// Extra prefill time per byte, in 1/1024ths of the fastest endpoint's, at which [`PrefillFits::slowdowns`] counts
+/// an endpoint's own speed: 1,024 is twice as long per byte.
+pub const SLOWDOWN_UNIT: u32 = 1024;
+
+impl PrefillFits {
+    /// The endpoints whose own speed is lower than the fastest endpoint's beyond what the fits' errors explain, each
+    /// with its extra prefill time per byte ([`SLOWDOWN_UNIT`]ths of the fastest one's); empty when no endpoint is
+    /// told apart (one pool of equal servers, or too few samples).
+    ///
+    /// An endpoint is told apart when the top of its speed's interval, two standard errors of its slope
+    /// ([`PrefillRate::slope_error`]), lies below the bottom of the fastest endpoint's, and it is slower by more than
+    /// [`MAX_SLOPE_ERROR`], the error a fit may have and still be used at all. Equal servers then keep equal
+    /// predictions and their exact ties, so the consistent pick, the same on every replica, and the bounded placement
+    /// of misses are kept: on the Mooncake trace the fits of four equal simulated servers came 0.2–1.9 % apart
+    /// with errors small enough for the interval test alone to tell them apart (docs/bench/replay.md §33). Only fits
+    /// that give a speed ([`PrefillRate::estimate`]) count.
+    pub fn slowdowns(&self) -> Vec<(String, u32)> {
+        let speeds: Vec<(&str, f64, f64)> = self
+            .endpoints
+            .iter()
+            .filter_map(|(a, f)| Some((a.as_str(), f.estimate()?.bytes_per_ms, f.slope_error()?)))
+            .collect();
+        let Some(&(_, fastest, error)) = speeds.iter().max_by(|a, b| a.1.total_cmp(&b.1)) else {
+            return Vec::new();
+        };
+        let floor = fastest * (1.0 - 2.0 * error);
+        speeds
+            .iter()
+            .filter(|(_, speed, error)| {
+                speed * (1.0 + 2.0 * error) < floor && *speed < fastest * (1.0 - MAX_SLOPE_ERROR)
+            })
+            // `as` saturates: a speed of 0 never comes from a fit (`estimate` needs a positive slope).
+            .map(|(a, speed, _)| (a.to_string(), ((fastest / speed - 1.0) * f64::from(SLOWDOWN_UNIT)) as u32))
+            .collect()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -448,5 +485,35 @@ mod tests {
         let e = r.estimate().unwrap();
         assert!((e.bytes_per_ms - 250.0).abs() < 25.0, "{e:?}");
         assert!(e.overhead_ms > 5.0, "the waits raise the fixed part, not the rate: {e:?}");
+    }
+
+    #[test]
+    fn only_an_endpoint_slower_beyond_the_fits_errors_gets_a_slowdown() {
+        // Four equal servers at 250 bytes/ms whose times jitter by up to 4 ms: their fits differ by noise only.
+        let mut fits = PrefillFits::default();
+        let mut next = xorshift(0x9e37_79b9_7f4a_7c15);
+        let equal: Vec<String> = (1..=4).map(|i| format!("10.0.0.{i}:8000")).collect();
+        for _ in 0..100 {
+            for a in &equal {
+                let bytes = 1_000 + (next() % 30_000) as u32;
+                fits.observe(a, bytes, 5 + u64::from(bytes) / 250 + next() % 5, |_| true);
+            }
+        }
+        assert!(fits.slowdowns().is_empty(), "equal servers told apart: {:?}", fits.slowdowns());
+        // One 5 % slower, its fit without noise: told apart by the intervals, but within what a usable fit may err.
+        for _ in 0..100 {
+            let bytes = 1_000 + (next() % 30_000) as u32;
+            fits.observe("10.0.0.6:8000", bytes, 5 + u64::from(bytes) * 105 / 25_000, |_| true);
+        }
+        assert!(fits.slowdowns().is_empty(), "5 % slower told apart: {:?}", fits.slowdowns());
+        // A fifth at half their speed is told apart, with its extra time per byte.
+        for _ in 0..100 {
+            let bytes = 1_000 + (next() % 30_000) as u32;
+            fits.observe("10.0.0.5:8000", bytes, 5 + u64::from(bytes) / 125 + next() % 5, |_| true);
+        }
+        let slow = fits.slowdowns();
+        assert_eq!(slow.len(), 1, "{slow:?}");
+        assert_eq!(slow[0].0, "10.0.0.5:8000");
+        assert!((900..=1_150).contains(&slow[0].1), "twice as long per byte is about {SLOWDOWN_UNIT}: {slow:?}");
     }
 }

@@ -39,6 +39,10 @@ pub struct Router {
     prefill: PrefillRate,
     /// The speed of each endpoint whose own fit gives one, by address.
     endpoint_prefill: HashMap<String, PrefillEstimate>,
+    /// The extra prefill time per byte of each endpoint told apart as slower ([`PrefillFits::slowdowns`]), by
+    /// address, and the same parallel to `endpoints` (empty when there are none) for [`PickInput::slowdowns`].
+    slowdown_by_address: HashMap<String, u32>,
+    slowdowns: Vec<u32>,
 }
 
 impl Router {
@@ -57,6 +61,8 @@ impl Router {
             last_pick: None,
             prefill: PrefillRate::default(),
             endpoint_prefill: HashMap::new(),
+            slowdown_by_address: HashMap::new(),
+            slowdowns: Vec::new(),
         };
         let eps = r.settings.endpoints.clone();
         r.install_endpoints(eps);
@@ -72,6 +78,23 @@ impl Router {
     pub fn set_prefill_fits(&mut self, fits: &PrefillFits) {
         self.prefill = fits.pool.clone();
         self.endpoint_prefill = fits.endpoints.iter().filter_map(|(a, f)| Some((a.clone(), f.estimate()?))).collect();
+        self.slowdown_by_address = fits.slowdowns().into_iter().collect();
+        self.place_slowdowns();
+    }
+
+    /// Lays the slowdowns out by endpoint position (none at all when no current endpoint has one).
+    fn place_slowdowns(&mut self) {
+        self.slowdowns.clear();
+        if self.endpoints.iter().any(|e| self.slowdown_by_address.contains_key(&e.address)) {
+            let by = &self.slowdown_by_address;
+            self.slowdowns = self.endpoints.iter().map(|e| by.get(&e.address).copied().unwrap_or(0)).collect();
+        }
+    }
+
+    /// The extra prefill time per byte of each endpoint, by position, when some endpoint is told apart as slower
+    /// than the fastest ([`PrefillFits::slowdowns`]); empty otherwise.
+    pub fn slowdowns(&self) -> &[u32] {
+        &self.slowdowns
     }
 
     /// The pool's prefill speed learned so far, if the requests seen give one.
@@ -195,6 +218,7 @@ impl Router {
         self.positions = self.endpoints.iter().enumerate().map(|(i, e)| (e.address.clone(), i)).collect();
         self.settings.endpoints = self.endpoints.iter().map(|e| e.address.clone()).collect();
         self.policy.on_endpoints_changed(&self.endpoints);
+        self.place_slowdowns();
     }
 
     /// Applies new settings. The policy (and its prefix index) is kept when the strategy is the same and the
@@ -236,6 +260,7 @@ impl Router {
         };
         let computed;
         let mut input = *input;
+        input.slowdowns = &self.slowdowns;
         if input.prefix.is_none() && self.settings.strategy == Strategy::PrefixAware {
             computed = PrefixHashes::compute(key.namespace, &key.text, self.settings.block_size);
             input.prefix = Some(&computed);

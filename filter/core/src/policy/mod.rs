@@ -31,6 +31,11 @@ pub struct PickInput<'a> {
     /// (`key.truncated`), PREFIX_AWARE takes it as the prompt's length for the uncached-work estimate (the text
     /// past the key is never in the index, so all of it is uncached).
     pub body_len: usize,
+    /// Each endpoint's extra prefill time per byte, parallel to the endpoints, in
+    /// [`crate::prefill_rate::SLOWDOWN_UNIT`]ths of the fastest endpoint's
+    /// ([`crate::prefill_rate::PrefillFits::slowdowns`]); empty when no endpoint is told apart from the fastest
+    /// (missing entries count as 0). PREFIX_AWARE predicts in time when it is not empty.
+    pub slowdowns: &'a [u32],
 }
 
 /// A routing policy. `pick` is the only required method; the hooks default to doing nothing.

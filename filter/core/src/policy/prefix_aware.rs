@@ -90,7 +90,12 @@
 //!    prompt_blocks − overlap_blocks, 0) + decode_blocks`, Dynamo `docs/architecture/kv_cache_routing.md`) with
 //!    scale 1: a first-come-first-served engine (vLLM's and SGLang's default schedulers) prefills what is queued
 //!    before a new request, at a rate that is the same for every endpoint of one pool, so the rate cancels out of
-//!    the comparison and no coefficient needs tuning. The decode term is left out: it needs the output length,
+//!    the comparison and no coefficient needs tuning. Where the fits of this Envoy's own requests tell an endpoint
+//!    apart as slower than the fastest beyond their errors (a server of an older generation, or one sharing its
+//!    accelerator; [`crate::prefill_rate::PrefillFits::slowdowns`]), the rate no longer cancels: that endpoint's
+//!    prediction is multiplied by its time per byte relative to the fastest one's, and the endpoint with the least
+//!    `(waiting + prompt)` in time joins the candidates. Endpoints the fits do not tell apart keep equal scales, so
+//!    their ties, and the consistent pick, are kept. The decode term is left out: it needs the output length,
 //!    which a gateway does not know, and under chunked prefill decode steps slow prefill by a factor that depends
 //!    on the engine's batch budget; the hard cap below bounds it instead.
 //! 5. Lowest prediction wins. Ties go in rendezvous order for the key, skipping a candidate the index already lists as
@@ -110,7 +115,7 @@
 
 use std::borrow::Cow;
 
-use super::scan::{least_admitted, TopCache};
+use super::scan::{least_admitted, least_in_time, TopCache};
 use super::{PickInput, Policy};
 use crate::config::Settings;
 use crate::decision::{Decision, Reason};
@@ -118,6 +123,7 @@ use crate::endpoint::{Endpoint, EndpointLoad};
 use crate::hrw;
 use crate::index::{BlockInfo, PrefixIndex, MAX_HOLDERS};
 use crate::load::{least_loaded, load_at, LoadGuard};
+use crate::prefill_rate::SLOWDOWN_UNIT;
 use crate::prefix::{checkpoint_hash, checkpoint_step, PrefixHashes};
 use crate::RequestKey;
 
@@ -473,23 +479,33 @@ impl PrefixAwarePolicy {
         key: &RequestKey,
         ph: &PrefixHashes,
         plan: &Plan,
-        body_len: usize,
+        input: &PickInput,
         endpoints: &[Endpoint],
         loads: &[EndpointLoad],
     ) -> Decision {
         let guard = LoadGuard::new(self.threshold);
         let key_hash = self.consistent_key(&key.text, ph, plan.common_blocks);
         let kf = hrw::key_factor(key_hash);
-        let prompt = if key.truncated { key.text.len().max(body_len) } else { key.text.len() };
+        let prompt = if key.truncated { key.text.len().max(input.body_len) } else { key.text.len() };
         let top = self.tops.top(kf, &self.addr_hashes);
         let score = |i: usize| hrw::score_hashed(kf, self.addr_hashes[i]);
-        let least = least_admitted(loads, self.addr_hashes.len(), guard, &top, score);
-        let mut cands: Vec<usize> = Vec::with_capacity(MAX_HOLDERS + RENDEZVOUS_CANDIDATES + 1);
+        let n = self.addr_hashes.len();
+        let least = least_admitted(loads, n, guard, &top, score);
+        let mut cands: Vec<usize> = Vec::with_capacity(MAX_HOLDERS + RENDEZVOUS_CANDIDATES + 2);
         if let Some(info) = plan.deepest.and_then(|h| self.index.get(h)) {
             cands.extend(info.holders.iter().filter_map(|&id| self.pos(id)));
         }
         cands.extend(top.iter().copied().filter(|&t| t != usize::MAX));
         cands.extend(least);
+        // Work in time: the same bytes take longer on an endpoint told apart as slower (step 4).
+        let in_time = |work: u64, i: usize| {
+            let slow = u64::from(input.slowdowns.get(i).copied().unwrap_or(0));
+            work.saturating_add(work.saturating_mul(slow) / u64::from(SLOWDOWN_UNIT))
+        };
+        if !input.slowdowns.is_empty() {
+            // The least-loaded endpoint in time for a miss, when it is another than the least in bytes.
+            cands.extend(least_in_time(loads, n, guard, |i, waiting| in_time(waiting + prompt as u64, i)));
+        }
         cands.sort_unstable();
         cands.dedup();
         let scored: Vec<(usize, usize)> = cands
@@ -521,7 +537,14 @@ impl PrefixAwarePolicy {
                 let over = plan.records && self.over_bound(i);
                 let fresh = if over { new_part } else { 0 };
                 let base = waiting + (prompt - cached) as u64 + MOVE_CHARGE * redo;
-                Candidate { pos: i, ttft: base + fresh, base, over, score: score(i), cached }
+                Candidate {
+                    pos: i,
+                    ttft: in_time(base + fresh, i),
+                    base: in_time(base, i),
+                    over,
+                    score: score(i),
+                    cached,
+                }
             })
             .collect();
         let best = candidates
@@ -583,7 +606,7 @@ impl Policy for PrefixAwarePolicy {
         let mut plan = self.plan(&key.text, &ph);
         let chain = self.chain(&key.text, &ph, plan.common_blocks);
         plan.records = !chain.is_empty();
-        let decision = self.decide(key, &ph, &plan, input.body_len, endpoints, loads);
+        let decision = self.decide(key, &ph, &plan, input, endpoints, loads);
         self.record(&chain, endpoints[decision.endpoint].id);
         self.last_chain = chain;
         Some(decision)

@@ -518,6 +518,49 @@ fn a_miss_avoids_an_endpoint_with_queued_prefill_work() {
     assert_eq!(Router::new(settings(n)).route_key(&k, 0, &pending(&w)).unwrap().endpoint, least);
 }
 
+/// The prefill fits of a pool where the endpoint at `slow` (of `addrs(n)`) serves at 100 bytes per ms and the others
+/// at 200: 40 requests of varied sizes each, every one alone on its endpoint.
+fn fits_with_one_slow(n: usize, slow: usize) -> crate::prefill_rate::PrefillFits {
+    let mut fits = crate::prefill_rate::PrefillFits::default();
+    for (i, a) in addrs(n).iter().enumerate() {
+        let speed = if i == slow { 100 } else { 200 };
+        for j in 0..40u32 {
+            let bytes = 2_000 + (j * 7_919) % 40_000;
+            fits.observe(a, bytes, 2 + u64::from(bytes / speed), |_| true);
+        }
+    }
+    fits
+}
+
+#[test]
+fn a_miss_is_predicted_in_time_on_an_endpoint_told_apart_as_slower() {
+    // The key's rendezvous top q prefills at half the others' speed: idle, a miss goes to another endpoint; once
+    // every other endpoint has more waiting work than the prompt (its time there exceeds the prompt's time at q),
+    // to q.
+    let n = 4;
+    let k = key(&[("user", &words(57, 3_000))]);
+    let q = Router::new(settings(n)).route_key(&k, 0, &[]).unwrap().endpoint;
+    let mut r = Router::new(settings(n));
+    r.set_prefill_fits(&fits_with_one_slow(n, q));
+    assert!((1_000..=1_050).contains(&r.slowdowns()[q]), "{:?}", r.slowdowns());
+    let d = r.route_key(&k, 0, &[]).unwrap();
+    assert_ne!(d.endpoint, q, "idle: the same bytes take twice as long at q");
+    let prompt = k.text.len() as u32;
+    for (work, to_q) in [(prompt / 2, false), (prompt * 3 / 2, true)] {
+        let mut w = vec![work; n];
+        w[q] = 0;
+        let mut r = Router::new(settings(n));
+        r.set_prefill_fits(&fits_with_one_slow(n, q));
+        let d = r.route_key(&k, 0, &pending(&w)).unwrap();
+        assert_eq!(d.endpoint == q, to_q, "{work} bytes waiting elsewhere, a prompt of {prompt}");
+    }
+    // Equal speeds: no slowdowns, and the consistent pick.
+    let mut r = Router::new(settings(n));
+    r.set_prefill_fits(&fits_with_one_slow(n, n));
+    assert!(r.slowdowns().is_empty());
+    assert_eq!(r.route_key(&k, 0, &[]).unwrap().endpoint, q);
+}
+
 #[test]
 fn the_concurrency_threshold_is_a_hard_cap() {
     // Random loads: the choice is never at the threshold while some endpoint is below it, however attractive

@@ -53,6 +53,20 @@ fn rank(l: &EndpointLoad, guard: LoadGuard) -> u64 {
 }
 
 /// Of `n` endpoints (`loads[i]` belongs to position `i`, positions past the end are idle), the one the guard admits
+/// with the least `cost(position, waiting work)` (ties to the lower position). PREFIX_AWARE's least-loaded endpoint
+/// in time, when some endpoints prefill more slowly than others.
+pub fn least_in_time(
+    loads: &[EndpointLoad],
+    n: usize,
+    guard: LoadGuard,
+    cost: impl Fn(usize, u64) -> u64,
+) -> Option<usize> {
+    (0..n)
+        .filter(|&i| guard.admits(loads, i))
+        .min_by_key(|&i| (cost(i, u64::from(load_at(loads, i).pending_prefill)), i))
+}
+
+/// Of `n` endpoints (`loads[i]` belongs to position `i`, positions past the end are idle), the one the guard admits
 /// with the least waiting work, then the fewest outstanding requests, then the higher score for the key (`score`
 /// of a position; `top` is the key's [`rendezvous_top`], which settles most ties without scoring). `None` when the
 /// guard refuses every endpoint.

@@ -77,21 +77,18 @@ async fn the_prefill_speed_is_learned_from_the_requests() {
 /// PREFIX_AWARE learns each endpoint's own prefill speed beside the pool's: here one upstream answers 1 ms per 50
 /// bytes of request body and the other 1 ms per 20, and each one's `prefill_speed.<endpoint>` gauge reads its own
 /// (about 50,000 and 20,000 bytes per s). Prompts share nothing, so each request is placed as a miss on an idle
-/// pool: by its key's rendezvous order, about half on each upstream.
+/// pool: by its key's rendezvous order, about half on each upstream, until the speeds tell the second apart as
+/// slower. From then on a miss on the idle pool goes where it finishes first: the faster upstream.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn each_endpoint_s_prefill_speed_is_learned_from_its_own_requests() {
+async fn each_endpoint_s_prefill_speed_is_learned_and_a_miss_goes_where_it_finishes_first() {
     let rig = Rig::start(2, json!({"strategy": "PREFIX_AWARE"})).await;
     let rates = [50, 20];
     for (u, rate) in rig.upstreams.iter().zip(rates) {
         u.set_delay(std::time::Duration::from_millis(5));
         u.set_body_rate(rate);
     }
-    let speed = |s: &Stats, i: usize| {
-        s.filter(&format!(
-            "prefill_speed.{}",
-            warmpath_core::endpoint::stat_token(&rig.upstreams[i].addr().to_string())
-        ))
-    };
+    let token = |i: usize| warmpath_core::endpoint::stat_token(&rig.upstreams[i].addr().to_string());
+    let speed = |s: &Stats, i: usize| s.filter(&format!("prefill_speed.{}", token(i)));
     let mut learned = None;
     for i in 0..160 {
         let reply = rig.chat(&prompt(&format!("alone {i}"), 1_000 + (i * 3_700) % 7_000)).await;
@@ -108,4 +105,11 @@ async fn each_endpoint_s_prefill_speed_is_learned_from_its_own_requests() {
     let (fast, slow) = (speed(&s, 0), speed(&s, 1));
     assert!((35_000..=65_000).contains(&fast), "{fast} bytes per s learned; the upstream answers at 50,000");
     assert!((14_000..=26_000).contains(&slow), "{slow} bytes per s learned; the upstream answers at 20,000");
+    // Every worker has read the fits on its tick (200 ms).
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    let fast_address = rig.upstreams[0].addr().to_string();
+    for i in 0..12 {
+        let reply = rig.chat(&prompt(&format!("after {i}"), 2_000 + i * 300)).await;
+        assert_eq!((reply.status, reply.upstream.as_str()), (200, fast_address.as_str()), "miss {i}");
+    }
 }

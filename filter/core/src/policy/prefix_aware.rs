@@ -24,8 +24,9 @@
 //!    not common, else that whole block, else the whole tail). Every replica computes the same key once it has
 //!    seen the shared prefix, and turn k+1 gets turn k's key as long as turn 1 reached that checkpoint.
 //! 3. Candidates: the holders of the deepest matched node, the key's top [`RENDEZVOUS_CANDIDATES`] rendezvous
-//!    endpoints, and the least-loaded endpoint (least waiting prefill work, then fewest requests outstanding).
-//!    These two are the only per-endpoint work of a decision (no sort; `policy/scan.rs`): the rendezvous top is
+//!    endpoints, and the least-loaded endpoint (least waiting prefill work, then fewest requests outstanding; when
+//!    an endpoint is told apart as slower, also the least loaded in time, step 4).
+//!    These searches are the only per-endpoint work of a decision (no sort; `policy/scan.rs`): the rendezvous top is
 //!    remembered per key until the endpoint list changes, the least-loaded search is one integer comparison per
 //!    endpoint.
 //! 4. For each candidate `e` the predicted time to first token, in bytes of prompt text to prefill before this

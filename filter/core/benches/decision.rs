@@ -3,12 +3,15 @@
 //! 4 KB and 64 KB chat bodies, against a `serde_json::Value` DOM parse of the same body as the baseline; and the
 //! PREFIX_AWARE decision (hash + pick + index update, key already extracted) against the endpoint count
 //! (`endpoints/route/<N>`, N = 8, 64, 256, 1000), with loads that differ per endpoint; `endpoints/route_cold/<N>`
-//! rotates over 4,096 conversations instead of 256, more than the policy remembers rendezvous tops for.
+//! rotates over 4,096 conversations instead of 256, more than the policy remembers rendezvous tops for;
+//! `endpoints/route_slow/<N>` is the warm case with every fourth endpoint learned to be twice as slow (predictions in
+//! time, and the extra least-in-time search).
 //!
 //! `cargo bench -p warmpath-core --bench decision -- --warm-up-time 1 --measurement-time 3`
 
 use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use serde_json::{json, Value};
+use warmpath_core::prefill_rate::PrefillFits;
 use warmpath_core::{extract_key, EndpointLoad, PrefixHashes, Router, Settings};
 
 const CHAT: &str = "/v1/chat/completions";
@@ -139,8 +142,36 @@ fn by_endpoints(c: &mut Criterion) {
                 black_box(r.route_key(black_box(&cold[i]), i as u64, &loads))
             })
         });
+        // The warm case with every fourth endpoint learned to be twice as slow: predictions in time, and one
+        // more search of the endpoints (the least loaded in time).
+        let mut r = Router::new(r.settings().clone());
+        r.set_prefill_fits(&fits_with_slow_quarter(&r.settings().endpoints));
+        assert!(!r.slowdowns().is_empty(), "no endpoint told apart as slower");
+        for k in &keys {
+            r.route_key(k, 0, &loads);
+        }
+        g.bench_function(BenchmarkId::new("route_slow", n), |bench| {
+            bench.iter(|| {
+                i = (i + 1) % keys.len();
+                black_box(r.route_key(black_box(&keys[i]), i as u64, &loads))
+            })
+        });
     }
     g.finish();
+}
+
+/// Prefill fits in which every fourth of `endpoints` serves at 100 bytes per ms and the others at 200 (40 requests
+/// of varied sizes each).
+fn fits_with_slow_quarter(endpoints: &[String]) -> PrefillFits {
+    let mut fits = PrefillFits::default();
+    for (i, a) in endpoints.iter().enumerate() {
+        let speed = if i % 4 == 0 { 100 } else { 200 };
+        for j in 0..40u32 {
+            let bytes = 2_000 + (j * 7_919) % 40_000;
+            fits.observe(a, bytes, 2 + u64::from(bytes / speed), |_| true);
+        }
+    }
+    fits
 }
 
 criterion_group!(decision, benches, by_endpoints);

@@ -267,10 +267,13 @@ impl PrefillFits {
     /// with errors small enough for the interval test alone to tell them apart (docs/bench/replay.md §33). Only fits
     /// that give a speed ([`PrefillRate::estimate`]) count.
     pub fn slowdowns(&self) -> Vec<(String, u32)> {
+        // One line per fit: `estimate` and `slope_error` would each fit it again.
         let speeds: Vec<(&str, f64, f64)> = self
             .endpoints
             .iter()
-            .filter_map(|(a, f)| Some((a.as_str(), f.estimate()?.bytes_per_ms, f.slope_error()?)))
+            .filter_map(|(a, f)| f.line().map(|l| (a.as_str(), l)))
+            .filter(|(_, l)| l.slope_error <= MAX_SLOPE_ERROR)
+            .map(|(a, l)| (a, l.estimate.bytes_per_ms, l.slope_error))
             .collect();
         let Some(&(_, fastest, error)) = speeds.iter().max_by(|a, b| a.1.total_cmp(&b.1)) else {
             return Vec::new();
@@ -287,19 +290,21 @@ impl PrefillFits {
     }
 }
 
+/// Test support: `n` samples of the server at `address` serving `bytes_per_ms` with 2 ms of overhead, of sizes
+/// spread over 2–42 KB, each alone on its endpoint.
+#[cfg(test)]
+pub(crate) fn sample_at(fits: &mut PrefillFits, address: &str, bytes_per_ms: u32, n: u32) {
+    for i in 0..n {
+        let bytes = 2_000 + (i * 7_919) % 40_000;
+        fits.observe(address, bytes, 2 + u64::from(bytes / bytes_per_ms), |_| true);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
-
-    /// Samples of a server at `bytes_per_ms` with 2 ms of overhead, of varied sizes.
-    fn sample_at(fits: &mut PrefillFits, address: &str, bytes_per_ms: u32, n: u32) {
-        for i in 0..n {
-            let bytes = 2_000 + (i * 7_919) % 40_000;
-            fits.observe(address, bytes, 2 + u64::from(bytes / bytes_per_ms), |_| true);
-        }
-    }
 
     #[test]
     fn each_endpoint_learns_its_own_speed_and_the_pool_all_of_them() {

@@ -523,11 +523,7 @@ fn a_miss_avoids_an_endpoint_with_queued_prefill_work() {
 fn fits_with_one_slow(n: usize, slow: usize) -> crate::prefill_rate::PrefillFits {
     let mut fits = crate::prefill_rate::PrefillFits::default();
     for (i, a) in addrs(n).iter().enumerate() {
-        let speed = if i == slow { 100 } else { 200 };
-        for j in 0..40u32 {
-            let bytes = 2_000 + (j * 7_919) % 40_000;
-            fits.observe(a, bytes, 2 + u64::from(bytes / speed), |_| true);
-        }
+        crate::prefill_rate::sample_at(&mut fits, a, if i == slow { 100 } else { 200 }, 40);
     }
     fits
 }

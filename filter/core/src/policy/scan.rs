@@ -62,8 +62,10 @@ pub fn least_in_time(
     cost: impl Fn(usize, u64) -> u64,
 ) -> Option<usize> {
     (0..n)
-        .filter(|&i| guard.admits(loads, i))
-        .min_by_key(|&i| (cost(i, u64::from(load_at(loads, i).pending_prefill)), i))
+        .map(|i| (i, load_at(loads, i)))
+        .filter(|(_, l)| guard.admits_load(l))
+        .min_by_key(|&(i, l)| (cost(i, u64::from(l.pending_prefill)), i))
+        .map(|(i, _)| i)
 }
 
 /// Of `n` endpoints (`loads[i]` belongs to position `i`, positions past the end are idle), the one the guard admits

@@ -254,6 +254,12 @@ impl PrefillFits {
 /// an endpoint's own speed: 1,024 is twice as long per byte.
 pub const SLOWDOWN_UNIT: u32 = 1024;
 
+/// `work` (bytes to prefill) in time on an endpoint with `slowdown` ([`PrefillFits::slowdowns`]): in bytes the
+/// fastest endpoint would prefill in the same time.
+pub fn in_time(work: u64, slowdown: u32) -> u64 {
+    work.saturating_add(work.saturating_mul(u64::from(slowdown)) / u64::from(SLOWDOWN_UNIT))
+}
+
 impl PrefillFits {
     /// The endpoints whose own speed is lower than the fastest endpoint's beyond what the fits' errors explain, each
     /// with its extra prefill time per byte ([`SLOWDOWN_UNIT`]ths of the fastest one's); empty when no endpoint is

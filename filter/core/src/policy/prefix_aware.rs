@@ -124,7 +124,7 @@ use crate::endpoint::{Endpoint, EndpointLoad};
 use crate::hrw;
 use crate::index::{BlockInfo, PrefixIndex, MAX_HOLDERS};
 use crate::load::{least_loaded, load_at, LoadGuard};
-use crate::prefill_rate::SLOWDOWN_UNIT;
+use crate::prefill_rate::in_time;
 use crate::prefix::{checkpoint_hash, checkpoint_step, PrefixHashes};
 use crate::RequestKey;
 
@@ -499,13 +499,10 @@ impl PrefixAwarePolicy {
         cands.extend(top.iter().copied().filter(|&t| t != usize::MAX));
         cands.extend(least);
         // Work in time: the same bytes take longer on an endpoint told apart as slower (step 4).
-        let in_time = |work: u64, i: usize| {
-            let slow = u64::from(input.slowdowns.get(i).copied().unwrap_or(0));
-            work.saturating_add(work.saturating_mul(slow) / u64::from(SLOWDOWN_UNIT))
-        };
+        let timed = |work: u64, i: usize| in_time(work, input.slowdowns.get(i).copied().unwrap_or(0));
         if !input.slowdowns.is_empty() {
             // The least-loaded endpoint in time for a miss, when it is another than the least in bytes.
-            cands.extend(least_in_time(loads, n, guard, |i, waiting| in_time(waiting + prompt as u64, i)));
+            cands.extend(least_in_time(loads, n, guard, input.slowdowns, prompt as u64));
         }
         cands.sort_unstable();
         cands.dedup();
@@ -538,14 +535,7 @@ impl PrefixAwarePolicy {
                 let over = plan.records && self.over_bound(i);
                 let fresh = if over { new_part } else { 0 };
                 let base = waiting + (prompt - cached) as u64 + MOVE_CHARGE * redo;
-                Candidate {
-                    pos: i,
-                    ttft: in_time(base + fresh, i),
-                    base: in_time(base, i),
-                    over,
-                    score: score(i),
-                    cached,
-                }
+                Candidate { pos: i, ttft: timed(base + fresh, i), base: timed(base, i), over, score: score(i), cached }
             })
             .collect();
         let best = candidates

@@ -7,10 +7,13 @@
 //!   [`super::prefix_aware`]) and pay for the scores once per endpoint list instead of once per request.
 //! - The least-loaded search runs on every request (the loads are a fresh snapshot): one integer rank per
 //!   endpoint and one comparison; the rendezvous score, which only breaks ties, is computed only when there is a tie.
+//!   When some endpoint prefills more slowly than the others, a second search finds the least loaded in time; it
+//!   scales an endpoint's work by its slowdown only when the work alone is less than the best so far.
 
 use crate::endpoint::EndpointLoad;
 use crate::hrw;
 use crate::load::{load_at, LoadGuard};
+use crate::prefill_rate::in_time;
 
 /// Rendezvous candidates of a request's key compared by predicted time to first token (besides the match's
 /// holders and the least-loaded endpoint). Two: the key's top, and one consistent alternative every replica
@@ -52,20 +55,30 @@ fn rank(l: &EndpointLoad, guard: LoadGuard) -> u64 {
     u64::from(l.pending_prefill) << RANK_OUTSTANDING_BITS | u64::from(outstanding).min((1 << RANK_OUTSTANDING_BITS) - 1)
 }
 
-/// Of `n` endpoints (`loads[i]` belongs to position `i`, positions past the end are idle), the one the guard admits
-/// with the least `cost(position, waiting work)` (ties to the lower position). PREFIX_AWARE's least-loaded endpoint
-/// in time, when some endpoints prefill more slowly than others.
+/// Of `n` endpoints (`loads[i]` and `slowdowns[i]` belong to position `i`; positions past the end of `loads` are
+/// idle, past the end of `slowdowns` as fast as the fastest), the one the guard admits with the least
+/// `waiting + prompt` in time ([`in_time`]), ties to the lower position. PREFIX_AWARE's least-loaded endpoint in time,
+/// when some endpoints prefill more slowly than others.
 pub fn least_in_time(
     loads: &[EndpointLoad],
     n: usize,
     guard: LoadGuard,
-    cost: impl Fn(usize, u64) -> u64,
+    slowdowns: &[u32],
+    prompt: u64,
 ) -> Option<usize> {
-    (0..n)
-        .map(|i| (i, load_at(loads, i)))
-        .filter(|(_, l)| guard.admits_load(l))
-        .min_by_key(|&(i, l)| (cost(i, u64::from(l.pending_prefill)), i))
-        .map(|(i, _)| i)
+    let mut best = (u64::MAX, usize::MAX);
+    for i in 0..n {
+        let l = load_at(loads, i);
+        // In time the work is at least its bytes: only an endpoint with less work than the best so far is scaled.
+        let work = u64::from(l.pending_prefill) + prompt;
+        if work < best.0 && guard.admits_load(&l) {
+            let t = in_time(work, slowdowns.get(i).copied().unwrap_or(0));
+            if t < best.0 {
+                best = (t, i);
+            }
+        }
+    }
+    (best.1 != usize::MAX).then_some(best.1)
 }
 
 /// Of `n` endpoints (`loads[i]` belongs to position `i`, positions past the end are idle), the one the guard admits
@@ -164,10 +177,11 @@ mod tests {
     }
 
     /// The passes agree with the definitions they pack into integers: the top rendezvous endpoints are the highest
-    /// scores, and the least-loaded endpoint is the admitted one with the least waiting work, then the fewest
-    /// outstanding requests, then the higher score — over loads with and without server reports, including ties
-    /// (many idle endpoints among them) and refused endpoints, and with fewer loads than endpoints (the rest are
-    /// idle).
+    /// scores, the least-loaded endpoint is the admitted one with the least waiting work, then the fewest
+    /// outstanding requests, then the higher score, and the least loaded in time the admitted one with the least
+    /// `waiting + prompt` scaled by its slowdown, then the lower position — over loads with and without server
+    /// reports, including ties (many idle endpoints among them) and refused endpoints, with fewer loads than
+    /// endpoints (the rest are idle) and fewer slowdowns than endpoints (the rest as fast as the fastest).
     #[test]
     fn the_passes_match_their_definitions() {
         for case in 0..3000u64 {
@@ -205,6 +219,17 @@ mod tests {
                 (l.pending_prefill, l.effective(), std::cmp::Reverse(score(i)))
             });
             assert_eq!(least_admitted(&loads, n, guard, &top, score), want_least, "case {case}");
+            // Slowdowns for some of the positions (the rest as fast as the fastest).
+            let slowdowns: Vec<u32> = (0..n.saturating_sub((r(case, 6) % 3) as usize) as u64)
+                .map(|i| [0, 0, 512, 1024, 3000][(r(case, 2000 + i) % 5) as usize])
+                .collect();
+            let prompt = [0, 50, 4000][(r(case, 7) % 3) as usize];
+            let want_in_time = (0..n).filter(|&i| guard.admits(&loads, i)).min_by_key(|&i| {
+                let work = u64::from(load_at(&loads, i).pending_prefill) + prompt;
+                let slowdown = u64::from(slowdowns.get(i).copied().unwrap_or(0));
+                (work + work * slowdown / 1024, i)
+            });
+            assert_eq!(least_in_time(&loads, n, guard, &slowdowns, prompt), want_in_time, "case {case}");
         }
     }
 

@@ -1,6 +1,6 @@
 //! A local endpoint/load feed server for the filter's poller: serves whatever snapshot document the test sets (one
 //! per path if asked, for several feeds), keeps the gateway leg of the index exchange (`POST <path>/index`, a
-//! [`RecordLog`] per feed path, as the controller does, with the pending work the gateways report) unless told to
+//! [`RecordLog`] per feed path, as the controller does, with the pending work and fits the gateways report) unless told to
 //! answer it with 404 like a server without it, and can be stopped (port closed) and restarted on the same port.
 
 use std::collections::HashMap;
@@ -16,7 +16,7 @@ use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use tokio::task::JoinHandle;
 use warmpath_core::exchange::{split_report, RecordLog, INDEX_PATH_SUFFIX, MAX_EXCHANGE_BODY_BYTES};
-use warmpath_core::headers::{CURSOR_HEADER, PENDING_HEADER, REPORTER_HEADER};
+use warmpath_core::headers::{CURSOR_HEADER, FITS_HEADER, PENDING_HEADER, REPORTER_HEADER};
 
 struct Shared {
     body: Mutex<String>,
@@ -28,8 +28,8 @@ struct Shared {
     logs: Mutex<HashMap<String, RecordLog>>,
     /// Answer the index exchange (else 404).
     exchange: AtomicBool,
-    /// Keep and answer the gateways' pending sections and say so ([`PENDING_HEADER`]); else answer like a feed
-    /// server without them (no header, and 400 to a report that carries one).
+    /// Keep and answer the gateways' pending and fits sections and say so ([`PENDING_HEADER`], [`FITS_HEADER`]);
+    /// else answer like a feed server without them (no headers, and 400 to a report that carries one).
     pending: AtomicBool,
     /// The clock of the pending sections' freshness.
     started: Instant,
@@ -108,9 +108,10 @@ impl FeedServer {
         self.shared.exchange.store(on, Ordering::SeqCst);
     }
 
-    /// Takes (`true`, the default) or not the pending sections, like a feed server without them: its answers lack
-    /// [`PENDING_HEADER`] and a report with a section is refused (400), so each gateway sees only its own pending
-    /// work (the records are still exchanged).
+    /// Takes (`true`, the default) or not the pending and fits sections, like a feed server without them: its
+    /// answers lack [`PENDING_HEADER`] and [`FITS_HEADER`] and a report with a section is refused (400), so each
+    /// gateway sees only its own pending work and learns speeds from its own samples (the records are still
+    /// exchanged).
     pub fn set_pending_exchange(&self, on: bool) {
         self.shared.pending.store(on, Ordering::SeqCst);
     }
@@ -157,7 +158,8 @@ async fn answer(State(s): State<Arc<Shared>>, method: Method, uri: Uri, headers:
         let mut logs = s.logs.lock().unwrap_or_else(|e| e.into_inner());
         let log = logs.entry(feed.to_string()).or_default();
         let takes_pending = s.pending.load(Ordering::SeqCst);
-        if !takes_pending && split_report(&body).1.is_some() {
+        let sections = split_report(&body);
+        if !takes_pending && (sections.pending.is_some() || sections.fits.is_some()) {
             // What a feed server without sections answers to one (its record decoder does not know the byte).
             return (StatusCode::BAD_REQUEST, "index records rejected: unknown record version").into_response();
         }
@@ -168,6 +170,7 @@ async fn answer(State(s): State<Arc<Shared>>, method: Method, uri: Uri, headers:
                 let mut r = ([(CURSOR_HEADER, cursor.to_string())], records).into_response();
                 if takes_pending {
                     r.headers_mut().insert(PENDING_HEADER, axum::http::HeaderValue::from_static("1"));
+                    r.headers_mut().insert(FITS_HEADER, axum::http::HeaderValue::from_static("1"));
                 }
                 r
             }

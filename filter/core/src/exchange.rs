@@ -29,11 +29,21 @@
 //! without the section gets an answer without it, so a filter that does not send one reads records only; and a
 //! gateway sends one only to a feed server whose answers carry [`crate::headers::PENDING_HEADER`], so a feed server without
 //! sections never sees one.
+//!
+//! ## Prefill speeds between gateways
+//! A gateway learns each endpoint's prefill speed from its own misses ([`crate::prefill_rate`]); with N gateways each
+//! sees a N-th of them, so it tells a slower server apart N times later, and follows a change of speed N times
+//! more slowly. So a report may also carry a *fits section* before the pending section — [`FITS_SECTION`], the
+//! section's length, then this Envoy's own fits ([`PrefillFits::to_bytes`]) — and the answer to a report that had
+//! one carries the sum of the other gateways' latest fits ([`PrefillFits::merge`]; each counted for [`FITS_TTL_MS`]
+//! after it arrived), which the gateway routes with beside its own. A gateway sends it at most every
+//! [`FITS_REPORT_MS`], and only to a feed server whose answers carry [`crate::headers::FITS_HEADER`].
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use crate::config::MAX_ENDPOINTS;
 use crate::headers::{CURSOR_HEADER, REPORTER_HEADER};
+use crate::prefill_rate::{PrefillFits, ENCODED_LEN};
 
 /// Format version of a record (the first byte).
 pub const VERSION: u8 = 1;
@@ -120,9 +130,26 @@ pub const PENDING_SECTION: u8 = 0xff;
 /// Most bytes of one pending section: [`MAX_ENDPOINTS`] entries of the longest address.
 pub const MAX_PENDING_BYTES: usize = MAX_ENDPOINTS * (1 + 255 + 4);
 
-/// Most bytes of one report's body: [`MAX_REPORT_BYTES`] of records, the section's first byte and its
-/// [`MAX_PENDING_BYTES`]. A feed server must accept bodies this large (web frameworks default to less).
-pub const MAX_EXCHANGE_BODY_BYTES: usize = MAX_REPORT_BYTES + 1 + MAX_PENDING_BYTES;
+/// First byte of the fits section, between a report's or an answer's records and its pending section:
+/// `[FITS_SECTION][length: u32 LE][fits]`, the fits as [`PrefillFits::to_bytes`] writes them (records start with
+/// [`VERSION`], so they do not meet it).
+pub const FITS_SECTION: u8 = 0xfe;
+
+/// Most bytes of the fits of one section: the pool's fit and [`MAX_ENDPOINTS`] endpoints' of the longest address.
+pub const MAX_FITS_BYTES: usize = ENCODED_LEN + MAX_ENDPOINTS * (1 + 255 + ENCODED_LEN);
+
+/// How long the feed server counts a gateway's fits after they arrived, ms: several of its reports
+/// ([`FITS_REPORT_MS`]), so a gateway that is only late keeps counting and one that stopped stops soon after.
+pub const FITS_TTL_MS: u64 = 10_000;
+
+/// A gateway sends its fits at most once in this many ms. Fits change slowly (each sample weighs 1/64th of the
+/// half-life's, [`crate::prefill_rate::HALF_LIFE`]), and those of a pool of a thousand endpoints take tens of KB.
+pub const FITS_REPORT_MS: u64 = 1_000;
+
+/// Most bytes of one report's body: [`MAX_REPORT_BYTES`] of records, a fits section of [`MAX_FITS_BYTES`], and the
+/// pending section's first byte and its [`MAX_PENDING_BYTES`]. A feed server must accept bodies this large (web
+/// frameworks default to less).
+pub const MAX_EXCHANGE_BODY_BYTES: usize = MAX_REPORT_BYTES + 5 + MAX_FITS_BYTES + 1 + MAX_PENDING_BYTES;
 
 /// Gateways whose pending sections a [`RecordLog`] keeps at once (the section that arrived longest ago goes first
 /// when another reports): far more gateway replicas than one pool has.
@@ -171,20 +198,76 @@ pub fn entries(bytes: &[u8], value_len: usize) -> impl Iterator<Item = (&[u8], &
     })
 }
 
-/// Splits a report or an answer into its records and its pending section (the bytes after [`PENDING_SECTION`]),
-/// `None` when it has none. Malformed records are left in the first part, for [`decode`] to report.
-pub fn split_report(bytes: &[u8]) -> (&[u8], Option<&[u8]>) {
+/// The parts of a report or an answer ([`split_report`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Sections<'a> {
+    /// The records (malformed ones included, for [`decode`] to report).
+    pub records: &'a [u8],
+    /// The fits of the fits section, when there is one (up to the end of the bytes when the section is cut short).
+    pub fits: Option<&'a [u8]>,
+    /// The entries of the pending section, when there is one.
+    pub pending: Option<&'a [u8]>,
+    /// Bytes after a fits section that are not a pending section (none in a well-formed report).
+    pub trailing: &'a [u8],
+}
+
+/// Splits a report or an answer into its records, its fits section and its pending section. Malformed records are
+/// left in the records, for [`decode`] to report.
+pub fn split_report(bytes: &[u8]) -> Sections<'_> {
     let mut at = 0;
     while at < bytes.len() {
-        if bytes[at] == PENDING_SECTION {
-            return (&bytes[..at], Some(&bytes[at + 1..]));
+        match bytes[at] {
+            PENDING_SECTION => {
+                return Sections { records: &bytes[..at], pending: Some(&bytes[at + 1..]), ..Sections::default() }
+            }
+            FITS_SECTION => return split_fits(&bytes[..at], &bytes[at + 1..]),
+            _ => {}
         }
         match decode_one(&bytes[at..]) {
             Ok((_, rest)) => at = bytes.len() - rest.len(),
             Err(_) => break,
         }
     }
-    (bytes, None)
+    Sections { records: bytes, ..Sections::default() }
+}
+
+/// The sections from a fits section on (`rest` follows its first byte).
+fn split_fits<'a>(records: &'a [u8], rest: &'a [u8]) -> Sections<'a> {
+    let Some((len, rest)) = split(rest, 4) else {
+        return Sections { records, fits: Some(rest), ..Sections::default() };
+    };
+    let len = usize::try_from(u32::from_le_bytes(len.try_into().expect("4 bytes"))).unwrap_or(usize::MAX);
+    let (fits, after) = split(rest, len).unwrap_or((rest, &[]));
+    match after.split_first() {
+        Some((&PENDING_SECTION, pending)) => {
+            Sections { records, fits: Some(fits), pending: Some(pending), trailing: &[] }
+        }
+        _ => Sections { records, fits: Some(fits), pending: None, trailing: after },
+    }
+}
+
+/// Appends a fits section holding `fits` ([`FITS_SECTION`]).
+pub fn push_fits(out: &mut Vec<u8>, fits: &PrefillFits) {
+    let bytes = fits.to_bytes();
+    out.push(FITS_SECTION);
+    out.extend_from_slice(&u32::try_from(bytes.len()).unwrap_or(u32::MAX).to_le_bytes());
+    out.extend_from_slice(&bytes);
+}
+
+/// Checks the fits of a fits section: at most [`MAX_FITS_BYTES`] and [`MAX_ENDPOINTS`] endpoints, every byte read
+/// as fits ([`PrefillFits::from_bytes`] stops at the first malformed entry; what it read must be all).
+fn parse_fits(bytes: &[u8]) -> Result<PrefillFits, String> {
+    if bytes.len() > MAX_FITS_BYTES {
+        return Err(format!("fits section: {} bytes, at most {MAX_FITS_BYTES}", bytes.len()));
+    }
+    let fits = PrefillFits::from_bytes(bytes);
+    if fits.to_bytes().len() != bytes.len() {
+        return Err("fits section: a truncated or malformed fit".into());
+    }
+    if fits.endpoints.len() > MAX_ENDPOINTS {
+        return Err(format!("fits section: {} endpoints, at most {MAX_ENDPOINTS}", fits.endpoints.len()));
+    }
+    Ok(fits)
 }
 
 /// Checks a pending section: whole entries, UTF-8 addresses, at most [`MAX_ENDPOINTS`] of them.
@@ -206,6 +289,17 @@ fn parse_pending(bytes: &[u8]) -> Result<Vec<(String, u32)>, String> {
         return Err(format!("pending section: {} endpoints, at most {MAX_ENDPOINTS}", out.len()));
     }
     Ok(out)
+}
+
+/// Keeps `section` as `reporter`'s latest, arrived at `now_ms`; when [`MAX_REPORTERS`] others are kept, the one that
+/// arrived longest ago makes room.
+fn keep_latest<T>(latest: &mut HashMap<u64, (u64, T)>, reporter: u64, now_ms: u64, section: T) {
+    if !latest.contains_key(&reporter) && latest.len() >= MAX_REPORTERS {
+        if let Some(oldest) = latest.iter().min_by_key(|(_, (at, _))| *at).map(|(r, _)| *r) {
+            latest.remove(&oldest);
+        }
+    }
+    latest.insert(reporter, (now_ms, section));
 }
 
 /// Appended to a feed's path for the gateway leg of the exchange: `POST <feed path>/index`.
@@ -231,6 +325,8 @@ pub struct RecordLog {
     capacity: usize,
     /// The latest pending section of each reporter and when it arrived (ms, the caller's clock).
     pending: HashMap<u64, (u64, Vec<(String, u32)>)>,
+    /// The latest fits of each reporter and when they arrived.
+    fits: HashMap<u64, (u64, PrefillFits)>,
 }
 
 impl Default for RecordLog {
@@ -242,7 +338,13 @@ impl Default for RecordLog {
 impl RecordLog {
     /// An empty log keeping the newest `capacity` records (at least 1).
     pub fn new(capacity: usize) -> RecordLog {
-        RecordLog { records: VecDeque::new(), next: 1, capacity: capacity.max(1), pending: HashMap::new() }
+        RecordLog {
+            records: VecDeque::new(),
+            next: 1,
+            capacity: capacity.max(1),
+            pending: HashMap::new(),
+            fits: HashMap::new(),
+        }
     }
 
     /// The cursor after the newest record (what a gateway that has seen everything holds).
@@ -273,14 +375,16 @@ impl RecordLog {
 
     /// One report of a gateway, as the feed server receives it at `now_ms` (any millisecond clock that does not go
     /// back): the values of the [`REPORTER_HEADER`] and [`CURSOR_HEADER`] request headers and the body (records,
-    /// then optionally the pending section). Appends the records and answers with the other gateways' records
-    /// since the cursor (at most [`MAX_REPORT_BYTES`]) and, when the report had a pending section, the sum of the
-    /// other gateways' current ones; and the cursor for the answer's [`CURSOR_HEADER`]. The feed server adds
-    /// [`crate::headers::PENDING_HEADER`] to every answer it serves (200).
+    /// then optionally the fits section and the pending section). Appends the records and answers with the other
+    /// gateways' records since the cursor (at most [`MAX_REPORT_BYTES`]), then, when the report had a fits section,
+    /// the sum of the other gateways' current fits, and when it had a pending section, the sum of the other
+    /// gateways' current ones; and the cursor for the answer's [`CURSOR_HEADER`]. The feed server adds
+    /// [`crate::headers::PENDING_HEADER`] and [`crate::headers::FITS_HEADER`] to every answer it serves (200).
     ///
     /// Errors (the feed server answers 400 with the text): a missing or malformed header, records over
-    /// [`MAX_REPORT_BYTES`], malformed records (the well-formed records before them are kept), a malformed pending
-    /// section (the records are kept; the gateway's earlier section stops counting).
+    /// [`MAX_REPORT_BYTES`], malformed records (the well-formed records before them are kept), a malformed fits or
+    /// pending section, or bytes after the fits section that are no pending section (the records are kept; the
+    /// gateway's earlier section of that kind stops counting).
     pub fn serve(
         &mut self,
         reporter: Option<&str>,
@@ -298,23 +402,34 @@ impl RecordLog {
                 c.trim().parse::<u64>().map_err(|_| format!("header {CURSOR_HEADER} must be a decimal number"))?
             }
         };
-        let (records, pending) = split_report(body);
-        if records.len() > MAX_REPORT_BYTES {
-            return Err(format!("{} bytes of records, at most {MAX_REPORT_BYTES} per report", records.len()));
+        let sections = split_report(body);
+        if sections.records.len() > MAX_REPORT_BYTES {
+            return Err(format!("{} bytes of records, at most {MAX_REPORT_BYTES} per report", sections.records.len()));
         }
-        self.append(reporter, records).map_err(|e| format!("index records rejected: {e}"))?;
+        self.append(reporter, sections.records).map_err(|e| format!("index records rejected: {e}"))?;
+        if !sections.trailing.is_empty() {
+            self.fits.remove(&reporter);
+            return Err("bytes after the fits section that are not a pending section".into());
+        }
         self.pending.retain(|_, (at, _)| now_ms.saturating_sub(*at) <= PENDING_TTL_MS);
+        self.fits.retain(|_, (at, _)| now_ms.saturating_sub(*at) <= FITS_TTL_MS);
         let (mut answer, next) = self.since(cursor, reporter);
-        if let Some(section) = pending {
+        if let Some(section) = sections.fits {
+            let fits = parse_fits(section).inspect_err(|_| {
+                self.fits.remove(&reporter);
+            })?;
+            keep_latest(&mut self.fits, reporter, now_ms, fits);
+            let mut others = PrefillFits::default();
+            for (_, (_, f)) in self.fits.iter().filter(|(r, _)| **r != reporter) {
+                others.merge(f);
+            }
+            push_fits(&mut answer, &others);
+        }
+        if let Some(section) = sections.pending {
             let entries = parse_pending(section).inspect_err(|_| {
                 self.pending.remove(&reporter);
             })?;
-            if !self.pending.contains_key(&reporter) && self.pending.len() >= MAX_REPORTERS {
-                if let Some(oldest) = self.pending.iter().min_by_key(|(_, (at, _))| *at).map(|(r, _)| *r) {
-                    self.pending.remove(&oldest);
-                }
-            }
-            self.pending.insert(reporter, (now_ms, entries));
+            keep_latest(&mut self.pending, reporter, now_ms, entries);
             answer.push(PENDING_SECTION);
             for (address, n) in self.pending_of_others(reporter) {
                 push_count(&mut answer, address.as_bytes(), n);
@@ -473,7 +588,7 @@ mod tests {
 
     fn pending(answer: &[u8]) -> Option<Vec<(String, u32)>> {
         split_report(answer)
-            .1
+            .pending
             .map(|p| counts(p).map(|(a, n)| (String::from_utf8(a.to_vec()).expect("utf-8"), n)).collect())
     }
 
@@ -484,15 +599,93 @@ mod tests {
         let records = body.len();
         body.extend(section(&[("10.0.0.1:80", 7)]));
         // A hash byte equal to the section's first byte inside a record does not end the records.
-        assert_eq!(split_report(&body), (&body[..records], Some(&body[records + 1..])));
-        assert_eq!(split_report(&body[..records]), (&body[..records], None));
-        assert_eq!(split_report(&[]), (&[][..], None));
+        let split = split_report(&body);
+        assert_eq!((split.records, split.pending, split.fits), (&body[..records], Some(&body[records + 1..]), None));
+        assert_eq!(split_report(&body[..records]), Sections { records: &body[..records], ..Sections::default() });
+        assert_eq!(split_report(&[]), Sections::default());
         let garbage = [9u8, 2, 2];
         assert_eq!(
             split_report(&garbage),
-            (&garbage[..], None),
+            Sections { records: &garbage[..], ..Sections::default() },
             "malformed records stay records, for decode to refuse"
         );
+    }
+
+    fn fits_of(samples: &[(&str, u32)]) -> PrefillFits {
+        let mut fits = PrefillFits::default();
+        for &(address, n) in samples {
+            for i in 0..n {
+                fits.observe(address, 1_000 + i * 997, 2 + u64::from(i), |_| true);
+            }
+        }
+        fits
+    }
+
+    #[test]
+    fn a_report_splits_into_records_fits_and_pending_sections() {
+        let mut body = Vec::new();
+        encode(&mut body, 128, "10.0.0.1:80", &[u64::from(FITS_SECTION); 2]);
+        let records = body.len();
+        let fits = fits_of(&[("10.0.0.1:80", 3)]);
+        push_fits(&mut body, &fits);
+        let with_fits = body.clone();
+        body.extend(section(&[("10.0.0.1:80", 7)]));
+        let split = split_report(&body);
+        assert_eq!(split.records, &body[..records]);
+        assert_eq!(parse_fits(split.fits.expect("fits")).expect("well-formed").to_bytes(), fits.to_bytes());
+        assert_eq!(split.pending, Some(&body[with_fits.len() + 1..]));
+        assert!(split.trailing.is_empty());
+        let split = split_report(&with_fits);
+        assert_eq!((split.fits.map(<[u8]>::len), split.pending), (Some(fits.to_bytes().len()), None));
+        // Cut short: what is there is the section, and it does not read as fits.
+        let cut = split_report(&with_fits[..with_fits.len() - 3]);
+        assert!(parse_fits(cut.fits.expect("the section")).is_err());
+        // Anything but a pending section after the fits is left over.
+        let mut odd = with_fits.clone();
+        odd.extend_from_slice(&[1, 2]);
+        assert_eq!(split_report(&odd).trailing, &[1, 2]);
+    }
+
+    #[test]
+    fn each_gateway_gets_the_sum_of_the_others_fits_while_they_are_fresh() {
+        let mut log = RecordLog::default();
+        let (a, b, c) = (Some("00000000000000aa"), Some("00000000000000bb"), Some("00000000000000cc"));
+        let report = |fits: &PrefillFits| {
+            let mut out = Vec::new();
+            push_fits(&mut out, fits);
+            out
+        };
+        let fits = |answer: &[u8]| split_report(answer).fits.map(|f| parse_fits(f).expect("well-formed fits"));
+        let samples = |f: &PrefillFits, address: &str| {
+            f.endpoints.iter().find(|(a, _)| a == address).map(|(_, fit)| fit.samples())
+        };
+        let n = Some;
+        let (answer, _) = log.serve(a, None, &report(&fits_of(&[("10.0.0.1:80", 20)])), 1_000).expect("served");
+        assert_eq!(fits(&answer).map(|f| f.pool.samples()), Some(0), "nobody else reported yet");
+        let (answer, _) =
+            log.serve(b, None, &report(&fits_of(&[("10.0.0.1:80", 5), ("10.0.0.2:80", 7)])), 1_100).expect("served");
+        let got = fits(&answer).expect("B reported fits, so it gets the others'");
+        assert_eq!((samples(&got, "10.0.0.1:80"), samples(&got, "10.0.0.2:80")), (n(20), None), "A's only");
+        // C gets A's and B's added up; a report without a fits section gets none.
+        let (answer, _) = log.serve(c, None, &report(&PrefillFits::default()), 1_200).expect("served");
+        let got = fits(&answer).expect("fits");
+        assert_eq!((samples(&got, "10.0.0.1:80"), samples(&got, "10.0.0.2:80")), (n(25), n(7)));
+        assert_eq!(got.pool.samples(), 32);
+        assert!(fits(&log.serve(c, None, &[], 1_300).expect("served").0).is_none());
+        // A's fits stop counting FITS_TTL_MS after they arrived.
+        let (answer, _) =
+            log.serve(c, None, &report(&PrefillFits::default()), 1_000 + FITS_TTL_MS + 1).expect("served");
+        let got = fits(&answer).expect("fits");
+        assert_eq!((samples(&got, "10.0.0.1:80"), samples(&got, "10.0.0.2:80")), (n(5), n(7)), "B's only");
+        // Malformed fits: refused, and the reporter's earlier fits stop counting.
+        let mut bad = report(&fits_of(&[("10.0.0.3:80", 2)]));
+        bad.truncate(bad.len() - 1);
+        assert!(log.serve(b, None, &bad, 1_200 + FITS_TTL_MS).unwrap_err().contains("fits section"));
+        let mut trailing = report(&PrefillFits::default());
+        trailing.push(1);
+        assert!(log.serve(a, None, &trailing, 1_200 + FITS_TTL_MS).unwrap_err().contains("after the fits section"));
+        let (answer, _) = log.serve(c, None, &report(&PrefillFits::default()), 1_200 + FITS_TTL_MS).expect("served");
+        assert_eq!(fits(&answer).expect("fits").endpoints.len(), 0, "B's fits were dropped with its bad report");
     }
 
     #[test]
@@ -507,7 +700,7 @@ mod tests {
         assert_eq!(pending(&answer), Some(vec![]), "nobody else reported yet");
         let (answer, _) =
             log.serve(b, None, &section(&[("10.0.0.1:80", 20), ("10.0.0.3:80", 5)]), 1_100).expect("served");
-        assert_eq!(split_report(&answer).0, &rec[..], "B gets A's record before the section");
+        assert_eq!(split_report(&answer).records, &rec[..], "B gets A's record before the section");
         assert_eq!(pending(&answer), Some(vec![("10.0.0.1:80".into(), 100)]), "zero counts are left out");
         let (answer, _) = log.serve(c, None, &section(&[]), 1_200).expect("served");
         assert_eq!(pending(&answer), Some(vec![("10.0.0.1:80".into(), 120), ("10.0.0.3:80".into(), 5)]));

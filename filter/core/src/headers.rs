@@ -51,3 +51,9 @@ pub const CURSOR_HEADER: &str = "x-warmpath-cursor";
 /// report it serves. A gateway sends its section while the feed's last answer carried it, so a feed server
 /// without them never sees one.
 pub const PENDING_HEADER: &str = "x-warmpath-pending";
+
+/// Response header of the gateway leg of the index exchange: a feed server that takes fits sections
+/// ([`crate::exchange`], "Prefill speeds between gateways") sets it (value `1`; its presence is what counts) on every
+/// report it serves. A gateway sends its fits while the feed's last answer carried it, so a feed server without
+/// them never sees any.
+pub const FITS_HEADER: &str = "x-warmpath-fits";

@@ -100,6 +100,23 @@ impl PrefillRate {
         Some(PrefillRate { w, sx, sy, sxx, sxy, syy, samples })
     }
 
+    /// Samples observed (merged fits count each other's).
+    pub fn samples(&self) -> u32 {
+        self.samples
+    }
+
+    /// Adds `other`'s samples to these, as if one fit had observed both: the sums add, and each sample keeps the
+    /// weight its own fit's age gave it. How the fits of several gateways serving one pool are pooled.
+    pub fn merge(&mut self, other: &PrefillRate) {
+        self.w += other.w;
+        self.sx += other.sx;
+        self.sy += other.sy;
+        self.sxx += other.sxx;
+        self.sxy += other.sxy;
+        self.syy += other.syy;
+        self.samples = self.samples.saturating_add(other.samples);
+    }
+
     /// Adds one request: `bytes` of prefill work charged, first response byte `ms` after it was sent.
     pub fn observe(&mut self, bytes: u32, ms: u64) {
         let keep = 0.5f64.powf(1.0 / HALF_LIFE);
@@ -232,6 +249,26 @@ impl PrefillFits {
             .map_while(|(a, f)| Some((std::str::from_utf8(a).ok()?.to_string(), PrefillRate::from_bytes(f)?)))
             .collect();
         PrefillFits { pool, endpoints }
+    }
+
+    /// Adds `other`'s fits to these ([`PrefillRate::merge`]): the pool's to the pool's, each endpoint's to the same
+    /// address's (an address only `other` has joins, while these hold fewer than
+    /// [`crate::config::MAX_ENDPOINTS`]).
+    pub fn merge(&mut self, other: &PrefillFits) {
+        self.pool.merge(&other.pool);
+        // One lookup per address: a pool may have thousands of endpoints.
+        let mut at: std::collections::HashMap<String, usize> =
+            self.endpoints.iter().enumerate().map(|(i, (a, _))| (a.clone(), i)).collect();
+        for (address, fit) in &other.endpoints {
+            match at.get(address) {
+                Some(&i) => self.endpoints[i].1.merge(fit),
+                None if self.endpoints.len() < crate::config::MAX_ENDPOINTS => {
+                    at.insert(address.clone(), self.endpoints.len());
+                    self.endpoints.push((address.clone(), fit.clone()));
+                }
+                None => {}
+            }
+        }
     }
 
     /// Adds one sample of `address` to the pool's fit and to the endpoint's own, and drops the fits of the
@@ -526,5 +563,55 @@ mod tests {
         assert_eq!(slow.len(), 1, "{slow:?}");
         assert_eq!(slow[0].0, "10.0.0.5:8000");
         assert!((900..=1_150).contains(&slow[0].1), "twice as long per byte is about {SLOWDOWN_UNIT}: {slow:?}");
+    }
+
+    /// The slowdowns follow a server whose speed changes, at the pace of the fits' half-life: one that drops to half
+    /// speed after a long history at full speed is told apart within one half-life of its own samples (17 here),
+    /// and once it is back at full speed its slowdown shrinks (by more than a quarter in one half-life) and is gone
+    /// within three (162 here): its samples weigh by age, so it does not stay marked for what it once was.
+    #[test]
+    fn a_slowdown_follows_a_server_that_slows_and_recovers() {
+        let mut fits = PrefillFits::default();
+        let mut next = xorshift(0x2545_f491_4f6c_dd1d);
+        let pool: Vec<String> = (1..=4).map(|i| format!("10.0.0.{i}:8000")).collect();
+        // Requests of 1–31 KB whose times jitter by up to 4 ms, at `bytes_per_ms`.
+        let mut sample = |fits: &mut PrefillFits, address: &str, bytes_per_ms: u64| {
+            let bytes = 1_000 + (next() % 30_000) as u32;
+            fits.observe(address, bytes, 5 + u64::from(bytes) / bytes_per_ms + next() % 5, |_| true);
+        };
+        for _ in 0..300 {
+            for a in &pool {
+                sample(&mut fits, a, 250);
+            }
+        }
+        assert!(fits.slowdowns().is_empty(), "{:?}", fits.slowdowns());
+        let throttled = pool[0].as_str();
+        let slowdown = |fits: &PrefillFits| fits.slowdowns().into_iter().find(|(a, _)| a == throttled).map(|s| s.1);
+        let mut told_apart = None;
+        for n in 1..=300 {
+            sample(&mut fits, throttled, 125);
+            if told_apart.is_none() && slowdown(&fits).is_some() {
+                told_apart = Some(n);
+            }
+        }
+        let told_apart = told_apart.expect("a server at half speed is never told apart");
+        assert!(f64::from(told_apart) <= HALF_LIFE, "told apart after {told_apart} samples");
+        let slowed = slowdown(&fits).expect("still slower");
+        assert!((900..=1_150).contains(&slowed), "twice as long per byte: {slowed}");
+        // Back at full speed.
+        let mut recovered = None;
+        for n in 1..=300 {
+            sample(&mut fits, throttled, 250);
+            let now = slowdown(&fits);
+            if n == HALF_LIFE as u32 {
+                assert!(now.unwrap_or(0) < slowed * 3 / 4, "after one half-life {now:?} of {slowed}");
+            }
+            if now.is_none() {
+                recovered = Some(n);
+                break;
+            }
+        }
+        let recovered = recovered.expect("a recovered server keeps its slowdown");
+        assert!(f64::from(recovered) <= 3.0 * HALF_LIFE, "recovered after {recovered} samples");
     }
 }

@@ -43,6 +43,10 @@ pub struct Router {
     /// address, and the same parallel to `endpoints` (empty when there are none) for [`PickInput::slowdowns`].
     slowdown_by_address: HashMap<String, u32>,
     slowdowns: Vec<u32>,
+    /// The fits this Envoy's workers feed ([`Router::set_prefill_fits`]) and the sum of the other gateways'
+    /// ([`Router::set_remote_prefill_fits`]): the speeds above come from both.
+    own_fits: PrefillFits,
+    remote_fits: PrefillFits,
 }
 
 impl Router {
@@ -63,6 +67,8 @@ impl Router {
             endpoint_prefill: HashMap::new(),
             slowdown_by_address: HashMap::new(),
             slowdowns: Vec::new(),
+            own_fits: PrefillFits::default(),
+            remote_fits: PrefillFits::default(),
         };
         let eps = r.settings.endpoints.clone();
         r.install_endpoints(eps);
@@ -74,8 +80,27 @@ impl Router {
         &self.settings
     }
 
-    /// Replaces the fits with `fits`: the ones every worker of this Envoy feeds (`prefill_rate`, shared data).
+    /// Replaces this Envoy's fits with `fits`: the ones every worker of this Envoy feeds (`prefill_rate`, shared
+    /// data).
     pub fn set_prefill_fits(&mut self, fits: &PrefillFits) {
+        self.own_fits = fits.clone();
+        self.refit();
+    }
+
+    /// Replaces the other gateways' fits with `fits`, the sum the feed last answered with ([`crate::exchange`],
+    /// "Prefill speeds between gateways"; empty when there is none or it is too old). Only the fits of this
+    /// router's endpoints are kept.
+    pub fn set_remote_prefill_fits(&mut self, fits: &PrefillFits) {
+        let ours = |a: &str| self.positions.contains_key(a);
+        let endpoints = fits.endpoints.iter().filter(|(a, _)| ours(a)).cloned().collect();
+        self.remote_fits = PrefillFits { pool: fits.pool.clone(), endpoints };
+        self.refit();
+    }
+
+    /// The speeds from this Envoy's fits and the other gateways' together.
+    fn refit(&mut self) {
+        let mut fits = self.own_fits.clone();
+        fits.merge(&self.remote_fits);
         self.prefill = fits.pool.clone();
         self.endpoint_prefill = fits.endpoints.iter().filter_map(|(a, f)| Some((a.clone(), f.estimate()?))).collect();
         self.slowdown_by_address = fits.slowdowns().into_iter().collect();
@@ -322,14 +347,14 @@ mod tests {
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
+    fn prefix_aware(endpoints: &[String]) -> Router {
+        Router::new(Settings { strategy: Strategy::PrefixAware, endpoints: endpoints.to_vec(), ..Settings::default() })
+    }
+
     #[test]
     fn an_endpoint_drains_at_its_own_speed_once_it_has_one_else_at_the_pools() {
         let endpoints: Vec<String> = (0..3).map(|i| format!("127.0.0.1:{}", 9000 + i)).collect();
-        let mut router = Router::new(Settings {
-            strategy: Strategy::PrefixAware,
-            endpoints: endpoints.clone(),
-            ..Settings::default()
-        });
+        let mut router = prefix_aware(&endpoints);
         assert_eq!(router.prefill_estimate_at(0), None, "nothing learned yet");
         let mut fits = PrefillFits::default();
         // The first endpoint serves at 200 bytes/ms, the second at 400; the third is never sampled.
@@ -356,5 +381,42 @@ mod tests {
         assert_eq!(router.endpoint_prefill_estimate(&endpoints[2]), None, "but has no speed of its own");
         assert!((speed(&router, 0) - 200.0).abs() < 4.0, "its own speed still");
         assert_eq!(router.prefill_estimate_at(3), None, "no such position");
+    }
+
+    /// The other gateways' fits count beside this Envoy's own: samples of one endpoint add up across gateways,
+    /// an endpoint only the others sampled gets its speed from them, and fits of addresses that are not this
+    /// router's endpoints are left out (a faster server elsewhere does not make this pool's look slow).
+    #[test]
+    fn the_other_gateways_fits_count_beside_this_envoy_s_own() {
+        let endpoints: Vec<String> = (0..3).map(|i| format!("127.0.0.1:{}", 9000 + i)).collect();
+        let mut router = prefix_aware(&endpoints);
+        let sample = |fits: &mut PrefillFits, address: &str, bytes_per_ms: u32, n: u32| {
+            for i in 0..n {
+                let bytes = 2_000 + (i * 7_919) % 40_000;
+                fits.observe(address, bytes, 2 + u64::from(bytes / bytes_per_ms), |_| true);
+            }
+        };
+        let mut own = PrefillFits::default();
+        sample(&mut own, &endpoints[0], 200, 10);
+        router.set_prefill_fits(&own);
+        assert_eq!(router.endpoint_prefill_estimate(&endpoints[0]), None, "10 samples are too few");
+        let mut remote = PrefillFits::default();
+        sample(&mut remote, &endpoints[0], 200, 10);
+        sample(&mut remote, &endpoints[1], 100, 40);
+        sample(&mut remote, "127.0.0.1:9999", 800, 40);
+        router.set_remote_prefill_fits(&remote);
+        let speed = |r: &Router, i: usize| r.endpoint_prefill_estimate(&endpoints[i]).map(|e| e.bytes_per_ms);
+        assert!(speed(&router, 0).is_some_and(|s| (s - 200.0).abs() < 4.0), "20 samples: {:?}", speed(&router, 0));
+        assert!(speed(&router, 1).is_some_and(|s| (s - 100.0).abs() < 2.0), "{:?}", speed(&router, 1));
+        let slowdowns = router.slowdowns();
+        assert!(slowdowns[0] == 0 && slowdowns[2] == 0 && slowdowns[1] > 900, "{slowdowns:?}");
+        // This Envoy's own samples keep counting with the others' when they change.
+        sample(&mut own, &endpoints[2], 200, 40);
+        router.set_prefill_fits(&own);
+        assert!(speed(&router, 0).is_some() && speed(&router, 2).is_some() && router.slowdowns()[1] > 900);
+        // Without the others' fits (the feed stopped), only what this Envoy learned.
+        router.set_remote_prefill_fits(&PrefillFits::default());
+        assert_eq!((speed(&router, 0), speed(&router, 1)), (None, None));
+        assert!(router.slowdowns().is_empty());
     }
 }

@@ -19,6 +19,11 @@
 //! between gateways"). The poller stores that sum in shared data with the time it arrived ([`remote_pending_key`]);
 //! every VM adds it to its own pending work when it routes, until a newer answer replaces it or it is
 //! [`remote_pending_max_age`] old (then the feed has stopped answering, and the work it said has been served).
+//!
+//! Likewise, while the feed's last answer said it takes them (`FITS_HEADER`), a report at most every
+//! `FITS_REPORT_MS` carries this Envoy's prefill-speed fits, and its answer the sum of the other gateways'
+//! (`warmpath_core::exchange`, "Prefill speeds between gateways"). The poller stores that sum with its arrival time
+//! ([`remote_fits_key`]); every VM routes with it beside its own fits until it is `FITS_TTL_MS` old.
 
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -27,9 +32,9 @@ use std::time::Duration;
 use log::{info, warn};
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::{BufferType, MapType};
-use warmpath_core::exchange::{split_report, INDEX_PATH_SUFFIX, PENDING_SECTION};
+use warmpath_core::exchange::{push_fits, split_report, FITS_REPORT_MS, INDEX_PATH_SUFFIX, PENDING_SECTION};
 use warmpath_core::feed::FeedSnapshot;
-use warmpath_core::headers::{CURSOR_HEADER, PENDING_HEADER, REPORTER_HEADER};
+use warmpath_core::headers::{CURSOR_HEADER, FITS_HEADER, PENDING_HEADER, REPORTER_HEADER};
 use warmpath_core::{FeedSettings, Router, ServerLoad};
 
 use crate::exchange::Exchange;
@@ -66,6 +71,11 @@ const REMOTE_PENDING_TICKS: u32 = 3;
 /// Shared-data key prefix of whether the feed's last answer to the index exchange said it takes pending sections
 /// (`PENDING_HEADER`; one byte, 1 or 0), completed like `SNAPSHOT_KEY`: it outlives a change of the poller VM.
 const TAKES_PENDING_KEY: &str = "warmpath.feed.takes_pending.";
+/// Shared-data key prefix of the other gateways' prefill-speed fits (see [`remote_fits_key`]).
+const REMOTE_FITS_KEY: &str = "warmpath.feed.fits.";
+/// Shared-data key prefix of whether the feed's last answer said it takes fits sections (`FITS_HEADER`), like
+/// `TAKES_PENDING_KEY`.
+const TAKES_FITS_KEY: &str = "warmpath.feed.takes_fits.";
 
 /// What completes the shared-data keys of one feed: its cluster and path, the cluster's length first. A cluster
 /// name may hold any character (Envoy Gateway's hold `/`), so without the length cluster `a/b` with path `/c` and
@@ -78,6 +88,18 @@ fn feed_id(feed: &FeedSettings) -> String {
 /// (`shared::store_remote`, read by `shared::Remote::read`), completed like `SNAPSHOT_KEY`.
 pub fn remote_pending_key(feed: &FeedSettings) -> String {
     format!("{REMOTE_PENDING_KEY}{}", feed_id(feed))
+}
+
+/// The shared-data key under which the poller of `feed` stores the sum of the other gateways' prefill-speed fits
+/// (`shared::store_remote`, read by `shared::Remote::read`), completed like `SNAPSHOT_KEY`.
+pub fn remote_fits_key(feed: &FeedSettings) -> String {
+    format!("{REMOTE_FITS_KEY}{}", feed_id(feed))
+}
+
+/// Whether the feed's last answer said it takes the sections whose flag is stored under `key` (`TAKES_PENDING_KEY`,
+/// `TAKES_FITS_KEY`; false before any answer).
+fn feed_takes(key: &str) -> bool {
+    matches!(hostcalls::get_shared_data(key), Ok((Some(b), _)) if b == [1])
 }
 
 /// How long the index exchange waits for the feed's answer (a new report goes out only after it).
@@ -110,6 +132,12 @@ pub struct FeedPoller {
     index_state_key: String,
     remote_pending_key: String,
     takes_pending_key: String,
+    remote_fits_key: String,
+    takes_fits_key: String,
+    /// Shared-data key of this Envoy's own fits (`shared::prefill_fit_key`), which the reports carry.
+    prefill_fit_key: String,
+    /// When this VM last reported the fits (ms; `None` before its first report).
+    fits_reported_at: Option<u64>,
     /// Token of the index exchange call in flight.
     index_pending: Option<u32>,
     /// True when this VM held the lease at its last tick.
@@ -123,8 +151,9 @@ pub struct FeedPoller {
 }
 
 impl FeedPoller {
-    /// A poller for `settings` called every `tick`; `context_id` salts its lease owner id.
-    pub fn new(settings: FeedSettings, context_id: u32, tick: Duration) -> Self {
+    /// A poller for `settings` called every `tick`; `context_id` salts its lease owner id; `prefill_fit_key` is
+    /// where the plugin keeps this Envoy's prefill-speed fits.
+    pub fn new(settings: FeedSettings, context_id: u32, tick: Duration, prefill_fit_key: String) -> Self {
         let tick_ms = (tick.as_millis() as u64).max(1);
         // Unique within this Envoy, so two VMs never both take the lease as theirs (`shared::unique_id`).
         let owner = shared::unique_id(crate::root::random_u64(u64::from(context_id)));
@@ -136,6 +165,10 @@ impl FeedPoller {
             index_path: format!("{}{INDEX_PATH_SUFFIX}", settings.path),
             remote_pending_key: remote_pending_key(&settings),
             takes_pending_key: format!("{TAKES_PENDING_KEY}{feed}"),
+            remote_fits_key: remote_fits_key(&settings),
+            takes_fits_key: format!("{TAKES_FITS_KEY}{feed}"),
+            prefill_fit_key,
+            fits_reported_at: None,
             index_pending: None,
             polling: false,
             ticks_per_poll: settings.interval_ms.div_ceil(tick_ms).max(1),
@@ -172,7 +205,7 @@ impl FeedPoller {
             return;
         }
         if self.index_pending.is_none() {
-            self.report_index(router, exchange, metrics);
+            self.report_index(now_ms, router, exchange, metrics);
         }
         self.ticks += 1;
         if self.ticks < self.next_poll || self.pending.is_some() {
@@ -201,10 +234,10 @@ impl FeedPoller {
         }
     }
 
-    /// Sends the records this Envoy produced since the last report and its pending prefill work, with the cursor of
-    /// what it received so far, and keeps the call's token; the records of that round are lost if the call cannot
-    /// be sent.
-    fn report_index(&mut self, router: &Rc<RefCell<Router>>, exchange: &Exchange, metrics: &Metrics) {
+    /// Sends the records this Envoy produced since the last report, its fits when due, and its pending prefill
+    /// work, with the cursor of what it received so far, and keeps the call's token; the records of that round are
+    /// lost if the call cannot be sent.
+    fn report_index(&mut self, now_ms: u64, router: &Rc<RefCell<Router>>, exchange: &Exchange, metrics: &Metrics) {
         // What the other VMs routed up to now goes into this report.
         let Ok(mut r) = router.try_borrow_mut() else { return };
         // Records name endpoints by address: before the first snapshot (a feed-driven endpoint list) the answer's
@@ -216,7 +249,12 @@ impl FeedPoller {
         drop(r);
         let mut body = exchange.take_collected();
         let n = warmpath_core::exchange::decode(&body).count() as u64;
-        if self.feed_takes_pending() {
+        let fits_due = self.fits_reported_at.is_none_or(|at| now_ms.saturating_sub(at) >= FITS_REPORT_MS);
+        if fits_due && feed_takes(&self.takes_fits_key) {
+            push_fits(&mut body, &shared::read_prefill_fits(&self.prefill_fit_key));
+            self.fits_reported_at = Some(now_ms);
+        }
+        if feed_takes(&self.takes_pending_key) {
             body.push(PENDING_SECTION);
             body.extend_from_slice(&shared::Table::read().pending_counts());
         }
@@ -246,11 +284,6 @@ impl FeedPoller {
             }
             Err(_) => metrics.count("warmpath.feed.failures.index", 1),
         }
-    }
-
-    /// Whether the feed's last answer said it takes pending sections (false before any answer).
-    fn feed_takes_pending(&self) -> bool {
-        matches!(hostcalls::get_shared_data(&self.takes_pending_key), Ok((Some(b), _)) if b == [1])
     }
 
     /// This Envoy's reporter id and cursor, created (a random id, cursor 0) on first use.
@@ -289,8 +322,10 @@ impl FeedPoller {
         // nothing.
         let status = status();
         if status.is_some() {
-            let takes = hostcalls::get_map_value_bytes(MapType::HttpCallResponseHeaders, PENDING_HEADER).ok().flatten();
-            let _ = hostcalls::set_shared_data(&self.takes_pending_key, Some(&[u8::from(takes.is_some())]), None);
+            for (header, key) in [(PENDING_HEADER, &self.takes_pending_key), (FITS_HEADER, &self.takes_fits_key)] {
+                let takes = hostcalls::get_map_value_bytes(MapType::HttpCallResponseHeaders, header).ok().flatten();
+                let _ = hostcalls::set_shared_data(key, Some(&[u8::from(takes.is_some())]), None);
+            }
         }
         if status.as_deref() != Some(b"200") {
             return metrics.count("warmpath.feed.failures.index", 1);
@@ -302,10 +337,14 @@ impl FeedPoller {
         let Some(cursor) = cursor else { return metrics.count("warmpath.feed.failures.index", 1) };
         let body =
             hostcalls::get_buffer(BufferType::HttpCallResponseBody, 0, body_size).ok().flatten().unwrap_or_default();
-        let (records, pending) = split_report(&body);
-        if let Some(pending) = pending {
+        let sections = split_report(&body);
+        if let Some(pending) = sections.pending {
             shared::store_remote(&self.remote_pending_key, pending, crate::root::now_ms());
         }
+        if let Some(fits) = sections.fits {
+            shared::store_remote(&self.remote_fits_key, fits, crate::root::now_ms());
+        }
+        let records = sections.records;
         if !records.is_empty() {
             let Ok(mut r) = router.try_borrow_mut() else { return };
             match r.learn(records) {

@@ -85,6 +85,8 @@ pub struct Shared {
     pub remote_pending: Option<(String, u64)>,
     /// Shared-data key of the plugin's prefill-speed fits, fed by every worker (`shared::prefill_fit_key`).
     pub prefill_fit: String,
+    /// With a feed: the shared-data key of the other gateways' fits (`feed::remote_fits_key`).
+    pub remote_fits: Option<String>,
     /// The key given to strategies that do not look at the request (RANDOM, LEAST_OUTSTANDING_REQUESTS), which
     /// decide at header time: the router treats a request without a key as fail-open.
     pub keyless: RequestKey,
@@ -235,7 +237,8 @@ impl RootContext for FilterRoot {
             });
             e.clone()
         });
-        self.feed = settings.feed.clone().map(|f| FeedPoller::new(f, self.context_id, tick));
+        let prefill_fit = shared::prefill_fit_key(&plugin);
+        self.feed = settings.feed.clone().map(|f| FeedPoller::new(f, self.context_id, tick, prefill_fit.clone()));
         self.plugin = plugin.clone();
         self.take_force();
         self.was_in_force = true;
@@ -256,9 +259,10 @@ impl RootContext for FilterRoot {
         let metrics = Rc::new(metrics::Metrics::new());
         let remote_pending =
             settings.feed.as_ref().map(|f| (feed::remote_pending_key(f), feed::remote_pending_max_age(f, tick)));
-        let prefill_fit = shared::prefill_fit_key(&plugin);
         shared::init_prefill_fit(&prefill_fit);
-        self.shared = Some(Rc::new(Shared { router, exchange, metrics, remote_pending, prefill_fit, keyless }));
+        let remote_fits = settings.feed.as_ref().map(feed::remote_fits_key);
+        self.shared =
+            Some(Rc::new(Shared { router, exchange, metrics, remote_pending, prefill_fit, remote_fits, keyless }));
         self.settings = Some(settings);
         true
     }
@@ -285,7 +289,12 @@ impl RootContext for FilterRoot {
             if in_force {
                 if let Ok(mut router) = shared.router.try_borrow_mut() {
                     shared.exchange.on_tick(&mut router, &shared.metrics);
-                    // The speed the other workers' samples taught, for this worker's next picks.
+                    // The speeds the other gateways' samples taught (as the feed last answered, while fresh), and
+                    // the other workers', for this worker's next picks.
+                    if let Some(key) = &shared.remote_fits {
+                        let remote = shared::Remote::read(key, now_ms(), warmpath_core::exchange::FITS_TTL_MS);
+                        router.set_remote_prefill_fits(&remote.fits());
+                    }
                     router.set_prefill_fits(&shared::read_prefill_fits(&shared.prefill_fit));
                 }
             }

@@ -210,16 +210,17 @@ fn create_empty(key: &str) {
     }
 }
 
-/// One read of the other gateways' pending prefill work ([`store_remote`]): entries in
-/// `warmpath_core::exchange::push_count`'s layout, read only.
+/// One read of what the feed last answered about the other gateways ([`store_remote`]): their pending prefill work
+/// (entries in `warmpath_core::exchange::push_count`'s layout) or their prefill-speed fits
+/// ([`PrefillFits::to_bytes`]), read only.
 pub struct Remote {
     bytes: Vec<u8>,
 }
 
 impl Remote {
-    /// Reads the other gateways' pending prefill work stored under `key` by [`store_remote`]; empty when missing or
-    /// written more than `max_age_ms` before `now_ms` (the feed stopped answering: the work it said has long been
-    /// served).
+    /// Reads what [`store_remote`] stored under `key`; empty when missing or written more than `max_age_ms` before
+    /// `now_ms` (the feed stopped answering: the work it said has long been served, and this Envoy routes on what
+    /// it learned itself).
     pub fn read(key: &str, now_ms: u64, max_age_ms: u64) -> Remote {
         let bytes = match hostcalls::get_shared_data(key) {
             Ok((Some(b), _)) if b.len() >= 8 => {
@@ -235,6 +236,11 @@ impl Remote {
         Remote { bytes }
     }
 
+    /// The stored value read as fits (empty when there is none).
+    pub fn fits(&self) -> PrefillFits {
+        PrefillFits::from_bytes(&self.bytes)
+    }
+
     /// The pending work of each of `router`'s endpoints, by position (0 when absent), one hash lookup per entry.
     pub fn per_endpoint(&self, router: &Router) -> Vec<u32> {
         let mut out = vec![0u32; router.endpoints().len()];
@@ -243,8 +249,8 @@ impl Remote {
     }
 }
 
-/// Stores the other gateways' pending prefill work (`entries`, as the feed answered it) under `key` with the time
-/// it arrived, for every VM to add to its own ([`Remote::read`]).
+/// Stores what the feed answered about the other gateways (their pending prefill work or their fits, as the
+/// answer's section holds it) under `key` with the time it arrived, for every VM to read ([`Remote::read`]).
 pub fn store_remote(key: &str, entries: &[u8], now_ms: u64) {
     let mut v = Vec::with_capacity(8 + entries.len());
     v.extend_from_slice(&now_ms.to_le_bytes());

@@ -24,7 +24,7 @@ use axum::routing::{get, post};
 use axum::Router;
 use sha2::{Digest, Sha256};
 use warmpath_core::exchange::{INDEX_PATH_SUFFIX, MAX_EXCHANGE_BODY_BYTES};
-use warmpath_core::headers::{CURSOR_HEADER, PENDING_HEADER, REPORTER_HEADER};
+use warmpath_core::headers::{CURSOR_HEADER, FITS_HEADER, PENDING_HEADER, REPORTER_HEADER};
 
 use super::store::FeedStore;
 #[cfg(doc)]
@@ -111,6 +111,7 @@ async fn index_exchange(
                 (header::CONTENT_TYPE, "application/octet-stream".to_string()),
                 (HeaderName::from_static(CURSOR_HEADER), cursor.to_string()),
                 (HeaderName::from_static(PENDING_HEADER), "1".to_string()),
+                (HeaderName::from_static(FITS_HEADER), "1".to_string()),
             ];
             (headers, records).into_response()
         }
@@ -203,9 +204,28 @@ mod tests {
             .bytes()
             .await
             .unwrap();
-        let (records, pending) = split_report(&b);
-        assert_eq!(records, &rec[..]);
-        assert_eq!(counts(pending.expect("a section")).collect::<Vec<_>>(), vec![(&b"10.0.0.1:8000"[..], 4096)]);
+        let sections = split_report(&b);
+        assert_eq!(sections.records, &rec[..]);
+        assert_eq!(
+            counts(sections.pending.expect("a section")).collect::<Vec<_>>(),
+            vec![(&b"10.0.0.1:8000"[..], 4096)]
+        );
+        // Prefill-speed fits: A's reach B in the answer to B's next report that carries its own.
+        use warmpath_core::exchange::push_fits;
+        use warmpath_core::prefill_rate::PrefillFits;
+        let mut fits = PrefillFits::default();
+        for i in 0..20u32 {
+            fits.observe("10.0.0.1:8000", 1_000 + i * 500, 2 + u64::from(i * 5), |_| true);
+        }
+        let (mut from_a, mut from_b) = (Vec::new(), Vec::new());
+        push_fits(&mut from_a, &fits);
+        push_fits(&mut from_b, &PrefillFits::default());
+        let a = report("00000000000000aa", from_a, "/v1/feed/policy/ns/p/index").await;
+        assert_eq!(a.status(), StatusCode::OK);
+        assert_eq!(a.headers()[FITS_HEADER], "1", "the gateways may send their fits");
+        let b = report("00000000000000bb", from_b, "/v1/feed/policy/ns/p/index").await.bytes().await.unwrap();
+        let got = PrefillFits::from_bytes(split_report(&b).fits.expect("a fits section"));
+        assert_eq!(got.to_bytes(), fits.to_bytes(), "B gets A's fits");
         assert_eq!(report("00000000000000bb", Vec::new(), "/v1/feed/policy/ns/q/index").await.status(), 404);
         assert_eq!(report("nope", Vec::new(), "/v1/feed/policy/ns/p/index").await.status(), 400);
         task.abort();
@@ -213,21 +233,27 @@ mod tests {
 
     #[tokio::test]
     async fn takes_the_largest_report_a_gateway_sends() {
-        use warmpath_core::exchange::{encode, push_count, MAX_EXCHANGE_BODY_BYTES, MAX_REPORT_BYTES, PENDING_SECTION};
+        use warmpath_core::exchange::{
+            encode, push_count, push_fits, MAX_EXCHANGE_BODY_BYTES, MAX_REPORT_BYTES, PENDING_SECTION,
+        };
+        use warmpath_core::prefill_rate::{PrefillFits, PrefillRate};
         let store = FeedStore::default();
         store.update("policy/ns/p", vec![FeedEndpoint { address: "10.0.0.1:8000".into(), load: None }]);
         let (base, task) = serve(router(store, None)).await;
-        // Records up to their bound, then a section of MAX_ENDPOINTS long addresses: over 2 MiB together, more
-        // than axum takes by default.
+        // Records up to their bound, then fits and pending sections of MAX_ENDPOINTS long addresses: over 3 MiB
+        // together, more than axum takes by default.
         let mut body = Vec::new();
         while body.len() < MAX_REPORT_BYTES - 100 {
             encode(&mut body, 128, "10.0.0.1:8000", &[1; 8]);
         }
+        let long = |i: usize| format!("{}{i:05}:80", "h".repeat(245));
+        let endpoints = (0..warmpath_core::config::MAX_ENDPOINTS).map(|i| (long(i), PrefillRate::default())).collect();
+        push_fits(&mut body, &PrefillFits { pool: PrefillRate::default(), endpoints });
         body.push(PENDING_SECTION);
         for i in 0..warmpath_core::config::MAX_ENDPOINTS {
-            push_count(&mut body, format!("{}{i:05}:80", "h".repeat(245)).as_bytes(), 1);
+            push_count(&mut body, long(i).as_bytes(), 1);
         }
-        assert!(body.len() > 2 << 20 && body.len() <= MAX_EXCHANGE_BODY_BYTES, "{} bytes", body.len());
+        assert!(body.len() > 3 << 20 && body.len() <= MAX_EXCHANGE_BODY_BYTES, "{} bytes", body.len());
         let got = reqwest::Client::new()
             .post(format!("{base}/v1/feed/policy/ns/p/index"))
             .header(REPORTER_HEADER, "00000000000000aa")

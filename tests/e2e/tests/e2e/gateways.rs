@@ -2,7 +2,8 @@
 //! and applies the other gateways' (the gateway leg of the index exchange, `warmpath_core::exchange`), so a
 //! conversation whose turns reach different gateways stays on one endpoint. The same scenario with the feed's
 //! exchange answered by 404 (a feed server without it) moves the turn, so the assertion has teeth. The reports also
-//! carry each gateway's pending prefill work: a gateway sees the queue the others put in front of an endpoint.
+//! carry each gateway's pending prefill work: a gateway sees the queue the others put in front of an endpoint; and
+//! its prefill-speed fits: a gateway routes with the speeds the others learned.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -266,4 +267,70 @@ async fn without_the_pending_sections_a_gateway_sees_only_its_own_queue() {
     let f = Arc::new(Fleet::start(true, false).await);
     let (first, second) = second_turn_behind_the_other_gateways_work(f.clone(), "queued unseen", false).await;
     assert_eq!(second, first, "gateway B moved a turn off an endpoint it saw idle");
+}
+
+/// Gauge name of the learned prefill speed of `addr` as gateway stats show it.
+fn speed_gauge(addr: &str) -> String {
+    format!("prefill_speed.{}", warmpath_core::endpoint::stat_token(addr))
+}
+
+/// Misses (prompts that share nothing) through gateway A only, at upstream speeds of 50, 50 and 20 bytes per ms,
+/// until A has learned every upstream's speed. Returns the speed gauges' names, by upstream.
+async fn speeds_taught_through_gateway_a(f: &Fleet) -> Vec<String> {
+    f.wait_for_snapshot().await;
+    for (u, rate) in f.upstreams.iter().zip([50, 50, 20]) {
+        u.set_delay(Duration::from_millis(5));
+        u.set_body_rate(rate);
+    }
+    let gauges: Vec<String> = f.upstreams.iter().map(|u| speed_gauge(&u.addr().to_string())).collect();
+    let mut learned = false;
+    for i in 0..240 {
+        let (status, _) =
+            post_fresh(&f.gateways[0], turn(&prompt(&format!("alone {i}"), 1_000 + (i * 3_700) % 7_000), "go")).await;
+        assert_eq!(status, 200);
+        if i % 8 == 7 {
+            let s = f.gateways[0].stats().await.expect("stats");
+            if gauges.iter().all(|g| s.filter(g) > 0) {
+                learned = true;
+                break;
+            }
+        }
+    }
+    assert!(learned, "gateway A learned no speed for every upstream in 240 requests");
+    gauges
+}
+
+/// A gateway routes with the prefill speeds the other gateways learned: B, which has served nothing, reports A's
+/// speeds on its own gauges, and its misses on an idle pool all go to a faster upstream, never the one A told apart
+/// as slower.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_routes_with_the_speeds_other_gateways_learned() {
+    let f = Fleet::start(true, true).await;
+    let gauges = speeds_taught_through_gateway_a(&f).await;
+    // A reports its fits every FITS_REPORT_MS (1 s); B gets them with the answer to its next report.
+    let s = f.stats_until(1, |s| gauges.iter().all(|g| s.filter(g) > 0)).await;
+    let speeds: Vec<u64> = gauges.iter().map(|g| s.filter(g)).collect();
+    assert!(speeds[..2].iter().all(|v| (35_000..=65_000).contains(v)), "gateway B's speeds {speeds:?}");
+    assert!((14_000..=26_000).contains(&speeds[2]), "gateway B's speeds {speeds:?}; the third answers at 20,000");
+    let slow = f.upstreams[2].addr().to_string();
+    for i in 0..12 {
+        let (status, upstream) =
+            post_fresh(&f.gateways[1], turn(&prompt(&format!("via b {i}"), 2_000 + i * 300), "go")).await;
+        assert_eq!(status, 200);
+        assert_ne!(upstream, slow, "miss {i} through B went to the upstream A told apart as slower");
+    }
+    assert_eq!(s.filter("feed.failures.index"), 0);
+}
+
+/// Without the feed's fits sections, a gateway learns only from its own requests: B, which has served nothing,
+/// has no speed for any upstream while A has them all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_fits_sections_a_gateway_learns_only_from_its_own_requests() {
+    let f = Fleet::start(true, false).await;
+    let gauges = speeds_taught_through_gateway_a(&f).await;
+    // Longer than it takes B to get A's fits when the feed takes them (previous test).
+    tokio::time::sleep(Duration::from_millis(3_000)).await;
+    let s = f.gateways[1].stats().await.expect("stats");
+    let speeds: Vec<u64> = gauges.iter().map(|g| s.filter(g)).collect();
+    assert_eq!(speeds, vec![0, 0, 0], "gateway B learned speeds it never sampled");
 }

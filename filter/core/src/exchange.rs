@@ -203,8 +203,10 @@ pub fn entries(bytes: &[u8], value_len: usize) -> impl Iterator<Item = (&[u8], &
 pub struct Sections<'a> {
     /// The records (malformed ones included, for [`decode`] to report).
     pub records: &'a [u8],
-    /// The fits of the fits section, when there is one (up to the end of the bytes when the section is cut short).
+    /// The fits of the fits section, when there is one.
     pub fits: Option<&'a [u8]>,
+    /// The fits section is shorter than its length says (`fits` holds what there is; a feed server refuses it).
+    pub fits_cut: bool,
     /// The entries of the pending section, when there is one.
     pub pending: Option<&'a [u8]>,
     /// Bytes after a fits section that are not a pending section (none in a well-formed report).
@@ -233,16 +235,18 @@ pub fn split_report(bytes: &[u8]) -> Sections<'_> {
 
 /// The sections from a fits section on (`rest` follows its first byte).
 fn split_fits<'a>(records: &'a [u8], rest: &'a [u8]) -> Sections<'a> {
-    let Some((len, rest)) = split(rest, 4) else {
-        return Sections { records, fits: Some(rest), ..Sections::default() };
+    let whole = split(rest, 4).and_then(|(len, rest)| {
+        let len = usize::try_from(u32::from_le_bytes(len.try_into().expect("4 bytes"))).unwrap_or(usize::MAX);
+        split(rest, len)
+    });
+    let Some((fits, after)) = whole else {
+        return Sections { records, fits: Some(rest), fits_cut: true, ..Sections::default() };
     };
-    let len = usize::try_from(u32::from_le_bytes(len.try_into().expect("4 bytes"))).unwrap_or(usize::MAX);
-    let (fits, after) = split(rest, len).unwrap_or((rest, &[]));
     match after.split_first() {
         Some((&PENDING_SECTION, pending)) => {
-            Sections { records, fits: Some(fits), pending: Some(pending), trailing: &[] }
+            Sections { records, fits: Some(fits), pending: Some(pending), ..Sections::default() }
         }
-        _ => Sections { records, fits: Some(fits), pending: None, trailing: after },
+        _ => Sections { records, fits: Some(fits), trailing: after, ..Sections::default() },
     }
 }
 
@@ -407,6 +411,10 @@ impl RecordLog {
             return Err(format!("{} bytes of records, at most {MAX_REPORT_BYTES} per report", sections.records.len()));
         }
         self.append(reporter, sections.records).map_err(|e| format!("index records rejected: {e}"))?;
+        if sections.fits_cut {
+            self.fits.remove(&reporter);
+            return Err("fits section: shorter than its length".into());
+        }
         if !sections.trailing.is_empty() {
             self.fits.remove(&reporter);
             return Err("bytes after the fits section that are not a pending section".into());
@@ -420,9 +428,7 @@ impl RecordLog {
             })?;
             keep_latest(&mut self.fits, reporter, now_ms, fits);
             let mut others = PrefillFits::default();
-            for (_, (_, f)) in self.fits.iter().filter(|(r, _)| **r != reporter) {
-                others.merge(f);
-            }
+            others.merge(self.fits.iter().filter(|(r, _)| **r != reporter).map(|(_, (_, f))| f));
             push_fits(&mut answer, &others);
         }
         if let Some(section) = sections.pending {
@@ -637,9 +643,28 @@ mod tests {
         assert!(split.trailing.is_empty());
         let split = split_report(&with_fits);
         assert_eq!((split.fits.map(<[u8]>::len), split.pending), (Some(fits.to_bytes().len()), None));
-        // Cut short: what is there is the section, and it does not read as fits.
+        // Cut short, even at an entry's end (what is there would read as fits with fewer endpoints): the section is
+        // cut.
         let cut = split_report(&with_fits[..with_fits.len() - 3]);
-        assert!(parse_fits(cut.fits.expect("the section")).is_err());
+        assert!(cut.fits_cut && parse_fits(cut.fits.expect("the section")).is_err());
+        let entry = 1 + "10.0.0.1:80".len() + ENCODED_LEN;
+        assert!(split_report(&with_fits[..with_fits.len() - entry]).fits_cut, "cut at an entry's end");
+        let with_len = |extra: u32| {
+            let mut b = body.clone();
+            let at = records + 1;
+            let len = u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"));
+            b[at..at + 4].copy_from_slice(&(len + extra).to_le_bytes());
+            b
+        };
+        let long = with_len(1_000);
+        let split = split_report(&long);
+        assert!(split.fits_cut && split.pending.is_none(), "a length past the end takes nothing after it");
+        // A length that runs into the pending section: the fits do not parse, and what is left is no section.
+        let into = with_len(5);
+        let split = split_report(&into);
+        assert!(parse_fits(split.fits.expect("fits")).is_err() && split.pending.is_none());
+        assert!(RecordLog::default().serve(Some("00000000000000aa"), None, &into, 0).is_err());
+        assert!(!split_report(&body).fits_cut);
         // Anything but a pending section after the fits is left over.
         let mut odd = with_fits.clone();
         odd.extend_from_slice(&[1, 2]);
@@ -677,15 +702,25 @@ mod tests {
             log.serve(c, None, &report(&PrefillFits::default()), 1_000 + FITS_TTL_MS + 1).expect("served");
         let got = fits(&answer).expect("fits");
         assert_eq!((samples(&got, "10.0.0.1:80"), samples(&got, "10.0.0.2:80")), (n(5), n(7)), "B's only");
-        // Malformed fits: refused, and the reporter's earlier fits stop counting.
-        let mut bad = report(&fits_of(&[("10.0.0.3:80", 2)]));
-        bad.truncate(bad.len() - 1);
-        assert!(log.serve(b, None, &bad, 1_200 + FITS_TTL_MS).unwrap_err().contains("fits section"));
+        // Malformed fits: refused, and the reporter's earlier fits stop counting. A and B report fresh fits first.
+        let t = 20_000;
+        log.serve(a, None, &report(&fits_of(&[("10.0.0.1:80", 20)])), t).expect("served");
+        log.serve(b, None, &report(&fits_of(&[("10.0.0.2:80", 7)])), t).expect("served");
+        let mut cut = report(&fits_of(&[("10.0.0.3:80", 2)]));
+        cut.truncate(cut.len() - 1);
+        assert!(log.serve(b, None, &cut, t + 10).unwrap_err().contains("fits section"));
+        let mut garbled = report(&fits_of(&[("10.0.0.3:80", 2)]));
+        let end = garbled.len();
+        garbled[end - ENCODED_LEN..].fill(0xff);
+        assert!(log.serve(b, None, &garbled, t + 10).unwrap_err().contains("fits section"), "non-finite sums");
+        let (answer, _) = log.serve(c, None, &report(&PrefillFits::default()), t + 20).expect("served");
+        let got = fits(&answer).expect("fits");
+        assert_eq!((samples(&got, "10.0.0.1:80"), samples(&got, "10.0.0.2:80")), (n(20), None), "B's were dropped");
         let mut trailing = report(&PrefillFits::default());
         trailing.push(1);
-        assert!(log.serve(a, None, &trailing, 1_200 + FITS_TTL_MS).unwrap_err().contains("after the fits section"));
-        let (answer, _) = log.serve(c, None, &report(&PrefillFits::default()), 1_200 + FITS_TTL_MS).expect("served");
-        assert_eq!(fits(&answer).expect("fits").endpoints.len(), 0, "B's fits were dropped with its bad report");
+        assert!(log.serve(a, None, &trailing, t + 30).unwrap_err().contains("after the fits section"));
+        let (answer, _) = log.serve(c, None, &report(&PrefillFits::default()), t + 40).expect("served");
+        assert_eq!(fits(&answer).expect("fits").endpoints.len(), 0, "A's were dropped with its bad report");
     }
 
     #[test]

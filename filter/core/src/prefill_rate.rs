@@ -251,22 +251,23 @@ impl PrefillFits {
         PrefillFits { pool, endpoints }
     }
 
-    /// Adds `other`'s fits to these ([`PrefillRate::merge`]): the pool's to the pool's, each endpoint's to the same
-    /// address's (an address only `other` has joins, while these hold fewer than
-    /// [`crate::config::MAX_ENDPOINTS`]).
-    pub fn merge(&mut self, other: &PrefillFits) {
-        self.pool.merge(&other.pool);
-        // One lookup per address: a pool may have thousands of endpoints.
+    /// Adds each of `others`' fits to these ([`PrefillRate::merge`]): the pool's to the pool's, each endpoint's to the
+    /// same address's (an address only the others have joins, while these hold fewer than
+    /// [`crate::config::MAX_ENDPOINTS`]). One lookup per entry, however many fits are added.
+    pub fn merge<'a>(&mut self, others: impl IntoIterator<Item = &'a PrefillFits>) {
         let mut at: std::collections::HashMap<String, usize> =
             self.endpoints.iter().enumerate().map(|(i, (a, _))| (a.clone(), i)).collect();
-        for (address, fit) in &other.endpoints {
-            match at.get(address) {
-                Some(&i) => self.endpoints[i].1.merge(fit),
-                None if self.endpoints.len() < crate::config::MAX_ENDPOINTS => {
-                    at.insert(address.clone(), self.endpoints.len());
-                    self.endpoints.push((address.clone(), fit.clone()));
+        for other in others {
+            self.pool.merge(&other.pool);
+            for (address, fit) in &other.endpoints {
+                match at.get(address) {
+                    Some(&i) => self.endpoints[i].1.merge(fit),
+                    None if self.endpoints.len() < crate::config::MAX_ENDPOINTS => {
+                        at.insert(address.clone(), self.endpoints.len());
+                        self.endpoints.push((address.clone(), fit.clone()));
+                    }
+                    None => {}
                 }
-                None => {}
             }
         }
     }

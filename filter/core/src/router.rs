@@ -88,19 +88,18 @@ impl Router {
     }
 
     /// Replaces the other gateways' fits with `fits`, the sum the feed last answered with ([`crate::exchange`],
-    /// "Prefill speeds between gateways"; empty when there is none or it is too old). Only the fits of this
-    /// router's endpoints are kept.
+    /// "Prefill speeds between gateways"; empty when there is none or it is too old).
     pub fn set_remote_prefill_fits(&mut self, fits: &PrefillFits) {
-        let ours = |a: &str| self.positions.contains_key(a);
-        let endpoints = fits.endpoints.iter().filter(|(a, _)| ours(a)).cloned().collect();
-        self.remote_fits = PrefillFits { pool: fits.pool.clone(), endpoints };
+        self.remote_fits = fits.clone();
         self.refit();
     }
 
-    /// The speeds from this Envoy's fits and the other gateways' together.
+    /// The speeds from this Envoy's fits and the other gateways' together, for the current endpoints only (a faster
+    /// server that is not one of them must not make them look slow).
     fn refit(&mut self) {
         let mut fits = self.own_fits.clone();
-        fits.merge(&self.remote_fits);
+        fits.merge([&self.remote_fits]);
+        fits.endpoints.retain(|(a, _)| self.positions.contains_key(a));
         self.prefill = fits.pool.clone();
         self.endpoint_prefill = fits.endpoints.iter().filter_map(|(a, f)| Some((a.clone(), f.estimate()?))).collect();
         self.slowdown_by_address = fits.slowdowns().into_iter().collect();
@@ -243,7 +242,8 @@ impl Router {
         self.positions = self.endpoints.iter().enumerate().map(|(i, e)| (e.address.clone(), i)).collect();
         self.settings.endpoints = self.endpoints.iter().map(|e| e.address.clone()).collect();
         self.policy.on_endpoints_changed(&self.endpoints);
-        self.place_slowdowns();
+        // The speeds and slowdowns are of the current endpoints only.
+        self.refit();
     }
 
     /// Applies new settings. The policy (and its prefix index) is kept when the strategy is the same and the
@@ -385,7 +385,8 @@ mod tests {
 
     /// The other gateways' fits count beside this Envoy's own: samples of one endpoint add up across gateways,
     /// an endpoint only the others sampled gets its speed from them, and fits of addresses that are not this
-    /// router's endpoints are left out (a faster server elsewhere does not make this pool's look slow).
+    /// router's endpoints are left out (a faster server elsewhere does not make this pool's look slow) — also
+    /// right after the endpoint list changes.
     #[test]
     fn the_other_gateways_fits_count_beside_this_envoy_s_own() {
         let endpoints: Vec<String> = (0..3).map(|i| format!("127.0.0.1:{}", 9000 + i)).collect();
@@ -414,6 +415,12 @@ mod tests {
         sample(&mut own, &endpoints[2], 200, 40);
         router.set_prefill_fits(&own);
         assert!(speed(&router, 0).is_some() && speed(&router, 2).is_some() && router.slowdowns()[1] > 900);
+        // A new endpoint list: an endpoint only the others sampled joins with their fit, one that left loses its own.
+        router.set_endpoints(vec![endpoints[0].clone(), endpoints[1].clone(), "127.0.0.1:9999".into()]).expect("valid");
+        assert!(speed(&router, 1).is_some() && router.endpoint_prefill_estimate(&endpoints[2]).is_none());
+        let slowdowns = router.slowdowns().to_vec();
+        assert!(slowdowns[2] == 0 && slowdowns[0] > 2_500 && slowdowns[1] > 6_000, "800 bytes/ms now: {slowdowns:?}");
+        router.set_endpoints(endpoints.clone()).expect("valid");
         // Without the others' fits (the feed stopped), only what this Envoy learned.
         router.set_remote_prefill_fits(&PrefillFits::default());
         assert_eq!((speed(&router, 0), speed(&router, 1)), (None, None));

@@ -136,7 +136,7 @@ pub struct FeedPoller {
     takes_fits_key: String,
     /// Shared-data key of this Envoy's own fits (`shared::prefill_fit_key`), which the reports carry.
     prefill_fit_key: String,
-    /// When this VM last reported the fits (ms; `None` before its first report).
+    /// When this VM last sent a report with the fits (ms; `None` before the first).
     fits_reported_at: Option<u64>,
     /// Token of the index exchange call in flight.
     index_pending: Option<u32>,
@@ -250,9 +250,9 @@ impl FeedPoller {
         let mut body = exchange.take_collected();
         let n = warmpath_core::exchange::decode(&body).count() as u64;
         let fits_due = self.fits_reported_at.is_none_or(|at| now_ms.saturating_sub(at) >= FITS_REPORT_MS);
-        if fits_due && feed_takes(&self.takes_fits_key) {
+        let with_fits = fits_due && feed_takes(&self.takes_fits_key);
+        if with_fits {
             push_fits(&mut body, &shared::read_prefill_fits(&self.prefill_fit_key));
-            self.fits_reported_at = Some(now_ms);
         }
         if feed_takes(&self.takes_pending_key) {
             body.push(PENDING_SECTION);
@@ -278,6 +278,9 @@ impl FeedPoller {
         ) {
             Ok(token) => {
                 self.index_pending = Some(token);
+                if with_fits {
+                    self.fits_reported_at = Some(now_ms);
+                }
                 if n > 0 {
                     metrics.count(metric::REPORTED, n);
                 }

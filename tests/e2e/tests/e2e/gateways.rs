@@ -80,12 +80,16 @@ impl Fleet {
 }
 
 /// A conversation's first turn through gateway A, then prefill work held at its endpoint as gateway B sees it
-/// (B's own filler requests waiting there), then its second turn through B. A gateway that does not know where
-/// the conversation went sees that work and an idle endpoint elsewhere and moves the turn; one that learned that
-/// the endpoint holds 3,000 cached characters keeps it there. Returns the first turn's upstream and the second's.
+/// (B's own filler requests of `filler_len` characters waiting there, at most three), then its second turn through
+/// B. A gateway that does not know where the conversation went sees that work and an idle endpoint elsewhere and
+/// moves the turn once the work exceeds the turn's new part (a miss is charged its new part once more where the
+/// index lists an endpoint past the load bound, which B's own fillers can do to both idle endpoints); one that
+/// learned that the endpoint holds 3,000 cached characters keeps it there while the work is under three times
+/// that. Returns the first turn's upstream and the second's.
 async fn second_turn_through_the_other_gateway(
     f: Arc<Fleet>,
     name: &str,
+    filler_len: usize,
     learned: impl Fn(&Stats) -> bool,
 ) -> (String, String) {
     f.wait_for_snapshot().await;
@@ -110,7 +114,7 @@ async fn second_turn_through_the_other_gateway(
 
     f.upstreams[home].hold();
     let (filler, waiting) = hold_filler(&f.upstreams[home], |i| {
-        spawn_post(f.gateways[1].url(), turn(&prompt(&format!("{name} filler {i}"), 400), "hello"))
+        spawn_post(f.gateways[1].url(), turn(&prompt(&format!("{name} filler {i}"), filler_len), "hello"))
     })
     .await;
     assert!(waiting <= 3, "{waiting} fillers wait at the conversation's endpoint");
@@ -146,7 +150,8 @@ async fn second_turn_while_held(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_conversation_stays_on_one_endpoint_across_gateways_through_the_feed() {
     let f = Arc::new(Fleet::start(true, true).await);
-    let (first, second) = second_turn_through_the_other_gateway(f.clone(), "across gateways", |s| {
+    // Fillers of 400 characters: at most 1,200 waiting, well under the 9,000 a move would cost.
+    let (first, second) = second_turn_through_the_other_gateway(f.clone(), "across gateways", 400, |s| {
         s.filter("index_exchange.received") >= 1
     })
     .await;
@@ -167,9 +172,12 @@ async fn a_conversation_stays_on_one_endpoint_across_gateways_through_the_feed()
 async fn without_the_feeds_exchange_each_gateway_routes_on_its_own_index() {
     let f = Arc::new(Fleet::start(false, true).await);
     // Nothing to learn: wait until gateway B has polled (and been refused) a few times instead.
-    let (first, second) =
-        second_turn_through_the_other_gateway(f.clone(), "gateways alone", |s| s.filter("feed.failures.index") >= 2)
-            .await;
+    // Fillers of 4,000 characters: more waiting work than the turn's new part (about 3,000), so the turn moves even
+    // where B's own fillers put both idle endpoints past the load bound in B's index.
+    let (first, second) = second_turn_through_the_other_gateway(f.clone(), "gateways alone", 4_000, |s| {
+        s.filter("feed.failures.index") >= 2
+    })
+    .await;
     assert_ne!(second, first, "gateway B kept a turn it knew nothing of at a loaded endpoint");
     let b = f.stats_until(1, |_| true).await;
     assert_eq!(b.filter("index_exchange.received"), 0);

@@ -391,12 +391,7 @@ mod tests {
     fn the_other_gateways_fits_count_beside_this_envoy_s_own() {
         let endpoints: Vec<String> = (0..3).map(|i| format!("127.0.0.1:{}", 9000 + i)).collect();
         let mut router = prefix_aware(&endpoints);
-        let sample = |fits: &mut PrefillFits, address: &str, bytes_per_ms: u32, n: u32| {
-            for i in 0..n {
-                let bytes = 2_000 + (i * 7_919) % 40_000;
-                fits.observe(address, bytes, 2 + u64::from(bytes / bytes_per_ms), |_| true);
-            }
-        };
+        let sample = crate::prefill_rate::sample_at;
         let mut own = PrefillFits::default();
         sample(&mut own, &endpoints[0], 200, 10);
         router.set_prefill_fits(&own);

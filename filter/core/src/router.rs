@@ -83,14 +83,27 @@ impl Router {
     /// Replaces this Envoy's fits with `fits`: the ones every worker of this Envoy feeds (`prefill_rate`, shared
     /// data).
     pub fn set_prefill_fits(&mut self, fits: &PrefillFits) {
-        self.own_fits = fits.clone();
-        self.refit();
+        self.replace_fits(Some(fits.clone()), None);
     }
 
     /// Replaces the other gateways' fits with `fits`, the sum the feed last answered with ([`crate::exchange`],
     /// "Prefill speeds between gateways"; empty when there is none or it is too old).
     pub fn set_remote_prefill_fits(&mut self, fits: &PrefillFits) {
-        self.remote_fits = fits.clone();
+        self.replace_fits(None, Some(fits.clone()));
+    }
+
+    /// Replaces this Envoy's fits, the other gateways' or both (`None` keeps what the router has) and computes the
+    /// speeds once: the shell hands over what changed since its last tick in one call.
+    pub fn replace_fits(&mut self, own: Option<PrefillFits>, remote: Option<PrefillFits>) {
+        if own.is_none() && remote.is_none() {
+            return;
+        }
+        if let Some(own) = own {
+            self.own_fits = own;
+        }
+        if let Some(remote) = remote {
+            self.remote_fits = remote;
+        }
         self.refit();
     }
 
@@ -416,6 +429,14 @@ mod tests {
         let slowdowns = router.slowdowns().to_vec();
         assert!(slowdowns[2] == 0 && slowdowns[0] > 2_500 && slowdowns[1] > 6_000, "800 bytes/ms now: {slowdowns:?}");
         router.set_endpoints(endpoints.clone()).expect("valid");
+        // Both handed over in one call route as the two calls above did; a call with neither keeps them.
+        let mut at_once = prefix_aware(&endpoints);
+        at_once.replace_fits(Some(own.clone()), Some(remote.clone()));
+        at_once.replace_fits(None, None);
+        assert_eq!(at_once.slowdowns(), router.slowdowns());
+        for i in 0..3 {
+            assert_eq!(speed(&at_once, i), speed(&router, i), "endpoint {i}");
+        }
         // Without the others' fits (the feed stopped), only what this Envoy learned.
         router.set_remote_prefill_fits(&PrefillFits::default());
         assert_eq!((speed(&router, 0), speed(&router, 1)), (None, None));

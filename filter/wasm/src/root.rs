@@ -110,12 +110,23 @@ pub struct FilterRoot {
     was_in_force: bool,
     shared: Option<Rc<Shared>>,
     feed: Option<FeedPoller>,
+    /// The versions of this Envoy's fits and of the other gateways' that the router last took (`None`: none yet,
+    /// or a new router).
+    fits_seen: Option<(Option<u32>, Option<u32>)>,
 }
 
 impl FilterRoot {
     /// A root context not yet configured.
     pub fn new(context_id: u32) -> Self {
-        FilterRoot { context_id, plugin: String::new(), settings: None, was_in_force: false, shared: None, feed: None }
+        FilterRoot {
+            context_id,
+            plugin: String::new(),
+            settings: None,
+            was_in_force: false,
+            shared: None,
+            feed: None,
+            fits_seen: None,
+        }
     }
 
     /// True when this is the newest configured root context of its plugin in this VM.
@@ -263,6 +274,7 @@ impl RootContext for FilterRoot {
         let remote_fits = settings.feed.as_ref().map(feed::remote_fits_key);
         self.shared =
             Some(Rc::new(Shared { router, exchange, metrics, remote_pending, prefill_fit, remote_fits, keyless }));
+        self.fits_seen = None;
         self.settings = Some(settings);
         true
     }
@@ -290,12 +302,22 @@ impl RootContext for FilterRoot {
                 if let Ok(mut router) = shared.router.try_borrow_mut() {
                     shared.exchange.on_tick(&mut router, &shared.metrics);
                     // The speeds the other gateways' samples taught (as the feed last answered, while fresh), and
-                    // the other workers', for this worker's next picks.
-                    if let Some(key) = &shared.remote_fits {
+                    // the other workers', for this worker's next picks. They change only when a worker samples a
+                    // speed or the feed answers with fits: a tick that finds both as it left them reads nothing as
+                    // fits and does not refit (both cost O(endpoints)); one that finds either changed refits once.
+                    let first = self.fits_seen.is_none();
+                    let (own_seen, remote_seen) = self.fits_seen.unwrap_or_default();
+                    let remote = shared.remote_fits.as_ref().and_then(|key| {
                         let remote = shared::Remote::read(key, now_ms(), warmpath_core::exchange::FITS_TTL_MS);
-                        router.set_remote_prefill_fits(&remote.fits());
-                    }
-                    router.set_prefill_fits(&shared::read_prefill_fits(&shared.prefill_fit));
+                        (first || remote.version() != remote_seen).then_some(remote)
+                    });
+                    let own = shared::read_prefill_fits_since(&shared.prefill_fit, own_seen);
+                    let versions = (
+                        own.as_ref().map_or(own_seen, |(v, _)| *v),
+                        remote.as_ref().map_or(remote_seen, |r| r.version()),
+                    );
+                    router.replace_fits(own.map(|(_, fits)| fits), remote.map(|r| r.fits()));
+                    self.fits_seen = Some(versions);
                 }
             }
             shared.metrics.flush();

@@ -215,6 +215,8 @@ fn create_empty(key: &str) {
 /// ([`PrefillFits::to_bytes`]), read only.
 pub struct Remote {
     bytes: Vec<u8>,
+    /// The value's compare-and-swap token while it counts (new on every write), `None` when it does not.
+    version: Option<u32>,
 }
 
 impl Remote {
@@ -222,18 +224,22 @@ impl Remote {
     /// `now_ms` (the feed stopped answering: the work it said has long been served, and this Envoy routes on what
     /// it learned itself).
     pub fn read(key: &str, now_ms: u64, max_age_ms: u64) -> Remote {
-        let bytes = match hostcalls::get_shared_data(key) {
-            Ok((Some(b), _)) if b.len() >= 8 => {
+        match hostcalls::get_shared_data(key) {
+            Ok((Some(b), version)) if b.len() >= 8 => {
                 let at = u64::from_le_bytes(b[..8].try_into().expect("8 bytes"));
                 if now_ms.saturating_sub(at) <= max_age_ms {
-                    b[8..].to_vec()
-                } else {
-                    Vec::new()
+                    return Remote { bytes: b[8..].to_vec(), version };
                 }
+                Remote { bytes: Vec::new(), version: None }
             }
-            _ => Vec::new(),
-        };
-        Remote { bytes }
+            _ => Remote { bytes: Vec::new(), version: None },
+        }
+    }
+
+    /// Which write of the value this is, while it counts (`None` once it is missing or too old): equal versions
+    /// hold equal values.
+    pub fn version(&self) -> Option<u32> {
+        self.version
     }
 
     /// The stored value read as fits (empty when there is none).
@@ -303,6 +309,13 @@ pub fn init_prefill_fit(key: &str) {
 /// The fits stored under `key` (empty when there are none yet or the value is not fits).
 pub fn read_prefill_fits(key: &str) -> PrefillFits {
     hostcalls::get_shared_data(key).map_or_else(|_| PrefillFits::default(), |(value, _)| stored_fits(value))
+}
+
+/// The fits stored under `key` with their version (the compare-and-swap token, new on every write), or `None` when
+/// the version is still `seen`: the caller has them already.
+pub fn read_prefill_fits_since(key: &str, seen: Option<u32>) -> Option<(Option<u32>, PrefillFits)> {
+    let (value, version) = hostcalls::get_shared_data(key).unwrap_or((None, None));
+    (version != seen).then(|| (version, stored_fits(value)))
 }
 
 /// A stored value read back as fits (empty for a missing or malformed value).
@@ -447,7 +460,7 @@ mod tests {
     fn pending_work_reads_as_the_feed_s_counts() {
         let t = changed(&table(Vec::new()), "127.0.0.1:1", |l| l.take(0, 1));
         let t = changed(&t, "127.0.0.1:2", |l| l.take(250, 1));
-        let remote = Remote { bytes: t.pending_counts() };
+        let remote = Remote { bytes: t.pending_counts(), version: None };
         assert_eq!(remote.per_endpoint(&router(2)), vec![0, 250], "only the endpoints with work pending");
         assert_eq!(counts(&t.pending_counts()).count(), 1);
     }

@@ -2,7 +2,7 @@
 # Runs Envoy (--concurrency 2 by default) with the warmpath filter in front of local model servers.
 #   scripts/envoy.sh run --upstream 127.0.0.1:8001 --upstream 127.0.0.1:8002 [--plugin-config FILE|JSON]
 #                        [--listener-port 10000] [--admin-port 9901] [--concurrency 2] [--no-filter]
-#   scripts/envoy.sh render ...same options...     # print the bootstrap YAML
+#   scripts/envoy.sh render ...the same options but --concurrency... # print the bootstrap YAML
 #   scripts/envoy.sh examples                      # rewrite envoy/envoy.yaml, envoy/envoy-no-filter.yaml
 #   scripts/envoy.sh validate FILE...              # envoy --mode validate
 # Builds the release filter module first when it is missing. Envoy comes from .venv (scripts/setup.sh).

@@ -434,6 +434,7 @@ mod tests {
         at_once.replace_fits(Some(own.clone()), Some(remote.clone()));
         at_once.replace_fits(None, None);
         assert_eq!(at_once.slowdowns(), router.slowdowns());
+        assert_eq!(at_once.prefill_estimate(), router.prefill_estimate());
         for i in 0..3 {
             assert_eq!(speed(&at_once, i), speed(&router, i), "endpoint {i}");
         }

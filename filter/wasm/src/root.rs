@@ -110,8 +110,8 @@ pub struct FilterRoot {
     was_in_force: bool,
     shared: Option<Rc<Shared>>,
     feed: Option<FeedPoller>,
-    /// The versions of this Envoy's fits and of the other gateways' that the router last took (`None`: none yet,
-    /// or a new router).
+    /// The shared-data versions of this Envoy's fits and of the other gateways' that the router last took from
+    /// this root context (`None`: none yet, a new configuration, or this one back in force).
     fits_seen: Option<(Option<u32>, Option<u32>)>,
 }
 
@@ -288,6 +288,8 @@ impl RootContext for FilterRoot {
                     router.reconfigure(settings.clone());
                 }
             }
+            // The router routed with the newer configuration's fits meanwhile (its feed's): hand it this one's.
+            self.fits_seen = None;
         }
         self.was_in_force = in_force;
         if let (Some(feed), Some(shared)) = (self.feed.as_mut(), self.shared.as_ref()) {
@@ -303,21 +305,24 @@ impl RootContext for FilterRoot {
                     shared.exchange.on_tick(&mut router, &shared.metrics);
                     // The speeds the other gateways' samples taught (as the feed last answered, while fresh), and
                     // the other workers', for this worker's next picks. They change only when a worker samples a
-                    // speed or the feed answers with fits: a tick that finds both as it left them reads nothing as
-                    // fits and does not refit (both cost O(endpoints)); one that finds either changed refits once.
+                    // speed, the feed answers with fits or the others' go stale: a tick that finds both values'
+                    // versions as it left them parses neither and does not refit (both cost O(endpoints)); one
+                    // that finds either changed refits once. Without a feed the others' fits are empty (a
+                    // configuration with a feed may have handed the router some).
                     let first = self.fits_seen.is_none();
                     let (own_seen, remote_seen) = self.fits_seen.unwrap_or_default();
-                    let remote = shared.remote_fits.as_ref().and_then(|key| {
-                        let remote = shared::Remote::read(key, now_ms(), warmpath_core::exchange::FITS_TTL_MS);
-                        (first || remote.version() != remote_seen).then_some(remote)
-                    });
+                    let (remote, remote_version) = match &shared.remote_fits {
+                        Some(key) => {
+                            let remote = shared::Remote::read(key, now_ms(), warmpath_core::exchange::FITS_TTL_MS);
+                            let version = remote.version();
+                            ((first || version != remote_seen).then(|| remote.fits()), version)
+                        }
+                        None => (first.then(warmpath_core::prefill_rate::PrefillFits::default), None),
+                    };
                     let own = shared::read_prefill_fits_since(&shared.prefill_fit, own_seen);
-                    let versions = (
-                        own.as_ref().map_or(own_seen, |(v, _)| *v),
-                        remote.as_ref().map_or(remote_seen, |r| r.version()),
-                    );
-                    router.replace_fits(own.map(|(_, fits)| fits), remote.map(|r| r.fits()));
-                    self.fits_seen = Some(versions);
+                    let own_version = own.as_ref().map_or(own_seen, |(v, _)| *v);
+                    router.replace_fits(own.map(|(_, fits)| fits), remote);
+                    self.fits_seen = Some((own_version, remote_version));
                 }
             }
             shared.metrics.flush();

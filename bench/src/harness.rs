@@ -219,6 +219,8 @@ pub struct RunSettings {
     /// Feed the filter strategies from the harness's feed server even with one gateway (it always runs with
     /// several): the endpoints and each server's load, scraped every poll interval, as the controller's feed does.
     pub feed: bool,
+    /// The feed's poll interval in wall ms, when not [`feed_interval_ms`] of the time scale.
+    pub feed_interval_ms: Option<u64>,
     /// How the harness's own routers reach the servers.
     pub client_hop: ClientHop,
     /// Model name sent in requests.
@@ -366,7 +368,7 @@ pub async fn run_strategy(strategy: &Strategy, reqs: &[Request], s: &RunSettings
                 let f = Arc::new(FeedServer::start(serde_json::to_string(&snapshot)?).await?);
                 f.set_index_exchange(s.gateway_exchange);
                 f.set_pending_exchange(s.pending_exchange);
-                let interval_ms = feed_interval_ms(s.sim.latency.time_scale);
+                let interval_ms = s.feed_interval_ms.unwrap_or_else(|| feed_interval_ms(s.sim.latency.time_scale));
                 if let Some(o) = extra.as_object_mut() {
                     o.insert(
                         "feed".into(),

@@ -116,6 +116,12 @@ struct Args {
     /// every simulated second. Without it and with one gateway, the filter knows only the load it sent itself.
     #[arg(long)]
     feed: bool,
+    /// The gateways' feed interval in wall ms instead of the filter's tick in simulated time (above): to measure
+    /// what the period of the exchange between gateways costs, apart from the time scale. The filter's tick with a
+    /// feed is this or 50 ms, whichever is shorter.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(
+        warmpath_core::config::FEED_INTERVAL_RANGE.0..=warmpath_core::config::FEED_TICK_MS))]
+    feed_interval_ms: Option<u64>,
     /// How the client-side routers (the re-implemented baselines, DYNAMO_KV, ORACLE, ORACLE_TTFT) reach the
     /// servers: `envoy` (their pick through an Envoy without the filter, in `x-gateway-destination-endpoint`: the
     /// same proxy hop the filter and the peers' routers pay) or `direct` (no proxy hop).
@@ -253,13 +259,19 @@ async fn run(a: Args) -> anyhow::Result<()> {
         gateway_exchange: !a.no_gateway_exchange,
         pending_exchange: !a.no_pending_exchange,
         feed: a.feed,
+        feed_interval_ms: a.feed_interval_ms,
         model: "sim-model".into(),
         progress_every: Some(Duration::from_secs(5)),
     };
 
     if settings.gateways > 1 || settings.feed {
-        if let Some(note) = feed_interval_note(a.time_scale) {
-            eprintln!("{note}");
+        match a.feed_interval_ms {
+            Some(ms) => eprintln!("feed interval {ms} ms: every {:.0} simulated ms", ms as f64 / a.time_scale),
+            None => {
+                if let Some(note) = feed_interval_note(a.time_scale) {
+                    eprintln!("{note}");
+                }
+            }
         }
     }
     let mut all_rows: Vec<Vec<Summary>> = Vec::new();

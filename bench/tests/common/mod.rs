@@ -31,6 +31,7 @@ pub fn settings() -> RunSettings {
         gateway_exchange: true,
         pending_exchange: true,
         feed: false,
+        feed_interval_ms: None,
         model: "sim-model".into(),
         progress_every: None,
     }

@@ -4,7 +4,7 @@
 # routers in Envoy's place — SMG_CACHE_AWARE (SGLang Model Gateway) and VLLM_ROUTER_CACHE_AWARE (vLLM router),
 # both `cache_aware` at their defaults, from .venv (scripts/setup.sh) — in front of the same fresh servers:
 # 3 servers, the multi-turn shared-prefix workload, 2 client threads. Bounded: each strategy stops issuing
-# requests after --time-limit-s (130 s here), so the whole run takes about 15 minutes at most.
+# requests after --time-limit-s (130 s here), so the whole run takes about 15 minutes; a timeout stops it at 18.
 # Writes the table to out/real/compare.md and per-request records to out/real/compare.json.
 # Exit 3 (with the reason) if the llama-server binary cannot run on this CPU; 1 on any other failure.
 # Extra arguments go to `python -m warmpath_real.compare` (see --help), e.g. --strategies RANDOM,PREFIX_AWARE.

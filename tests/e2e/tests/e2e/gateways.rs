@@ -47,7 +47,8 @@ impl Fleet {
             .with_rig_headers()
             .with_feed(FeedCluster { name: "warmpath_feed".into(), address: feed.addr() });
         let a = EnvoyProcess::start(cfg.clone(), CONCURRENCY).await.expect("gateway A");
-        let b = EnvoyProcess::start(cfg, CONCURRENCY).await.expect("gateway B");
+        // B's listener can be replaced (LDS), to give its plugin another configuration while it serves.
+        let b = EnvoyProcess::start_dynamic(cfg, CONCURRENCY).await.expect("gateway B");
         Fleet { upstreams, gateways: [a, b], feed }
     }
 
@@ -332,6 +333,29 @@ async fn a_gateway_routes_with_the_speeds_other_gateways_learned() {
     for g in 0..2 {
         assert_eq!(f.gateways[g].stats().await.expect("stats").filter("feed.failures.index"), 0, "gateway {g}");
     }
+}
+
+/// A gateway whose plugin is given a configuration without a feed forgets the speeds the other gateways taught it
+/// through the old one's: the new configuration shares the plugin's router, which would otherwise keep routing with
+/// them (nothing renews or ages them without a feed). B, which has served nothing, reports A's speeds, then none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_configured_without_a_feed_forgets_the_speeds_other_gateways_taught() {
+    let mut f = Fleet::start(true, true).await;
+    let gauges = speeds_taught_through_gateway_a(&f).await;
+    let s = f.stats_until(1, |s| gauges.iter().all(|g| s.filter(g) > 0)).await;
+    assert!(gauges.iter().all(|g| s.filter(g) > 0), "gateway B never got A's speeds");
+    let addrs: Vec<_> = f.upstreams.iter().map(Upstream::addr).collect();
+    let plugin =
+        json!({"endpoints": addrs.iter().map(|a| a.to_string()).collect::<Vec<_>>(), "strategy": "PREFIX_AWARE"});
+    let cfg =
+        EnvoyConfig::new(addrs, plugin.to_string()).with_wasm(filter_wasm().expect("filter module")).with_rig_headers();
+    let b = &mut f.gateways[1];
+    assert!(b.update_listener(cfg).await.expect("lds update"), "configuration refused:\n{}", b.log());
+    let s = f.stats_until(1, |s| gauges.iter().all(|g| s.filter(g) == 0)).await;
+    let speeds: Vec<u64> = gauges.iter().map(|g| s.filter(g)).collect();
+    assert_eq!(speeds, vec![0, 0, 0], "gateway B still routes with the speeds its old feed brought");
+    let (status, _) = post_fresh(&f.gateways[1], turn(&prompt("after the update", 2_000), "go")).await;
+    assert_eq!(status, 200);
 }
 
 /// Without the feed's fits sections, a gateway learns only from its own requests: B, which has served nothing,

@@ -213,11 +213,17 @@ fn create_empty(key: &str) {
 /// One read of what the feed last answered about the other gateways ([`store_remote`]): their pending prefill work
 /// (entries in `warmpath_core::exchange::push_count`'s layout) or their prefill-speed fits
 /// ([`PrefillFits::to_bytes`]), read only.
+#[derive(Default)]
 pub struct Remote {
-    bytes: Vec<u8>,
+    /// The stored value as read — its arrival time ([`STAMP_BYTES`]), then the entries — or empty when it does not
+    /// count. Kept whole: the per-request read of the pending work copies it out of shared data once, not twice.
+    value: Vec<u8>,
     /// The value's compare-and-swap token while it counts (new on every write), `None` when it does not.
     version: Option<u32>,
 }
+
+/// Bytes of the arrival time in front of what [`store_remote`] stores (milliseconds, little-endian `u64`).
+const STAMP_BYTES: usize = 8;
 
 impl Remote {
     /// Reads what [`store_remote`] stored under `key`; empty when missing or written more than `max_age_ms` before
@@ -225,15 +231,20 @@ impl Remote {
     /// it learned itself).
     pub fn read(key: &str, now_ms: u64, max_age_ms: u64) -> Remote {
         match hostcalls::get_shared_data(key) {
-            Ok((Some(b), version)) if b.len() >= 8 => {
-                let at = u64::from_le_bytes(b[..8].try_into().expect("8 bytes"));
+            Ok((Some(value), version)) if value.len() >= STAMP_BYTES => {
+                let at = u64::from_le_bytes(value[..STAMP_BYTES].try_into().expect("8 bytes"));
                 if now_ms.saturating_sub(at) <= max_age_ms {
-                    return Remote { bytes: b[8..].to_vec(), version };
+                    return Remote { value, version };
                 }
-                Remote { bytes: Vec::new(), version: None }
+                Remote::default()
             }
-            _ => Remote { bytes: Vec::new(), version: None },
+            _ => Remote::default(),
         }
+    }
+
+    /// The entries of the value (none when it does not count).
+    fn entries(&self) -> &[u8] {
+        self.value.get(STAMP_BYTES..).unwrap_or_default()
     }
 
     /// Which write of the value this is, while it counts (`None` once it is missing or too old): equal versions
@@ -244,13 +255,13 @@ impl Remote {
 
     /// The stored value read as fits (empty when there is none).
     pub fn fits(&self) -> PrefillFits {
-        PrefillFits::from_bytes(&self.bytes)
+        PrefillFits::from_bytes(self.entries())
     }
 
     /// The pending work of each of `router`'s endpoints, by position (0 when absent), one hash lookup per entry.
     pub fn per_endpoint(&self, router: &Router) -> Vec<u32> {
         let mut out = vec![0u32; router.endpoints().len()];
-        by_position(router, counts(&self.bytes), |i, c| out[i] = out[i].saturating_add(c));
+        by_position(router, counts(self.entries()), |i, c| out[i] = out[i].saturating_add(c));
         out
     }
 }
@@ -258,7 +269,7 @@ impl Remote {
 /// Stores what the feed answered about the other gateways (their pending prefill work or their fits, as the
 /// answer's section holds it) under `key` with the time it arrived, for every VM to read ([`Remote::read`]).
 pub fn store_remote(key: &str, entries: &[u8], now_ms: u64) {
-    let mut v = Vec::with_capacity(8 + entries.len());
+    let mut v = Vec::with_capacity(STAMP_BYTES + entries.len());
     v.extend_from_slice(&now_ms.to_le_bytes());
     v.extend_from_slice(entries);
     let _ = hostcalls::set_shared_data(key, Some(&v), None);
@@ -460,7 +471,9 @@ mod tests {
     fn pending_work_reads_as_the_feed_s_counts() {
         let t = changed(&table(Vec::new()), "127.0.0.1:1", |l| l.take(0, 1));
         let t = changed(&t, "127.0.0.1:2", |l| l.take(250, 1));
-        let remote = Remote { bytes: t.pending_counts(), version: None };
+        let mut value = 1_000u64.to_le_bytes().to_vec();
+        value.extend(t.pending_counts());
+        let remote = Remote { value, version: None };
         assert_eq!(remote.per_endpoint(&router(2)), vec![0, 250], "only the endpoints with work pending");
         assert_eq!(counts(&t.pending_counts()).count(), 1);
     }

@@ -116,7 +116,7 @@
 
 use std::borrow::Cow;
 
-use super::scan::{least_admitted, least_in_time, TopCache};
+use super::scan::{least_admitted, least_admitted_and_in_time, TopCache};
 use super::{PickInput, Policy};
 use crate::config::Settings;
 use crate::decision::{Decision, Reason};
@@ -491,19 +491,22 @@ impl PrefixAwarePolicy {
         let top = self.tops.top(kf, &self.addr_hashes);
         let score = |i: usize| hrw::score_hashed(kf, self.addr_hashes[i]);
         let n = self.addr_hashes.len();
-        let least = least_admitted(loads, n, guard, &top, score);
+        // With endpoints told apart as slower, the least-loaded endpoint in time for a miss too, when it is another
+        // than the least in bytes.
+        let (least, least_timed) = if input.slowdowns.is_empty() {
+            (least_admitted(loads, n, guard, &top, score), None)
+        } else {
+            least_admitted_and_in_time(loads, n, guard, &top, score, input.slowdowns, prompt as u64)
+        };
         let mut cands: Vec<usize> = Vec::with_capacity(MAX_HOLDERS + RENDEZVOUS_CANDIDATES + 2);
         if let Some(info) = plan.deepest.and_then(|h| self.index.get(h)) {
             cands.extend(info.holders.iter().filter_map(|&id| self.pos(id)));
         }
         cands.extend(top.iter().copied().filter(|&t| t != usize::MAX));
         cands.extend(least);
+        cands.extend(least_timed);
         // Work in time: the same bytes take longer on an endpoint told apart as slower (step 4).
         let timed = |work: u64, i: usize| in_time(work, input.slowdowns.get(i).copied().unwrap_or(0));
-        if !input.slowdowns.is_empty() {
-            // The least-loaded endpoint in time for a miss, when it is another than the least in bytes.
-            cands.extend(least_in_time(loads, n, guard, input.slowdowns, prompt as u64));
-        }
         cands.sort_unstable();
         cands.dedup();
         let scored: Vec<(usize, usize)> = cands

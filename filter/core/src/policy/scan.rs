@@ -7,7 +7,7 @@
 //!   [`super::prefix_aware`]) and pay for the scores once per endpoint list instead of once per request.
 //! - The least-loaded search runs on every request (the loads are a fresh snapshot): one integer rank per
 //!   endpoint and one comparison; the rendezvous score, which only breaks ties, is computed only when there is a tie.
-//!   When some endpoint prefills more slowly than the others, a second search finds the least loaded in time; it
+//!   When some endpoint prefills more slowly than the others, the same pass also finds the least loaded in time; it
 //!   scales an endpoint's work by its slowdown only when the work alone is less than the best so far.
 
 use crate::endpoint::EndpointLoad;
@@ -55,32 +55,6 @@ fn rank(l: &EndpointLoad, guard: LoadGuard) -> u64 {
     u64::from(l.pending_prefill) << RANK_OUTSTANDING_BITS | u64::from(outstanding).min((1 << RANK_OUTSTANDING_BITS) - 1)
 }
 
-/// Of `n` endpoints (`loads[i]` and `slowdowns[i]` belong to position `i`; positions past the end of `loads` are
-/// idle, past the end of `slowdowns` as fast as the fastest), the one the guard admits with the least
-/// `waiting + prompt` in time ([`in_time`]), ties to the lower position. PREFIX_AWARE's least-loaded endpoint in time,
-/// when some endpoints prefill more slowly than others.
-pub fn least_in_time(
-    loads: &[EndpointLoad],
-    n: usize,
-    guard: LoadGuard,
-    slowdowns: &[u32],
-    prompt: u64,
-) -> Option<usize> {
-    let mut best = (u64::MAX, usize::MAX);
-    for i in 0..n {
-        let l = load_at(loads, i);
-        // In time the work is at least its bytes: only an endpoint with less work than the best so far is scaled.
-        let work = u64::from(l.pending_prefill) + prompt;
-        if work < best.0 && guard.admits_load(&l) {
-            let t = in_time(work, slowdowns.get(i).copied().unwrap_or(0));
-            if t < best.0 {
-                best = (t, i);
-            }
-        }
-    }
-    (best.1 != usize::MAX).then_some(best.1)
-}
-
 /// Of `n` endpoints (`loads[i]` belongs to position `i`, positions past the end are idle), the one the guard admits
 /// with the least waiting work, then the fewest outstanding requests, then the higher score for the key (`score`
 /// of a position; `top` is the key's [`rendezvous_top`], which settles most ties without scoring). `None` when the
@@ -92,10 +66,55 @@ pub fn least_admitted(
     top: &Top,
     score: impl Fn(usize) -> u64,
 ) -> Option<usize> {
+    least_pass(loads, n, guard, top, score, |_, _| {})
+}
+
+/// [`least_admitted`], and in the same pass over the loads, of the endpoints the guard admits the one with the
+/// least `waiting + prompt` in time ([`in_time`]; `slowdowns[i]` belongs to position `i`, positions past its end are
+/// as fast as the fastest), ties to the lower position: PREFIX_AWARE's least-loaded endpoint in bytes and in time,
+/// when some endpoints prefill more slowly than others. One pass reads every endpoint's load once; a second search
+/// over the loads cost about 1 ns per endpoint more at 1,000 endpoints (BENCHMARKS.md §3).
+pub fn least_admitted_and_in_time(
+    loads: &[EndpointLoad],
+    n: usize,
+    guard: LoadGuard,
+    top: &Top,
+    score: impl Fn(usize) -> u64,
+    slowdowns: &[u32],
+    prompt: u64,
+) -> (Option<usize>, Option<usize>) {
+    let mut best = (u64::MAX, usize::MAX);
+    let least = least_pass(loads, n, guard, top, score, |i, pending| {
+        // In time the work is at least its bytes: only an endpoint with less work than the best so far is scaled.
+        let work = u64::from(pending) + prompt;
+        if work < best.0 {
+            let t = in_time(work, slowdowns.get(i).copied().unwrap_or(0));
+            if t < best.0 {
+                best = (t, i);
+            }
+        }
+    });
+    (least, (best.1 != usize::MAX).then_some(best.1))
+}
+
+/// The pass of [`least_admitted`], handing every admitted position in order, with its pending prefill work, to
+/// `admitted` as well.
+#[inline(always)]
+fn least_pass(
+    loads: &[EndpointLoad],
+    n: usize,
+    guard: LoadGuard,
+    top: &Top,
+    score: impl Fn(usize) -> u64,
+    mut admitted: impl FnMut(usize, u32),
+) -> Option<usize> {
     let mut best = (u64::MAX, usize::MAX);
     let mut tied = false;
     for (i, l) in loads.iter().take(n).enumerate() {
         let r = rank(l, guard);
+        if r != u64::MAX {
+            admitted(i, l.pending_prefill);
+        }
         if r < best.0 {
             best = (r, i);
             tied = false;
@@ -105,6 +124,11 @@ pub fn least_admitted(
     }
     if loads.len() < n {
         let r = rank(&EndpointLoad::default(), guard);
+        if r != u64::MAX {
+            for i in loads.len()..n {
+                admitted(i, 0);
+            }
+        }
         if r < best.0 {
             best = (r, loads.len());
             tied = n - loads.len() > 1;
@@ -229,7 +253,11 @@ mod tests {
                 let slowdown = u64::from(slowdowns.get(i).copied().unwrap_or(0));
                 (work + work * slowdown / 1024, i)
             });
-            assert_eq!(least_in_time(&loads, n, guard, &slowdowns, prompt), want_in_time, "case {case}");
+            assert_eq!(
+                least_admitted_and_in_time(&loads, n, guard, &top, score, &slowdowns, prompt),
+                (want_least, want_in_time),
+                "case {case}"
+            );
         }
     }
 

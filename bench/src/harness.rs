@@ -216,6 +216,9 @@ pub struct RunSettings {
     /// With the exchange, also pass each gateway the other gateways' pending prefill work (the reports' pending
     /// sections); false drops them at the feed server, so each gateway sees only its own queue.
     pub pending_exchange: bool,
+    /// With the exchange, also pass each gateway the other gateways' prefill-speed fits (the reports' fits
+    /// sections); false drops them at the feed server, so each gateway learns speeds from its own samples.
+    pub fits_exchange: bool,
     /// Feed the filter strategies from the harness's feed server even with one gateway (it always runs with
     /// several): the endpoints and each server's load, scraped every poll interval, as the controller's feed does.
     pub feed: bool,
@@ -368,6 +371,7 @@ pub async fn run_strategy(strategy: &Strategy, reqs: &[Request], s: &RunSettings
                 let f = Arc::new(FeedServer::start(serde_json::to_string(&snapshot)?).await?);
                 f.set_index_exchange(s.gateway_exchange);
                 f.set_pending_exchange(s.pending_exchange);
+                f.set_fits_exchange(s.fits_exchange);
                 let interval_ms = s.feed_interval_ms.unwrap_or_else(|| feed_interval_ms(s.sim.latency.time_scale));
                 if let Some(o) = extra.as_object_mut() {
                     o.insert(

@@ -110,6 +110,11 @@ struct Args {
     /// By default the feed server passes each gateway the others' pending work, as the controller's feed does.
     #[arg(long)]
     no_pending_exchange: bool,
+    /// With --gateways above 1, exchange index records but not the gateways' prefill-speed fits: the harness's feed
+    /// server answers like one without fits sections, so each gateway learns the servers' speeds from its own
+    /// samples only. By default the feed server passes each gateway the others' fits, as the controller's feed does.
+    #[arg(long)]
+    no_fits_exchange: bool,
     /// Feed the filter strategies from a feed server as the controller's feed would, also with one gateway: the
     /// endpoints and each server's load (waiting, running, KV usage from its /metrics), polled every 50 simulated
     /// ms, the filter's tick with a feed (10 ms wall at time scale 0.2, never under 10 ms wall), the loads scraped
@@ -258,6 +263,7 @@ async fn run(a: Args) -> anyhow::Result<()> {
         client_hop: a.client_hop,
         gateway_exchange: !a.no_gateway_exchange,
         pending_exchange: !a.no_pending_exchange,
+        fits_exchange: !a.no_fits_exchange,
         feed: a.feed,
         feed_interval_ms: a.feed_interval_ms,
         model: "sim-model".into(),

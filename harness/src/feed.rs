@@ -28,9 +28,11 @@ struct Shared {
     logs: Mutex<HashMap<String, RecordLog>>,
     /// Answer the index exchange (else 404).
     exchange: AtomicBool,
-    /// Keep and answer the gateways' pending and fits sections and say so ([`PENDING_HEADER`], [`FITS_HEADER`]);
-    /// else answer like a feed server without them (no headers, and 400 to a report that carries one).
+    /// Keep and answer the gateways' pending sections and say so ([`PENDING_HEADER`]); else answer like a feed
+    /// server without them (no header, and 400 to a report that carries one).
     pending: AtomicBool,
+    /// The same for the fits sections ([`FITS_HEADER`]).
+    fits: AtomicBool,
     /// The clock of the pending sections' freshness.
     started: Instant,
     /// Index exchange reports answered with 200.
@@ -56,6 +58,7 @@ impl FeedServer {
             logs: Mutex::new(HashMap::new()),
             exchange: AtomicBool::new(true),
             pending: AtomicBool::new(true),
+            fits: AtomicBool::new(true),
             started: Instant::now(),
             reports: AtomicU64::new(0),
         });
@@ -108,12 +111,18 @@ impl FeedServer {
         self.shared.exchange.store(on, Ordering::SeqCst);
     }
 
-    /// Takes (`true`, the default) or not the pending and fits sections, like a feed server without them: its
-    /// answers lack [`PENDING_HEADER`] and [`FITS_HEADER`] and a report with a section is refused (400), so each
-    /// gateway sees only its own pending work and learns speeds from its own samples (the records are still
-    /// exchanged).
+    /// Takes (`true`, the default) or not the pending sections, like a feed server without them: its answers lack
+    /// [`PENDING_HEADER`] and a report with one is refused (400), so each gateway sees only its own pending work
+    /// (the records, and the fits unless [`Self::set_fits_exchange`], are still exchanged).
     pub fn set_pending_exchange(&self, on: bool) {
         self.shared.pending.store(on, Ordering::SeqCst);
+    }
+
+    /// Takes (`true`, the default) or not the fits sections, like a feed server without them: its answers lack
+    /// [`FITS_HEADER`] and a report with one is refused (400), so each gateway learns the servers' speeds from its
+    /// own samples only.
+    pub fn set_fits_exchange(&self, on: bool) {
+        self.shared.fits.store(on, Ordering::SeqCst);
     }
 
     /// How many index exchange reports were answered with 200 so far.
@@ -158,8 +167,9 @@ async fn answer(State(s): State<Arc<Shared>>, method: Method, uri: Uri, headers:
         let mut logs = s.logs.lock().unwrap_or_else(|e| e.into_inner());
         let log = logs.entry(feed.to_string()).or_default();
         let takes_pending = s.pending.load(Ordering::SeqCst);
+        let takes_fits = s.fits.load(Ordering::SeqCst);
         let sections = split_report(&body);
-        if !takes_pending && (sections.pending.is_some() || sections.fits.is_some()) {
+        if (!takes_pending && sections.pending.is_some()) || (!takes_fits && sections.fits.is_some()) {
             // What a feed server without sections answers to one (its record decoder does not know the byte).
             return (StatusCode::BAD_REQUEST, "index records rejected: unknown record version").into_response();
         }
@@ -168,9 +178,10 @@ async fn answer(State(s): State<Arc<Shared>>, method: Method, uri: Uri, headers:
             Ok((records, cursor)) => {
                 s.reports.fetch_add(1, Ordering::SeqCst);
                 let mut r = ([(CURSOR_HEADER, cursor.to_string())], records).into_response();
-                if takes_pending {
-                    r.headers_mut().insert(PENDING_HEADER, axum::http::HeaderValue::from_static("1"));
-                    r.headers_mut().insert(FITS_HEADER, axum::http::HeaderValue::from_static("1"));
+                for (header, takes) in [(PENDING_HEADER, takes_pending), (FITS_HEADER, takes_fits)] {
+                    if takes {
+                        r.headers_mut().insert(header, axum::http::HeaderValue::from_static("1"));
+                    }
                 }
                 r
             }

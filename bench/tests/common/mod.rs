@@ -30,6 +30,7 @@ pub fn settings() -> RunSettings {
         client_hop: Default::default(),
         gateway_exchange: true,
         pending_exchange: true,
+        fits_exchange: true,
         feed: false,
         feed_interval_ms: None,
         model: "sim-model".into(),

@@ -26,9 +26,9 @@ struct Fleet {
 }
 
 impl Fleet {
-    /// `exchange`: the feed server keeps the index exchange (else 404); `pending`: it takes pending and fits
+    /// `exchange`: the feed server keeps the index exchange (else 404); `pending`, `fits`: it takes pending or fits
     /// sections (set before the gateways start, so none of them ever sees it take them).
-    async fn start(exchange: bool, pending: bool) -> Fleet {
+    async fn start(exchange: bool, pending: bool, fits: bool) -> Fleet {
         let upstreams = Upstream::start_many(3).await.expect("upstreams");
         let addrs: Vec<_> = upstreams.iter().map(Upstream::addr).collect();
         let snapshot = FeedSnapshot {
@@ -38,6 +38,7 @@ impl Fleet {
         let feed = FeedServer::start(serde_json::to_string(&snapshot).expect("json")).await.expect("feed");
         feed.set_index_exchange(exchange);
         feed.set_pending_exchange(pending);
+        feed.set_fits_exchange(fits);
         let plugin = json!({
             "endpoints": [], "strategy": "PREFIX_AWARE",
             "feed": {"cluster": "warmpath_feed", "path": "/v1/feed/pool", "interval_ms": INTERVAL_MS},
@@ -150,7 +151,7 @@ async fn second_turn_while_held(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_conversation_stays_on_one_endpoint_across_gateways_through_the_feed() {
-    let f = Arc::new(Fleet::start(true, true).await);
+    let f = Arc::new(Fleet::start(true, true, true).await);
     // Fillers of 400 characters: at most 1,200 waiting, well under the 9,000 a move would cost.
     let (first, second) = second_turn_through_the_other_gateway(f.clone(), "across gateways", 400, |s| {
         s.filter("index_exchange.received") >= 1
@@ -171,7 +172,7 @@ async fn a_conversation_stays_on_one_endpoint_across_gateways_through_the_feed()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_the_feeds_exchange_each_gateway_routes_on_its_own_index() {
-    let f = Arc::new(Fleet::start(false, true).await);
+    let f = Arc::new(Fleet::start(false, true, true).await);
     // Nothing to learn: wait until gateway B has polled (and been refused) a few times instead.
     // Fillers of 4,000 characters: more waiting work than the turn's new part (about 3,000), so the turn moves even
     // where B's own fillers put both idle endpoints past the load bound in B's index.
@@ -232,7 +233,7 @@ async fn second_turn_behind_the_other_gateways_work(f: Arc<Fleet>, name: &str, t
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gateway_sees_the_prefill_work_other_gateways_queued_at_an_endpoint() {
-    let f = Arc::new(Fleet::start(true, true).await);
+    let f = Arc::new(Fleet::start(true, true, true).await);
     let (first, second) = second_turn_behind_the_other_gateways_work(f.clone(), "queued elsewhere", true).await;
     assert_ne!(second, first, "the turn waited behind another gateway's work its cached part does not make up for");
     // Once the long prompts are answered, A's report says so and B's view of that endpoint empties again.
@@ -246,7 +247,7 @@ async fn a_gateway_sees_the_prefill_work_other_gateways_queued_at_an_endpoint() 
 /// by then), even while that work still waits.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_other_gateways_work_stops_counting_when_the_feed_stops() {
-    let mut f = Fleet::start(true, true).await;
+    let mut f = Fleet::start(true, true, true).await;
     f.wait_for_snapshot().await;
     for u in &f.upstreams {
         u.hold();
@@ -271,11 +272,17 @@ async fn the_other_gateways_work_stops_counting_when_the_feed_stops() {
     assert_eq!(sent.await.expect("join").0, 200);
 }
 
+/// With a feed that takes fits sections but not pending ones, a gateway sees only its own queue, and neither
+/// gateway sends a section the feed refuses.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_the_pending_sections_a_gateway_sees_only_its_own_queue() {
-    let f = Arc::new(Fleet::start(true, false).await);
+    let f = Arc::new(Fleet::start(true, false, true).await);
     let (first, second) = second_turn_behind_the_other_gateways_work(f.clone(), "queued unseen", false).await;
     assert_eq!(second, first, "gateway B moved a turn off an endpoint it saw idle");
+    for g in &f.gateways {
+        let s = g.stats().await.expect("stats");
+        assert_eq!(s.filter("feed.failures.index"), 0, "a gateway sent a section the feed refuses");
+    }
 }
 
 /// Gauge name of the learned prefill speed of `addr` as gateway stats show it.
@@ -314,7 +321,7 @@ async fn speeds_taught_through_gateway_a(f: &Fleet) -> Vec<String> {
 /// as slower.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gateway_routes_with_the_speeds_other_gateways_learned() {
-    let f = Fleet::start(true, true).await;
+    let f = Fleet::start(true, true, true).await;
     let gauges = speeds_taught_through_gateway_a(&f).await;
     // A reports its fits every FITS_REPORT_MS (1 s); B gets them with the answer to its next report.
     let s = f.stats_until(1, |s| gauges.iter().all(|g| s.filter(g) > 0)).await;
@@ -340,7 +347,7 @@ async fn a_gateway_routes_with_the_speeds_other_gateways_learned() {
 /// them (nothing renews or ages them without a feed). B, which has served nothing, reports A's speeds, then none.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gateway_configured_without_a_feed_forgets_the_speeds_other_gateways_taught() {
-    let mut f = Fleet::start(true, true).await;
+    let mut f = Fleet::start(true, true, true).await;
     let gauges = speeds_taught_through_gateway_a(&f).await;
     let s = f.stats_until(1, |s| gauges.iter().all(|g| s.filter(g) > 0)).await;
     assert!(gauges.iter().all(|g| s.filter(g) > 0), "gateway B never got A's speeds");
@@ -358,11 +365,11 @@ async fn a_gateway_configured_without_a_feed_forgets_the_speeds_other_gateways_t
     assert_eq!(status, 200);
 }
 
-/// Without the feed's fits sections, a gateway learns only from its own requests: B, which has served nothing,
-/// has no speed for any upstream while A has them all.
+/// With a feed that takes pending sections but not fits ones, a gateway learns speeds only from its own requests:
+/// B, which has served nothing, has no speed for any upstream while A has them all.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_the_fits_sections_a_gateway_learns_only_from_its_own_requests() {
-    let f = Fleet::start(true, false).await;
+    let f = Fleet::start(true, true, false).await;
     let gauges = speeds_taught_through_gateway_a(&f).await;
     // Longer than it takes B to get A's fits when the feed takes them (previous test).
     tokio::time::sleep(Duration::from_millis(3_000)).await;

@@ -214,10 +214,12 @@ pub struct RunSettings {
     /// does (`warmpath_core::exchange`); false answers the exchange with 404, as a feed server without it would.
     pub gateway_exchange: bool,
     /// With the exchange, also pass each gateway the other gateways' pending prefill work (the reports' pending
-    /// sections); false drops them at the feed server, so each gateway sees only its own queue.
+    /// sections); false makes the feed server answer like one without them, so the gateways send none and each
+    /// sees only its own queue.
     pub pending_exchange: bool,
     /// With the exchange, also pass each gateway the other gateways' prefill-speed fits (the reports' fits
-    /// sections); false drops them at the feed server, so each gateway learns speeds from its own samples.
+    /// sections); false makes the feed server answer like one without them, so the gateways send none and each
+    /// learns speeds from its own samples.
     pub fits_exchange: bool,
     /// Feed the filter strategies from the harness's feed server even with one gateway (it always runs with
     /// several): the endpoints and each server's load, scraped every poll interval, as the controller's feed does.

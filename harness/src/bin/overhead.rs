@@ -188,8 +188,6 @@ async fn main() -> Result<()> {
         Some(interval_ms) => {
             let endpoints = addrs.iter().map(|a| FeedEndpoint { address: a.to_string(), load: None }).collect();
             let server = FeedServer::start(serde_json::to_string(&FeedSnapshot { version: 1, endpoints })?).await?;
-            server.set_index_exchange(true);
-            server.set_pending_exchange(true);
             let server = Arc::new(server);
             if args.feed_loads {
                 tokio::spawn(publish_loads(Arc::downgrade(&server), addrs.clone(), Duration::from_millis(interval_ms)));

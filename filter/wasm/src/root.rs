@@ -134,6 +134,23 @@ impl FilterRoot {
         CONFIGURED.with(|c| c.borrow().get(&self.plugin).and_then(|ids| ids.last()) == Some(&self.context_id))
     }
 
+    /// Whether this root context is in force at this tick. One back in force (the newer configuration went away
+    /// while this one still serves) puts its own settings back in the plugin's router and hands the router its fits
+    /// again at this tick: the router routed with the newer configuration's meanwhile (its feed's).
+    fn note_force(&mut self) -> bool {
+        let in_force = self.in_force();
+        if in_force && !self.was_in_force {
+            if let (Some(shared), Some(settings)) = (&self.shared, &self.settings) {
+                if let Ok(mut router) = shared.router.try_borrow_mut() {
+                    router.reconfigure(settings.clone());
+                }
+            }
+            self.fits_seen = None;
+        }
+        self.was_in_force = in_force;
+        in_force
+    }
+
     /// Records this root context as its plugin's newest configuration.
     fn take_force(&self) {
         CONFIGURED.with(|c| {
@@ -280,18 +297,7 @@ impl RootContext for FilterRoot {
     }
 
     fn on_tick(&mut self) {
-        let in_force = self.in_force();
-        if in_force && !self.was_in_force {
-            // The newer configuration went away while this one still serves: its settings are in force again.
-            if let (Some(shared), Some(settings)) = (&self.shared, &self.settings) {
-                if let Ok(mut router) = shared.router.try_borrow_mut() {
-                    router.reconfigure(settings.clone());
-                }
-            }
-            // The router routed with the newer configuration's fits meanwhile (its feed's): hand it this one's.
-            self.fits_seen = None;
-        }
-        self.was_in_force = in_force;
+        let in_force = self.note_force();
         if let (Some(feed), Some(shared)) = (self.feed.as_mut(), self.shared.as_ref()) {
             if in_force {
                 feed.on_tick(now_ms(), &shared.router, &shared.exchange, &shared.metrics);
@@ -368,5 +374,21 @@ mod tests {
         old.take_force();
         assert!(old.in_force() && !newer.in_force());
         assert!(!FilterRoot::new(5).in_force(), "an unconfigured root context is never in force");
+    }
+
+    #[test]
+    fn a_configuration_back_in_force_takes_both_fits_again() {
+        let mut old = configured(11, "r");
+        assert!(old.note_force());
+        old.fits_seen = Some((Some(7), Some(9)));
+        let new = configured(12, "r");
+        assert!(!old.note_force());
+        assert_eq!(old.fits_seen, Some((Some(7), Some(9))), "a superseded configuration's tick changes nothing");
+        drop(new);
+        assert!(old.note_force());
+        assert_eq!(old.fits_seen, None, "back in force: this tick hands the router both fits, changed or not");
+        old.fits_seen = Some((Some(8), None));
+        assert!(old.note_force());
+        assert_eq!(old.fits_seen, Some((Some(8), None)), "still in force: only what changed is parsed");
     }
 }

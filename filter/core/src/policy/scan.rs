@@ -73,7 +73,7 @@ pub fn least_admitted(
 /// least `waiting + prompt` in time ([`in_time`]; `slowdowns[i]` belongs to position `i`, positions past its end are
 /// as fast as the fastest), ties to the lower position: PREFIX_AWARE's least-loaded endpoint in bytes and in time,
 /// when some endpoints prefill more slowly than others. One pass reads every endpoint's load once; a second search
-/// over the loads cost about 0.25 µs more at 1,000 endpoints (BENCHMARKS.md §3).
+/// over the loads cost about 0.2 µs more at 1,000 endpoints (BENCHMARKS.md §3).
 pub fn least_admitted_and_in_time(
     loads: &[EndpointLoad],
     n: usize,

@@ -6,33 +6,9 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use warmpath_harness::process::{alive, wait_exit, KillOnDrop};
+
 const BENCH: &str = env!("CARGO_BIN_EXE_warmpath-bench");
-
-/// Kills (SIGKILL) the bench and any Envoy it started when a test ends, passed or not.
-struct Cleanup {
-    bench: Child,
-    envoy: Option<u32>,
-}
-
-impl Drop for Cleanup {
-    fn drop(&mut self) {
-        let _ = self.bench.kill();
-        let _ = self.bench.wait();
-        if let Some(pid) = self.envoy {
-            if alive(pid) {
-                let _ = Command::new("kill").args(["-KILL", &pid.to_string()]).status();
-            }
-        }
-    }
-}
-
-/// True while `pid` exists and is not a zombie.
-fn alive(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => !stat.rsplit(')').next().is_some_and(|r| r.trim_start().starts_with('Z')),
-        Err(_) => false,
-    }
-}
 
 /// The first child of `parent` whose executable name is `envoy`, with its command line.
 fn envoy_child(parent: u32) -> Option<(u32, Vec<String>)> {
@@ -64,28 +40,17 @@ fn bench(args: &[&str], out: &Path) -> Child {
         .expect("spawning warmpath-bench")
 }
 
-fn wait_exit(child: &mut Child, timeout: Duration) -> Option<std::process::ExitStatus> {
-    let start = Instant::now();
-    while start.elapsed() < timeout {
-        if let Some(s) = child.try_wait().unwrap() {
-            return Some(s);
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    None
-}
-
 /// Runs the bench with `args` (a tiny workload, so a run that is wrongly accepted still ends), expects it to fail
 /// within 60 s, and returns its stderr.
 fn refused(args: &[&str]) -> String {
     let out = tempfile::tempdir().unwrap();
     let mut all = vec!["--requests", "2", "--max-wall-s", "2", "--time-scale", "0.01"];
     all.extend_from_slice(args);
-    let mut guard = Cleanup { bench: bench(&all, out.path()), envoy: None };
-    let status = wait_exit(&mut guard.bench, Duration::from_secs(60));
+    let mut guard = KillOnDrop::new(bench(&all, out.path()));
+    let status = wait_exit(&mut guard.child, Duration::from_secs(60));
     let mut stderr = String::new();
     if status.is_some() {
-        std::io::Read::read_to_string(guard.bench.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+        std::io::Read::read_to_string(guard.child.stderr.as_mut().unwrap(), &mut stderr).unwrap();
     }
     let status = status.unwrap_or_else(|| panic!("warmpath-bench {args:?} still running after 60 s"));
     assert!(!status.success(), "warmpath-bench {args:?} succeeded; stderr:\n{stderr}");
@@ -139,14 +104,14 @@ fn sigterm_stops_envoy_and_removes_its_directory() {
         "--max-wall-s",
         "60",
     ];
-    let mut guard = Cleanup { bench: bench(&args, out.path()), envoy: None };
+    let mut guard = KillOnDrop::new(bench(&args, out.path()));
     let start = Instant::now();
     let cmdline = loop {
-        if let Some((pid, cmdline)) = envoy_child(guard.bench.id()) {
+        if let Some((pid, cmdline)) = envoy_child(guard.child.id()) {
             guard.envoy = Some(pid);
             break cmdline;
         }
-        assert!(guard.bench.try_wait().unwrap().is_none(), "warmpath-bench exited before starting Envoy");
+        assert!(guard.child.try_wait().unwrap().is_none(), "warmpath-bench exited before starting Envoy");
         assert!(start.elapsed() < Duration::from_secs(60), "no Envoy child after 60 s");
         std::thread::sleep(Duration::from_millis(100));
     };
@@ -156,10 +121,10 @@ fn sigterm_stops_envoy_and_removes_its_directory() {
     // Let the run get going (Envoy ready, requests flowing) so the signal lands mid-run.
     std::thread::sleep(Duration::from_secs(2));
 
-    let sent = Command::new("kill").args(["-TERM", &guard.bench.id().to_string()]).status().unwrap();
+    let sent = Command::new("kill").args(["-TERM", &guard.child.id().to_string()]).status().unwrap();
     assert!(sent.success(), "kill -TERM failed");
     let status =
-        wait_exit(&mut guard.bench, Duration::from_secs(15)).expect("warmpath-bench running 15 s after SIGTERM");
+        wait_exit(&mut guard.child, Duration::from_secs(15)).expect("warmpath-bench running 15 s after SIGTERM");
     let start = Instant::now();
     while alive(envoy) && start.elapsed() < Duration::from_secs(10) {
         std::thread::sleep(Duration::from_millis(50));
@@ -187,10 +152,10 @@ fn runs_repeat_the_comparison_and_the_table_shows_each_columns_range() {
         "20",
         "--check",
     ];
-    let mut guard = Cleanup { bench: bench(&args, out.path()), envoy: None };
-    let status = wait_exit(&mut guard.bench, Duration::from_secs(60)).expect("warmpath-bench --runs 2 within 60 s");
+    let mut guard = KillOnDrop::new(bench(&args, out.path()));
+    let status = wait_exit(&mut guard.child, Duration::from_secs(60)).expect("warmpath-bench --runs 2 within 60 s");
     let mut stderr = String::new();
-    std::io::Read::read_to_string(guard.bench.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+    std::io::Read::read_to_string(guard.child.stderr.as_mut().unwrap(), &mut stderr).unwrap();
     assert!(status.success(), "{stderr}");
     for k in ["run1", "run2"] {
         assert!(out.path().join(k).join("summary.csv").exists(), "{k}/summary.csv missing; stderr:\n{stderr}");

@@ -3,23 +3,16 @@
 //! a feed file. Every loop is bounded in count and time; the child is killed on drop.
 
 use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::routing::get;
 use warmpath_core::feed::FeedSnapshot;
-
-struct Proc(Child);
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+use warmpath_harness::process::KillOnDrop;
 
 /// Starts `warmpath-controller feed ARGS` and returns it with its feed URL.
-fn start(args: &[&str]) -> (Proc, String) {
+fn start(args: &[&str]) -> (KillOnDrop, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_warmpath-controller"))
         .arg("feed")
         .args(args)
@@ -28,7 +21,7 @@ fn start(args: &[&str]) -> (Proc, String) {
         .spawn()
         .unwrap();
     let stdout = child.stdout.take().unwrap();
-    let proc = Proc(child);
+    let proc = KillOnDrop::new(child);
     let mut line = String::new();
     BufReader::new(stdout).read_line(&mut line).unwrap();
     let url = line

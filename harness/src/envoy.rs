@@ -185,9 +185,8 @@ impl EnvoyProcess {
                     return Ok(());
                 }
             }
-            // A dead process never becomes ready: report its log instead of timing out.
-            // (try_wait needs &mut; probe via /proc instead.)
-            if !Path::new(&format!("/proc/{}", self.child.id())).exists() || self.is_zombie() {
+            // A dead process never becomes ready: report its log instead of timing out (try_wait needs &mut).
+            if !crate::process::alive(self.child.id()) {
                 bail!("envoy exited before becoming ready; log:\n{}", self.log());
             }
             if start.elapsed() > timeout {
@@ -195,12 +194,6 @@ impl EnvoyProcess {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-    }
-
-    fn is_zombie(&self) -> bool {
-        std::fs::read_to_string(format!("/proc/{}/stat", self.child.id()))
-            .map(|s| s.rsplit(')').next().map(|r| r.trim_start().starts_with('Z')).unwrap_or(false))
-            .unwrap_or(true)
     }
 
     /// All counters and gauges from the admin `/stats` endpoint.

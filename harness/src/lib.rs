@@ -8,7 +8,9 @@
 //! - [`Upstream`] is a local model-server stand-in that records every request it got and can hold requests;
 //! - [`FeedServer`] serves an endpoint/load snapshot for the filter's feed poller;
 //! - [`timing`] reads Envoy's own timing of each request (how long the proxy held it);
-//! - [`cpu`] reads the CPU time of a process tree and how busy the machine was, for the benchmarks.
+//! - [`cpu`] reads the CPU time of a process tree and how busy the machine was, for the benchmarks;
+//! - [`process`] tells whether a process still runs, waits for one's exit with a deadline, and kills what a test
+//!   started when it ends.
 //!
 //! Everything binds to 127.0.0.1 only.
 
@@ -17,6 +19,7 @@ pub mod cpu;
 mod envoy;
 mod feed;
 mod paths;
+pub mod process;
 mod stats;
 pub mod timing;
 mod upstream;

@@ -7,35 +7,10 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use warmpath_harness::process::{alive, wait_exit, KillOnDrop};
 use warmpath_harness::{filter_wasm, free_port, start_on_picked_ports};
 
 const LAUNCHER: &str = env!("CARGO_BIN_EXE_warmpath-envoy");
-
-/// Kills (SIGKILL) the launcher and any Envoy it started when a test ends, passed or not.
-struct Cleanup {
-    launcher: Child,
-    envoy: Option<u32>,
-}
-
-impl Drop for Cleanup {
-    fn drop(&mut self) {
-        let _ = self.launcher.kill();
-        let _ = self.launcher.wait();
-        if let Some(pid) = self.envoy {
-            if alive(pid) {
-                let _ = Command::new("kill").args(["-KILL", &pid.to_string()]).status();
-            }
-        }
-    }
-}
-
-/// True while `pid` exists and is not a zombie.
-fn alive(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => !stat.rsplit(')').next().is_some_and(|r| r.trim_start().starts_with('Z')),
-        Err(_) => false,
-    }
-}
 
 /// Pids whose command line mentions `needle` (the launcher's unique bootstrap path).
 fn pids_with_arg(needle: &str) -> Vec<u32> {
@@ -72,17 +47,6 @@ fn launch(out: &Path, plugin_config: &str, admin_port: u16, upstream_port: u16) 
         .expect("spawning warmpath-envoy")
 }
 
-fn wait_exit(child: &mut Child, timeout: Duration) -> Option<std::process::ExitStatus> {
-    let start = Instant::now();
-    while start.elapsed() < timeout {
-        if let Some(s) = child.try_wait().unwrap() {
-            return Some(s);
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    None
-}
-
 #[tokio::test]
 async fn sigterm_to_the_launcher_stops_envoy() {
     // A bound but never-accepting socket stands in for the model server: only the admin port is exercised.
@@ -92,23 +56,22 @@ async fn sigterm_to_the_launcher_stops_envoy() {
     let (mut guard, _out) = start_on_picked_ports(|| {
         let out = tempfile::tempdir()?;
         let admin_port = free_port()?;
-        let mut guard =
-            Cleanup { launcher: launch(out.path(), "{}", admin_port, upstream.local_addr()?.port()), envoy: None };
+        let mut guard = KillOnDrop::new(launch(out.path(), "{}", admin_port, upstream.local_addr()?.port()));
         let bootstrap = out.path().join("envoy.yaml").to_string_lossy().into_owned();
         let http = http.clone();
         Ok(async move {
             let start = Instant::now();
             loop {
                 if guard.envoy.is_none() {
-                    guard.envoy = pids_with_arg(&bootstrap).into_iter().find(|p| *p != guard.launcher.id());
+                    guard.envoy = pids_with_arg(&bootstrap).into_iter().find(|p| *p != guard.child.id());
                 }
                 let ready = http.get(format!("http://127.0.0.1:{admin_port}/ready")).send().await;
                 if guard.envoy.is_some() && ready.is_ok_and(|r| r.status().is_success()) {
                     return Ok((guard, out));
                 }
-                if guard.launcher.try_wait()?.is_some() {
+                if guard.child.try_wait()?.is_some() {
                     let mut stderr = String::new();
-                    std::io::Read::read_to_string(guard.launcher.stderr.as_mut().expect("piped"), &mut stderr)?;
+                    std::io::Read::read_to_string(guard.child.stderr.as_mut().expect("piped"), &mut stderr)?;
                     anyhow::bail!("launcher exited before Envoy was ready:\n{stderr}");
                 }
                 anyhow::ensure!(start.elapsed() < Duration::from_secs(30), "Envoy not ready after 30 s");
@@ -120,10 +83,10 @@ async fn sigterm_to_the_launcher_stops_envoy() {
     .expect("Envoy started by the launcher");
     let envoy = guard.envoy.unwrap();
 
-    let sent = Command::new("kill").args(["-TERM", &guard.launcher.id().to_string()]).status().unwrap();
+    let sent = Command::new("kill").args(["-TERM", &guard.child.id().to_string()]).status().unwrap();
     assert!(sent.success(), "kill -TERM failed");
     let status =
-        wait_exit(&mut guard.launcher, Duration::from_secs(10)).expect("launcher still running 10 s after SIGTERM");
+        wait_exit(&mut guard.child, Duration::from_secs(10)).expect("launcher still running 10 s after SIGTERM");
     let start = Instant::now();
     while alive(envoy) && start.elapsed() < Duration::from_secs(10) {
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -136,21 +99,18 @@ async fn sigterm_to_the_launcher_stops_envoy() {
 fn bad_plugin_config_is_refused_before_envoy_starts() {
     let upstream = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let out = tempfile::tempdir().unwrap();
-    let mut guard = Cleanup {
-        launcher: launch(
-            out.path(),
-            r#"{"prefix_length": 10}"#,
-            free_port().unwrap(),
-            upstream.local_addr().unwrap().port(),
-        ),
-        envoy: None,
-    };
-    let status = wait_exit(&mut guard.launcher, Duration::from_secs(20));
+    let mut guard = KillOnDrop::new(launch(
+        out.path(),
+        r#"{"prefix_length": 10}"#,
+        free_port().unwrap(),
+        upstream.local_addr().unwrap().port(),
+    ));
+    let status = wait_exit(&mut guard.child, Duration::from_secs(20));
     let bootstrap = out.path().join("envoy.yaml").to_string_lossy().into_owned();
-    guard.envoy = pids_with_arg(&bootstrap).into_iter().find(|p| *p != guard.launcher.id());
+    guard.envoy = pids_with_arg(&bootstrap).into_iter().find(|p| *p != guard.child.id());
     let status = status.expect("launcher still running 20 s after being given a bad prefix_length");
     let mut stderr = String::new();
-    std::io::Read::read_to_string(guard.launcher.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+    std::io::Read::read_to_string(guard.child.stderr.as_mut().unwrap(), &mut stderr).unwrap();
     assert!(!status.success(), "launcher succeeded with a bad prefix_length; stderr:\n{stderr}");
     assert!(stderr.contains("`prefix_length` = 10 is out of range"), "stderr:\n{stderr}");
     assert_eq!(stderr.lines().filter(|l| !l.trim().is_empty()).count(), 1, "one-line error expected:\n{stderr}");

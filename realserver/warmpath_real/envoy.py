@@ -11,12 +11,10 @@ import json
 import os
 import subprocess
 import tempfile
-import time
-import urllib.error
 import urllib.request
 from pathlib import Path
 
-from .servers import REPO, _die_with_parent, free_port
+from .servers import REPO, _die_with_parent, free_port, log_tail, wait_http_ready
 
 ENVOY = REPO / ".venv" / "bin" / "envoy"
 #: The plugin configuration shipped with the filter (defaults for prefix_length, block_size, guards).
@@ -69,7 +67,8 @@ class Envoy:
             cwd=REPO, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
             preexec_fn=_die_with_parent)
         try:
-            self._wait_ready(30.0)
+            wait_http_ready(self.proc, "envoy", f"http://127.0.0.1:{self.admin_port}/ready", lambda _: True, 30.0,
+                            self.log_tail)
         except BaseException:
             self.close()
             raise
@@ -78,20 +77,6 @@ class Envoy:
     def url(self) -> str:
         """OpenAI base URL through Envoy."""
         return f"http://127.0.0.1:{self.port}/v1"
-
-    def _wait_ready(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"envoy exited ({self.proc.returncode}); log:\n{self.log_tail()}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.admin_port}/ready", timeout=2) as r:
-                    if r.status == 200:
-                        return
-            except (urllib.error.URLError, OSError):
-                pass
-            time.sleep(0.2)
-        raise RuntimeError(f"envoy not ready after {timeout_s} s; log:\n{self.log_tail()}")
 
     def stats(self, prefix: str = "wasmcustom.warmpath") -> dict[str, int]:
         """Counters and gauges from the admin `/stats` whose name starts with `prefix` (name → integer value)."""
@@ -105,10 +90,7 @@ class Envoy:
 
     def log_tail(self, lines: int = 20) -> str:
         """The last lines of Envoy's log."""
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
+        return log_tail(self.log_path, lines)
 
     def close(self) -> None:
         """Kills Envoy and removes its working directory; idempotent."""

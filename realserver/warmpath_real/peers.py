@@ -14,12 +14,9 @@ import json
 import shutil
 import subprocess
 import tempfile
-import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
-from .servers import REPO, _die_with_parent, free_port
+from .servers import REPO, _die_with_parent, free_port, log_tail, wait_http_ready
 
 #: Strategy label → (executable, arguments before the common ones).
 PEERS = {
@@ -67,7 +64,8 @@ class PeerRouter:
             env={"NO_COLOR": "1", "PATH": str(REPO / ".venv" / "bin") + ":/usr/bin:/bin"},
             preexec_fn=_die_with_parent)
         try:
-            self._wait_ready(ready_timeout_s)
+            wait_http_ready(self.proc, self.strategy, f"http://127.0.0.1:{self.port}/v1/models",
+                            lambda body: bool(json.loads(body or b"{}").get("data")), ready_timeout_s, self.log_tail)
         except BaseException:
             self.close()
             raise
@@ -77,30 +75,13 @@ class PeerRouter:
         """OpenAI base URL through the router."""
         return f"http://127.0.0.1:{self.port}/v1"
 
-    def _wait_ready(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.strategy} exited ({self.proc.returncode}); log:\n{self.log_tail()}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/v1/models", timeout=2) as r:
-                    if r.status == 200 and json.loads(r.read() or b"{}").get("data"):
-                        return
-            except (urllib.error.URLError, OSError, ValueError):
-                pass
-            time.sleep(0.2)
-        raise RuntimeError(f"{self.strategy} not ready after {timeout_s} s; log:\n{self.log_tail()}")
-
     def stats(self) -> dict[str, int]:
         """No filter counters behind a peer router."""
         return {}
 
     def log_tail(self, lines: int = 20) -> str:
         """The last lines of the router's log."""
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
+        return log_tail(self.log_path, lines)
 
     def close(self) -> None:
         """Kills the router (by its pid) and removes its directory; idempotent."""

@@ -29,6 +29,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -110,6 +111,34 @@ def _die_with_parent() -> None:
         pass
 
 
+def log_tail(path: Path, lines: int) -> str:
+    """The last `lines` lines of the log at `path` ("" when it cannot be read)."""
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def wait_http_ready(proc: subprocess.Popen, what: str, url: str, ready: Callable[[bytes], bool],
+                    timeout_s: float, tail: Callable[[], str]) -> None:
+    """Polls `url` every 0.2 s until it answers 200 with a body `ready` accepts.
+
+    Raises `RuntimeError` with `tail()` (the process's log tail) when `proc` exits first or `timeout_s` passes.
+    """
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited ({proc.returncode}); log:\n{tail()}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                if r.status == 200 and ready(r.read()):
+                    return
+        except (urllib.error.URLError, OSError, ValueError):
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"{what} not ready after {timeout_s} s; log:\n{tail()}")
+
+
 def _describe_exit(code: int) -> str:
     if code < 0:
         try:
@@ -159,10 +188,7 @@ class LlamaServer:
 
     def log_tail(self, lines: int = 8) -> str:
         """The last `lines` lines of the server's log (stdout and stderr)."""
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
+        return log_tail(self.log_path, lines)
 
     def wait_ready(self, timeout_s: float = 120.0) -> None:
         """Waits until `/health` answers 200 (model loaded).

@@ -10,39 +10,13 @@
 //! `cargo bench -p warmpath-core --bench decision -- --warm-up-time 1 --measurement-time 3`
 
 use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use serde_json::{json, Value};
 use warmpath_core::prefill_rate::PrefillFits;
 use warmpath_core::{extract_key, EndpointLoad, PrefixHashes, Router, Settings};
 
+mod chat_body;
+use chat_body::{body, dom_extract};
+
 const CHAT: &str = "/v1/chat/completions";
-
-/// A chat body of about `size` bytes: a system prompt, then user/assistant turns.
-fn body(size: usize, seed: u64) -> Vec<u8> {
-    let mut msgs = vec![
-        json!({"role": "system", "content": "You are a helpful assistant. Answer briefly and cite sources. ".repeat(8)}),
-    ];
-    let mut i = 0u64;
-    while serde_json::to_vec(&json!({"model": "m", "messages": msgs})).unwrap().len() < size {
-        let role = if i & 1 == 0 { "user" } else { "assistant" };
-        let text: String = (0..60).map(|w| format!("w{}x{} ", (seed + i) * 7 + w, w % 13)).collect();
-        msgs.push(json!({"role": role, "content": text}));
-        i += 1;
-    }
-    serde_json::to_vec(&json!({"model": "m", "stream": true, "max_tokens": 256, "messages": msgs})).unwrap()
-}
-
-/// The baseline: parse the whole body into a DOM, then build the same text the core extracts.
-fn dom_extract(body: &[u8], limit: usize) -> String {
-    let v: Value = serde_json::from_slice(body).unwrap();
-    let mut text = String::new();
-    for m in v["messages"].as_array().unwrap() {
-        text.push_str(m["role"].as_str().unwrap_or(""));
-        text.push('\u{1f}');
-        text.push_str(m["content"].as_str().unwrap_or(""));
-        text.push('\u{1e}');
-    }
-    text.chars().take(limit).collect()
-}
 
 fn settings() -> Settings {
     Settings { endpoints: (0..8).map(|i| format!("10.0.0.{i}:8000")).collect(), ..Settings::default() }

@@ -8,39 +8,13 @@
 
 use std::hint::black_box;
 
-use serde_json::{json, Value};
 use warmpath_core::{extract_key, EndpointLoad, PrefixHashes, Router, Settings, Strategy};
 
+#[path = "../benches/chat_body/mod.rs"]
+mod chat_body;
+use chat_body::{body, dom_extract};
+
 const CHAT: &str = "/v1/chat/completions";
-
-/// Same body shape as benches/decision.rs: a system prompt, then user/assistant turns, about `size` bytes.
-fn body(size: usize, seed: u64) -> Vec<u8> {
-    let mut msgs = vec![
-        json!({"role": "system", "content": "You are a helpful assistant. Answer briefly and cite sources. ".repeat(8)}),
-    ];
-    let mut i = 0u64;
-    let mut len = 0;
-    while len < size {
-        let role = if i & 1 == 0 { "user" } else { "assistant" };
-        let text: String = (0..60).map(|w| format!("w{}x{} ", (seed + i) * 7 + w, w % 13)).collect();
-        len += text.len() + 32;
-        msgs.push(json!({"role": role, "content": text}));
-        i += 1;
-    }
-    serde_json::to_vec(&json!({"model": "m", "stream": true, "max_tokens": 256, "messages": msgs})).unwrap()
-}
-
-fn dom_extract(body: &[u8], limit: usize) -> String {
-    let v: Value = serde_json::from_slice(body).unwrap();
-    let mut text = String::new();
-    for m in v["messages"].as_array().unwrap() {
-        text.push_str(m["role"].as_str().unwrap_or(""));
-        text.push('\u{1f}');
-        text.push_str(m["content"].as_str().unwrap_or(""));
-        text.push('\u{1e}');
-    }
-    text.chars().take(limit).collect()
-}
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();

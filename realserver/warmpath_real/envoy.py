@@ -14,7 +14,7 @@ import tempfile
 import urllib.request
 from pathlib import Path
 
-from .servers import REPO, _die_with_parent, free_port, log_tail, wait_http_ready
+from .servers import REPO, _die_with_parent, free_port, log_tail, stop, wait_http_ready
 
 ENVOY = REPO / ".venv" / "bin" / "envoy"
 #: The plugin configuration shipped with the filter (defaults for prefix_length, block_size, guards).
@@ -94,13 +94,7 @@ class Envoy:
 
     def close(self) -> None:
         """Kills Envoy and removes its working directory; idempotent."""
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop(self.proc)
         self._log.close()
         self._dir.cleanup()
 

@@ -16,7 +16,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from .servers import REPO, _die_with_parent, free_port, log_tail, wait_http_ready
+from .servers import REPO, _die_with_parent, free_port, log_tail, stop, wait_http_ready
 
 #: Strategy label → (executable, arguments before the common ones).
 PEERS = {
@@ -84,10 +84,8 @@ class PeerRouter:
         return log_tail(self.log_path, lines)
 
     def close(self) -> None:
-        """Kills the router (by its pid) and removes its directory; idempotent."""
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
+        """Stops the router (by its pid) and removes its directory; idempotent."""
+        stop(self.proc)
         self._log.close()
         self._dir.cleanup()
 

@@ -139,6 +139,17 @@ def wait_http_ready(proc: subprocess.Popen, what: str, url: str, ready: Callable
     raise RuntimeError(f"{what} not ready after {timeout_s} s; log:\n{tail()}")
 
 
+def stop(proc: subprocess.Popen) -> None:
+    """Stops `proc` by its pid: SIGTERM, then SIGKILL after 5 s; nothing when it has already exited."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 def _describe_exit(code: int) -> str:
     if code < 0:
         try:
@@ -229,13 +240,7 @@ class LlamaServer:
 
     def close(self) -> None:
         """SIGTERM, then SIGKILL after 5 s; idempotent."""
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop(self.proc)
         self._log.close()
         if self._own_dir is not None:
             self._own_dir.cleanup()

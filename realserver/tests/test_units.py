@@ -1,11 +1,18 @@
 """Fast tests of the real-server tooling that need no server: metric names, workload shape, parsing helpers."""
-from pathlib import Path
+import http.server
+import json
 import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
 
 from warmpath_real import metrics, workload
 from warmpath_real.client import parse_decision
 from warmpath_real.compare import parse_variant, percentile
-from warmpath_real.servers import ServerSpec, _cannot_run
+from warmpath_real.servers import ServerSpec, _cannot_run, log_tail, stop, wait_http_ready
 
 FIXTURE = Path(__file__).resolve().parents[1] / "testdata" / "llamacpp-metrics.prom"
 
@@ -136,7 +143,6 @@ def _fake_binary(tmp_path, body):
 
 
 def test_sigill_at_start_is_cannot_run(tmp_path):
-    import pytest
     from warmpath_real.servers import LlamaServer, ServerCannotRun
 
     spec = ServerSpec(model=tmp_path / "m.gguf", binary=_fake_binary(tmp_path, "echo loading; kill -ILL $$"))
@@ -146,7 +152,6 @@ def test_sigill_at_start_is_cannot_run(tmp_path):
 
 
 def test_ordinary_start_failure_is_not_a_skip(tmp_path):
-    import pytest
     from warmpath_real.servers import LlamaServer, ServerCannotRun
 
     spec = ServerSpec(model=tmp_path / "m.gguf", binary=_fake_binary(tmp_path, "echo 'error: failed to load model'; exit 1"))
@@ -165,3 +170,44 @@ def test_peer_routers_listen_on_loopback_with_cache_aware():
                          "--policy": "cache_aware"}, a
         assert "http://127.0.0.1:9002" in a
     assert peer_args("SMG_CACHE_AWARE", 1, 2, [])[0] == "launch"
+
+
+def test_readiness_probe_and_stop(tmp_path):
+    log = tmp_path / "p.log"
+    log.write_text("".join(f"line {i}\n" for i in range(30)))
+    assert log_tail(log, 2) == "line 28\nline 29"
+    assert log_tail(tmp_path / "absent.log", 5) == ""
+
+    # A process that exits before it is ready: the error names it and carries its log tail.
+    failed = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+    with pytest.raises(RuntimeError, match=r"(?s)probe exited \(3\).*line 29"):
+        wait_http_ready(failed, "probe", "http://127.0.0.1:9/", lambda _: True, 10.0, lambda: log_tail(log, 1))
+
+    # Ready only once the probe's body says so; a server that never says so times out with the tail.
+    bodies = iter([b"{}", b'{"data": [1]}'])
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = next(bodies, b'{"data": [1]}')
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/v1/models"
+    running = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        wait_http_ready(running, "router", url, lambda b: bool(json.loads(b).get("data")), 10.0,
+                        lambda: "")
+        assert next(bodies, None) is None, "ready only after the second answer"
+        with pytest.raises(RuntimeError, match="router not ready after 0.5 s"):
+            wait_http_ready(running, "router", url, lambda _: False, 0.5, lambda: "")
+    finally:
+        server.shutdown()
+        stop(running)
+    assert running.returncode == -signal.SIGTERM, "stopped by SIGTERM"
+    stop(running)  # already stopped: nothing to do

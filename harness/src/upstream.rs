@@ -1,6 +1,6 @@
 //! A local stand-in for a model server: answers every request with a small OpenAI-style JSON body naming itself,
 //! records what it received (bodies of any size: no server-side body limit, unlike axum's default 2 MB, so body
-//! limits seen in tests are Envoy's), and can hold requests (to build up in-flight load) or delay them, stream its
+//! limits seen in tests are Envoy's, unless a test sets one), and can hold requests (to build up in-flight load) or delay them, stream its
 //! answer as server-sent events one token at a time (as a model server streams a completion), and be killed
 //! (listener closed, every open connection dropped mid-request, like a crashed process) and restarted on the
 //! same address.
@@ -51,6 +51,9 @@ struct Shared {
     /// Streamed answers: events per answer (0: one JSON body) and the pause before each, µs.
     stream_events: AtomicUsize,
     stream_gap_us: AtomicU64,
+    /// With a value above 0: a request declaring a longer body gets 413 without its body being read (see
+    /// [`Upstream::set_body_limit`]).
+    body_limit: AtomicU64,
 }
 
 /// A running upstream on 127.0.0.1; the server task is aborted on drop.
@@ -90,11 +93,9 @@ impl Upstream {
             active: AtomicUsize::new(0),
             stream_events: AtomicUsize::new(0),
             stream_gap_us: AtomicU64::new(0),
+            body_limit: AtomicU64::new(0),
         });
-        let app = axum::Router::new()
-            .fallback(handle)
-            .layer(axum::extract::DefaultBodyLimit::disable())
-            .with_state(shared.clone());
+        let app = app(shared.clone());
         let task = tokio::spawn(serve(listener, app));
         Ok(Upstream { shared, task: Mutex::new(Some(task)) })
     }
@@ -117,10 +118,7 @@ impl Upstream {
             return Ok(());
         }
         let listener = tokio::net::TcpListener::bind(self.shared.addr).await?;
-        let app = axum::Router::new()
-            .fallback(handle)
-            .layer(axum::extract::DefaultBodyLimit::disable())
-            .with_state(self.shared.clone());
+        let app = app(self.shared.clone());
         let task = tokio::spawn(serve(listener, app));
         if let Ok(mut t) = self.task.lock() {
             *t = Some(task);
@@ -183,6 +181,13 @@ impl Upstream {
         self.shared.stream_events.store(events, Ordering::SeqCst);
     }
 
+    /// From now on refuses a request whose `content-length` is above `bytes` (0 turns it off) as a server with an
+    /// upload limit does: it answers 413 at once, leaves the body unread and closes the connection, so a proxy still
+    /// sending the body usually sees the connection reset before the answer.
+    pub fn set_body_limit(&self, bytes: u64) {
+        self.shared.body_limit.store(bytes, Ordering::SeqCst);
+    }
+
     /// Holds every request (arrived ones and new ones) until [`Self::release`].
     pub fn hold(&self) {
         self.shared.hold.send_replace(true);
@@ -199,6 +204,31 @@ impl Drop for Upstream {
         self.release();
         self.kill();
     }
+}
+
+/// The upstream's routes: every request goes to [`handle`], after the upload limit ([`refuse_oversized`]).
+fn app(shared: Arc<Shared>) -> axum::Router {
+    axum::Router::new()
+        .fallback(handle)
+        .layer(axum::middleware::from_fn_with_state(shared.clone(), refuse_oversized))
+        .layer(axum::extract::DefaultBodyLimit::disable())
+        .with_state(shared)
+}
+
+/// Answers 413 to a request declaring a body longer than the limit of [`Upstream::set_body_limit`], before its body
+/// is read; the request is not recorded.
+async fn refuse_oversized(
+    State(s): State<Arc<Shared>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let limit = s.body_limit.load(Ordering::SeqCst);
+    let declared =
+        request.headers().get(axum::http::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    if limit > 0 && declared.is_some_and(|len| len > limit) {
+        return (axum::http::StatusCode::PAYLOAD_TOO_LARGE, "request body too large").into_response();
+    }
+    next.run(request).await
 }
 
 async fn handle(

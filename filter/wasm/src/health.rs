@@ -155,9 +155,10 @@ fn property_u64(path: &[&str]) -> Option<u64> {
 }
 
 /// Learns from a stream that ended on the endpoint `picked` (from the log callback): reads the upstream host, the
-/// status, the attempt count and the code details, classifies ([`crate::outcome`]) and records a failure (back-off)
-/// or a success (clear) in the shared table. Returns the outcome for the metrics.
-pub fn learn(picked: &str, now_ms: u64) -> Outcome {
+/// status, the attempt count and the code details, classifies ([`crate::outcome`]; `oversized`: the request's body
+/// was larger than `max_body_bytes`) and records a failure (back-off) or a success (clear) in the shared table.
+/// Returns the outcome for the metrics.
+pub fn learn(picked: &str, now_ms: u64, oversized: bool) -> Outcome {
     let upstream = property_text(&["upstream", "address"]);
     let details = property_text(&["response", "code_details"]);
     let observed = Observed {
@@ -166,6 +167,7 @@ pub fn learn(picked: &str, now_ms: u64) -> Outcome {
         status: property_u64(&["response", "code"]).and_then(|c| u16::try_from(c).ok()),
         attempts: property_u64(&["upstream", "request_attempt_count"]),
         details: details.as_deref(),
+        oversized,
     };
     let outcome = classify(&observed);
     match outcome {

@@ -26,7 +26,8 @@ mod metric {
     /// Picks that landed on an endpoint in back-off and went to the least-loaded endpoint that is up instead.
     pub const PICKS_AVOIDED_DOWN: &str = "warmpath.picks_avoided_down";
     /// Requests whose picked endpoint failed them before answering (connect failure, reset, 502/503/504, or a
-    /// retry elsewhere): each starts or extends that endpoint's back-off.
+    /// retry elsewhere; an oversized upload's reset or retry is not one, `outcome::classify`): each starts or
+    /// extends that endpoint's back-off.
     pub const ENDPOINT_FAILURES: &str = "warmpath.endpoint_failures";
     /// Requests Envoy sent to another host on the only attempt: the pick was not honoured (not a cluster member).
     pub const PICKS_NOT_HONOURED: &str = "warmpath.picks_not_honoured";
@@ -357,7 +358,9 @@ impl HttpContext for FilterHttp {
         // destination.
         self.read_headers();
         let mode = match (&self.shared, self.params) {
-            (Some(_), Some(p)) if p.strategy != Strategy::PrefixAware => Mode::Keyless,
+            (Some(_), Some(p)) if p.strategy != Strategy::PrefixAware => {
+                Mode::Keyless { max_body_bytes: p.max_body_bytes, content_length: self.content_length }
+            }
             (Some(_), Some(p)) => Mode::Body { max_body_bytes: p.max_body_bytes, content_length: self.content_length },
             _ => Mode::PassThrough,
         };
@@ -385,7 +388,7 @@ impl HttpContext for FilterHttp {
             // This request probes an endpoint whose back-off expired: its answer decides at once, so the requests
             // waiting out the probe window need not wait for the end of a long (streamed) response.
             if let Some(address) = self.stream.slot() {
-                health::learn(address, now_ms());
+                health::learn(address, now_ms(), self.stream.oversized());
             }
         }
         if let Some(d) = self.debug.take() {
@@ -417,7 +420,7 @@ impl HttpContext for FilterHttp {
         // Runs once for every stream that ends — finished, reset by either side, or aborted by the client.
         let Some(ended) = self.stream.on_end() else { return };
         if let Some(address) = &ended.slot {
-            let outcome = health::learn(address, now_ms());
+            let outcome = health::learn(address, now_ms(), ended.oversized);
             if let Some(shared) = &self.shared {
                 match outcome {
                     Outcome::Failed => shared.metrics.count(metric::ENDPOINT_FAILURES, 1),

@@ -27,6 +27,8 @@ pub struct Observed<'a> {
     pub attempts: Option<u64>,
     /// `response.code_details`.
     pub details: Option<&'a str>,
+    /// The request's body was larger than the filter holds (`max_body_bytes`).
+    pub oversized: bool,
 }
 
 /// How the pick fared.
@@ -44,8 +46,22 @@ pub enum Outcome {
 }
 
 /// Classifies an ended stream.
+///
+/// An oversized upload that failed without an answer from the picked endpoint (a reset before the response, or a
+/// retry elsewhere after one) is not counted against it: a server refusing an upload too large for it answers and
+/// closes the connection while the body still streams, so Envoy sees a reset, and any client can send such uploads
+/// to push healthy endpoints into back-off. An unavailable status the endpoint itself answered still counts.
 pub fn classify(o: &Observed<'_>) -> Outcome {
     let reset_before_response = o.details.is_some_and(|d| d.starts_with(RESET_BEFORE_RESPONSE));
+    let answered_by_pick = o.upstream == Some(o.picked) && !reset_before_response;
+    match observed_outcome(o, reset_before_response) {
+        Outcome::Failed if o.oversized && !answered_by_pick => Outcome::Unknown,
+        outcome => outcome,
+    }
+}
+
+/// [`classify`] whatever the request's size.
+fn observed_outcome(o: &Observed<'_>, reset_before_response: bool) -> Outcome {
     match o.upstream {
         Some(u) if u == o.picked => {
             if reset_before_response || o.status.is_some_and(|s| UNAVAILABLE_STATUSES.contains(&s)) {
@@ -80,7 +96,7 @@ mod tests {
         attempts: Option<u64>,
         details: Option<&'static str>,
     ) -> Outcome {
-        classify(&Observed { picked: PICK, upstream, status, attempts, details })
+        classify(&Observed { picked: PICK, upstream, status, attempts, details, oversized: false })
     }
 
     #[test]
@@ -104,6 +120,23 @@ mod tests {
         assert_eq!(observed(Some("127.0.0.1:8002"), Some(200), Some(2), Some("via_upstream")), Outcome::Failed);
         assert_eq!(observed(Some("127.0.0.1:8002"), Some(200), Some(1), Some("via_upstream")), Outcome::NotHonoured);
         assert_eq!(observed(Some("127.0.0.1:8002"), Some(200), None, None), Outcome::NotHonoured);
+    }
+
+    #[test]
+    fn an_oversized_upload_cut_short_teaches_nothing_but_an_answer_still_does() {
+        let reset = Some("upstream_reset_before_response_started{connection_termination}");
+        let oversized = |upstream, status, attempts, details| {
+            classify(&Observed { picked: PICK, upstream, status, attempts, details, oversized: true })
+        };
+        assert_eq!(oversized(Some(PICK), Some(503), Some(1), reset), Outcome::Unknown, "a reset mid-upload");
+        assert_eq!(oversized(None, Some(503), None, reset), Outcome::Unknown);
+        assert_eq!(oversized(Some("127.0.0.1:8002"), Some(413), Some(2), Some("via_upstream")), Outcome::Unknown);
+        assert_eq!(oversized(Some(PICK), Some(503), Some(1), Some("via_upstream")), Outcome::Failed, "its own 503");
+        assert_eq!(oversized(Some(PICK), Some(413), Some(1), Some("via_upstream")), Outcome::Succeeded);
+        assert_eq!(oversized(Some("127.0.0.1:8002"), Some(200), Some(1), None), Outcome::NotHonoured);
+        // The same streams with a body the filter holds.
+        assert_eq!(observed(Some(PICK), Some(503), Some(1), reset), Outcome::Failed);
+        assert_eq!(observed(Some("127.0.0.1:8002"), Some(413), Some(2), Some("via_upstream")), Outcome::Failed);
     }
 
     #[test]

@@ -8,6 +8,9 @@
 //! end-of-stream body), or routes at once when there is no body or the body (declared or buffered) outgrows
 //! `max_body_bytes`.
 //!
+//! Either way the stream notes a body larger than `max_body_bytes` (declared, buffered or streamed through): an upload
+//! of that size that fails teaches nothing about its endpoint ([`Ended::oversized`]).
+//!
 //! Response side (the points later work hooks into): [`Stream::on_response_headers`] (status known),
 //! [`Stream::on_response_body`] reporting the first body byte once, and [`Stream::on_end`], which runs once for every
 //! stream that ends — finished, reset by either side, aborted — and hands back the slot to release.
@@ -18,7 +21,12 @@ pub enum Mode {
     /// Not ours (another instance's upstream cluster) or no router: nothing to route, nothing held.
     PassThrough,
     /// The strategy ignores the body (RANDOM, LEAST_OUTSTANDING_REQUESTS): route at header time.
-    Keyless,
+    Keyless {
+        /// The largest body the filter would hold, in bytes: a larger one is an oversized upload.
+        max_body_bytes: usize,
+        /// The request's `content-length`, when it sent a valid one (bytes).
+        content_length: Option<u64>,
+    },
     /// The strategy reads the body (PREFIX_AWARE): buffer up to `max_body_bytes`, then route.
     Body {
         /// The largest body that is buffered and parsed, in bytes.
@@ -85,6 +93,12 @@ pub struct Stream {
     /// until the first response body byte or the end of the stream, whichever comes first.
     pending: Option<(String, u32)>,
     ended: bool,
+    /// The body size past which an upload that streams through unbuffered is oversized (`None`: not counted).
+    upload_limit: Option<usize>,
+    /// Bytes of the body that streamed through unbuffered so far.
+    uploaded: u64,
+    /// The body is larger than `max_body_bytes`: declared so, or seen so while buffered or streaming through.
+    oversized: bool,
 }
 
 /// What [`Stream::on_end`] hands back, once.
@@ -96,6 +110,10 @@ pub struct Ended {
     pub status: Option<u16>,
     /// True if any response body byte reached the filter.
     pub first_byte: bool,
+    /// The request's body was larger than `max_body_bytes`. A server that refuses an upload of that size answers
+    /// and closes the connection while the body still streams, which Envoy sees as a reset before the answer, and
+    /// any client can send one: so such a request's failure is not counted against its endpoint (`outcome`).
+    pub oversized: bool,
 }
 
 impl Default for Stream {
@@ -107,7 +125,17 @@ impl Default for Stream {
 impl Stream {
     /// A stream whose request headers have not arrived.
     pub fn new() -> Self {
-        Stream { phase: Phase::Start, slot: None, status: None, first_byte: false, pending: None, ended: false }
+        Stream {
+            phase: Phase::Start,
+            slot: None,
+            status: None,
+            first_byte: false,
+            pending: None,
+            ended: false,
+            upload_limit: None,
+            uploaded: 0,
+            oversized: false,
+        }
     }
 
     /// The request headers arrived; `end_of_stream` means there is no body.
@@ -118,13 +146,18 @@ impl Stream {
         self.phase = Phase::Done;
         match mode {
             Mode::PassThrough => Step::Continue,
-            Mode::Keyless => Step::Route(RouteOn::Keyless),
+            Mode::Keyless { max_body_bytes, content_length } => {
+                self.upload_limit = Some(max_body_bytes);
+                self.oversized = content_length.is_some_and(|len| len > max_body_bytes as u64);
+                Step::Route(RouteOn::Keyless)
+            }
             Mode::Body { .. } if end_of_stream => Step::Route(RouteOn::NoBody),
             // A body declared larger than the filter reads is never held. Holding even its first `max_body_bytes`
             // risks a 413 plain Envoy would not send: while a filter buffers, Envoy appends each chunk it read to
             // the held body before the filter sees it, and a loaded Envoy can read megabytes in one chunk, pushing
             // the held body over the listener's buffer limit.
             Mode::Body { max_body_bytes, content_length: Some(len) } if len > max_body_bytes as u64 => {
+                self.oversized = true;
                 Step::Route(RouteOn::BodyTooLarge)
             }
             Mode::Body { max_body_bytes, .. } => {
@@ -135,12 +168,20 @@ impl Stream {
         }
     }
 
-    /// A request body chunk arrived; `buffered` is the size buffered so far.
+    /// A request body chunk arrived; `buffered` is the size buffered so far while the request is held, else the
+    /// chunk's own size (Envoy hands a filter that lets the stream go on each chunk alone).
     pub fn on_request_body(&mut self, buffered: usize, end_of_stream: bool) -> Step {
-        let Phase::WaitingForBody { max_body_bytes } = self.phase else { return Step::Continue };
+        let Phase::WaitingForBody { max_body_bytes } = self.phase else {
+            if let Some(limit) = self.upload_limit {
+                self.uploaded = self.uploaded.saturating_add(buffered as u64);
+                self.oversized |= self.uploaded > limit as u64;
+            }
+            return Step::Continue;
+        };
         if buffered > max_body_bytes {
             // Stop buffering here: the body goes on unparsed.
             self.phase = Phase::Done;
+            self.oversized = true;
             return Step::Route(RouteOn::BodyTooLarge);
         }
         if !end_of_stream {
@@ -215,7 +256,17 @@ impl Stream {
         }
         self.ended = true;
         self.phase = Phase::Done;
-        Some(Ended { slot: self.slot.take(), status: self.status, first_byte: self.first_byte })
+        Some(Ended {
+            slot: self.slot.take(),
+            status: self.status,
+            first_byte: self.first_byte,
+            oversized: self.oversized,
+        })
+    }
+
+    /// The request's body is larger than `max_body_bytes`, as far as seen so far ([`Ended::oversized`]).
+    pub fn oversized(&self) -> bool {
+        self.oversized
     }
 }
 
@@ -224,11 +275,12 @@ mod tests {
     use super::*;
 
     const BODY: Mode = Mode::Body { max_body_bytes: 100, content_length: None };
+    const KEYLESS: Mode = Mode::Keyless { max_body_bytes: 100, content_length: None };
 
     #[test]
     fn keyless_routes_at_header_time_and_ignores_the_body() {
         let mut s = Stream::new();
-        assert_eq!(s.on_request_headers(Mode::Keyless, false), Step::Route(RouteOn::Keyless));
+        assert_eq!(s.on_request_headers(KEYLESS, false), Step::Route(RouteOn::Keyless));
         assert_eq!(s.on_request_body(10, true), Step::Continue);
         assert_eq!(s.on_request_trailers(), Step::Continue);
     }
@@ -239,7 +291,7 @@ mod tests {
         assert_eq!(s.on_request_headers(Mode::PassThrough, false), Step::Continue);
         assert_eq!(s.on_request_body(10, false), Step::Continue);
         assert_eq!(s.on_request_body(20, true), Step::Continue);
-        assert_eq!(s.on_end(), Some(Ended { slot: None, status: None, first_byte: false }));
+        assert_eq!(s.on_end(), Some(Ended { slot: None, status: None, first_byte: false, oversized: false }));
     }
 
     #[test]
@@ -286,6 +338,44 @@ mod tests {
     }
 
     #[test]
+    fn an_upload_over_the_limit_is_oversized_however_it_shows() {
+        let ended = |s: &mut Stream| s.on_end().expect("end").oversized;
+        // Declared larger, held and outgrowing the limit, or neither.
+        let mut s = Stream::new();
+        s.on_request_headers(Mode::Body { max_body_bytes: 100, content_length: Some(101) }, false);
+        assert!(s.oversized() && ended(&mut s));
+        let mut s = Stream::new();
+        s.on_request_headers(BODY, false);
+        assert!(!s.oversized(), "not known before the body");
+        s.on_request_body(101, false);
+        assert!(ended(&mut s));
+        let mut s = Stream::new();
+        s.on_request_headers(BODY, false);
+        s.on_request_body(100, true);
+        assert!(!ended(&mut s), "a body the filter holds whole");
+        // A body-blind strategy: declared larger, or streamed through larger chunk by chunk.
+        let mut s = Stream::new();
+        s.on_request_headers(Mode::Keyless { max_body_bytes: 100, content_length: Some(101) }, false);
+        assert!(ended(&mut s));
+        let mut s = Stream::new();
+        s.on_request_headers(KEYLESS, false);
+        s.on_request_body(60, false);
+        assert!(!s.oversized());
+        s.on_request_body(41, true);
+        assert!(ended(&mut s), "101 bytes streamed through");
+        let mut s = Stream::new();
+        s.on_request_headers(KEYLESS, false);
+        s.on_request_body(60, false);
+        s.on_request_body(40, true);
+        assert!(!ended(&mut s), "100 bytes: within the limit");
+        // A stream that is not ours counts nothing.
+        let mut s = Stream::new();
+        s.on_request_headers(Mode::PassThrough, false);
+        s.on_request_body(1000, true);
+        assert!(!ended(&mut s));
+    }
+
+    #[test]
     fn trailers_end_a_held_body() {
         let mut s = Stream::new();
         assert_eq!(s.on_request_headers(BODY, false), Step::Pause);
@@ -297,7 +387,7 @@ mod tests {
     #[test]
     fn the_slot_is_released_exactly_once() {
         let mut s = Stream::new();
-        s.on_request_headers(Mode::Keyless, true);
+        s.on_request_headers(KEYLESS, true);
         s.took_slot("10.0.0.1:80".into());
         s.took_slot("10.0.0.2:80".into());
         assert_eq!(s.slot(), Some("10.0.0.1:80"), "the first slot is the one held");
@@ -315,7 +405,7 @@ mod tests {
         assert_eq!(s.on_request_body(5, true), Step::Route(RouteOn::Body { len: 5 }));
         s.took_slot("10.0.0.1:80".into());
         let end = s.on_end().expect("end");
-        assert_eq!(end, Ended { slot: Some("10.0.0.1:80".into()), status: None, first_byte: false });
+        assert_eq!(end, Ended { slot: Some("10.0.0.1:80".into()), status: None, first_byte: false, oversized: false });
     }
 
     #[test]
@@ -330,7 +420,7 @@ mod tests {
     #[test]
     fn response_side_reports_status_and_the_first_byte_once() {
         let mut s = Stream::new();
-        s.on_request_headers(Mode::Keyless, true);
+        s.on_request_headers(KEYLESS, true);
         s.took_slot("10.0.0.1:80".into());
         s.on_response_headers(Some(200));
         s.on_response_headers(Some(500));

@@ -263,3 +263,55 @@ async fn a_drained_endpoint_finishes_its_requests_and_gets_no_new_ones() {
     assert_eq!(failed, 0, "requests failed while draining");
     assert_eq!(new_on_drained, 0, "the drained endpoint still got new requests");
 }
+
+/// An upload a server refuses says nothing about the server: it answers 413 and closes the connection while the body
+/// still streams, which Envoy usually sees as a reset before the answer (503 to the client, or a retry elsewhere).
+/// The filter learns an endpoint's health only from requests whose body it would hold (`max_body_bytes`), so a
+/// client sending such uploads does not mark healthy endpoints down; the next ordinary request still goes to its
+/// pick. Every upload is sent once (no client retry) and bounded in size and time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uploads_a_server_refuses_do_not_mark_it_down() {
+    for strategy in ["PREFIX_AWARE", "LEAST_OUTSTANDING_REQUESTS"] {
+        let rig = Rig::start(3, json!({"strategy": strategy, "max_body_bytes": 65536})).await;
+        rig.upstreams.iter().for_each(|u| u.set_body_limit(128 * 1024));
+        let upload = vec![b'x'; 4 << 20];
+        let mut outcomes = Vec::new();
+        for _ in 0..12 {
+            let sent = rig
+                .client
+                .post(format!("{}/v1/chat/completions", rig.envoy.url()))
+                .header("content-type", "application/json")
+                .body(upload.clone())
+                .send()
+                .await;
+            outcomes.push(match sent {
+                Ok(r) => r.status().as_u16().to_string(),
+                Err(e) => format!("transport error: {e}"),
+            });
+        }
+        let stats = rig.envoy.stats().await.expect("stats");
+        eprintln!("[{strategy}] uploads: {outcomes:?}; endpoint_failures={}", stats.filter("endpoint_failures"));
+        assert!(
+            outcomes.iter().all(|o| o != "200"),
+            "[{strategy}] an upload over the servers' limit was served: {outcomes:?}"
+        );
+        // The case this test is about: Envoy saw at least one upload cut short rather than the server's 413.
+        assert!(outcomes.iter().any(|o| o != "413"), "[{strategy}] every upload got the server's 413: {outcomes:?}");
+        assert_eq!(
+            stats.filter("endpoint_failures"),
+            0,
+            "[{strategy}] refused uploads marked endpoints down: {outcomes:?}"
+        );
+        // Ordinary requests afterwards go where the filter picks: no endpoint was backed off.
+        for i in 0..6 {
+            let reply = rig.chat(&prompt(&format!("after the uploads {i}"), 200)).await;
+            assert_eq!(reply.status, 200, "[{strategy}] {reply:?}");
+            assert!(
+                !reply.upstream.is_empty() && reply.decision.starts_with(&reply.upstream),
+                "[{strategy}] the pick was not served: {reply:?}"
+            );
+        }
+        let stats = rig.envoy.stats().await.expect("stats");
+        assert_eq!(stats.filter("picks_avoided_down"), 0, "[{strategy}] a pick avoided an endpoint marked down");
+    }
+}

@@ -23,16 +23,16 @@ struct Cli {
 #[derive(clap::Args, Clone)]
 struct Common {
     /// Data-plane provider: auto (from each GatewayClass's controllerName), envoy-gateway, istio.
-    #[arg(long, env = "WARMPATH_PROVIDER", default_value = "auto")]
-    provider: String,
+    #[arg(long, env = "WARMPATH_PROVIDER", default_value = "auto", value_parser = parse_provider)]
+    provider: ProviderArg,
     /// Service through which gateways reach the controller (wasm module and feed).
-    #[arg(long, env = "WARMPATH_SERVICE", default_value = "warmpath-controller")]
+    #[arg(long, env = "WARMPATH_SERVICE", default_value = "warmpath-controller", value_parser = parse_service)]
     service: String,
     /// Namespace of that Service (in a pod: the downward-API POD_NAMESPACE).
-    #[arg(long, env = "POD_NAMESPACE", default_value = "warmpath-system")]
+    #[arg(long, env = "POD_NAMESPACE", default_value = "warmpath-system", value_parser = parse_namespace)]
     namespace: String,
     /// Service port of the controller's HTTP server.
-    #[arg(long, env = "WARMPATH_SERVICE_PORT", default_value_t = 8080)]
+    #[arg(long, env = "WARMPATH_SERVICE_PORT", default_value_t = 8080, value_parser = clap::value_parser!(u16).range(1..))]
     service_port: u16,
     /// The cluster's DNS domain: every Service name is rendered as `<svc>.<ns>.svc.<domain>`.
     #[arg(long, env = "WARMPATH_CLUSTER_DOMAIN", default_value = warmpath_controller::render::DEFAULT_CLUSTER_DOMAIN, value_parser = parse_cluster_domain)]
@@ -45,6 +45,26 @@ struct Common {
 
 fn parse_cluster_domain(s: &str) -> Result<String, String> {
     warmpath_controller::render::validate_cluster_domain(s).map(|()| s.to_string())
+}
+
+/// `--provider` as parsed (`None`: auto). A plain `Option` field would tell clap the flag is optional instead.
+#[derive(Clone, Copy)]
+struct ProviderArg(Option<Provider>);
+
+fn parse_provider(s: &str) -> Result<ProviderArg, String> {
+    Provider::parse(s).map(ProviderArg)
+}
+
+fn parse_feed_key(s: &str) -> Result<String, String> {
+    warmpath_controller::render::validate_feed_key(s).map(|()| s.to_string())
+}
+
+fn parse_namespace(s: &str) -> Result<String, String> {
+    warmpath_controller::render::validate_namespace(s).map(|()| s.to_string())
+}
+
+fn parse_service(s: &str) -> Result<String, String> {
+    warmpath_controller::render::validate_service_name(s).map(|()| s.to_string())
 }
 
 impl Common {
@@ -145,7 +165,7 @@ enum Cmd {
         #[arg(long, default_value = "127.0.0.1:0")]
         listen: SocketAddr,
         /// Feed key: `policy/<namespace>/<name>` or `httproute/<namespace>/<name>`.
-        #[arg(long, default_value = "policy/default/local")]
+        #[arg(long, default_value = "policy/default/local", value_parser = parse_feed_key)]
         key: String,
         /// Endpoints `IP:port` (comma-separated); each is scraped at `--metrics-path`.
         #[arg(long, value_delimiter = ',', conflicts_with = "file", required_unless_present = "file")]
@@ -174,7 +194,7 @@ fn main() -> anyhow::Result<()> {
         Cmd::Run { common, wasm_file, http_addr, metrics_addr, cache_warming, lease } => {
             rt.block_on(warmpath_controller::run::run(warmpath_controller::run::RunArgs {
                 controller: common.controller(),
-                provider: common.provider,
+                provider: common.provider.0,
                 xds_name_scheme: common.envoy_gateway_xds_name_scheme,
                 wasm_file,
                 http_addr,
@@ -214,7 +234,7 @@ async fn cleanup(
         Duration::from_secs(timeout_seconds),
     )
     .await?;
-    let config = ControllerConfig { provider: Provider::parse(&common.provider), ..ControllerConfig::default() };
+    let config = ControllerConfig { provider: common.provider.0, ..ControllerConfig::default() };
     let report = cleanup::remove_all(&warmpath_controller::reconcile::Context::new(client, config)).await?;
     // The Lease is the controller's runtime object, not the chart's: nobody else deletes it.
     elector.delete().await?;
@@ -275,7 +295,7 @@ async fn render(
     };
     let controller = common.controller();
     let config = ControllerConfig {
-        provider: Provider::parse(&common.provider),
+        provider: common.provider.0,
         wasm: WasmModule { url: format!("http://{}:{}{}", controller.host(), controller.port, path), sha256 },
         controller,
         xds_name_scheme: common.envoy_gateway_xds_name_scheme,

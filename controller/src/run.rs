@@ -25,8 +25,8 @@ use crate::render::{ControllerEndpoint, Provider, WasmModule, XdsNameScheme};
 /// Settings of `run` (command-line flags; the Helm chart fills them from values).
 #[derive(Clone, Debug)]
 pub struct RunArgs {
-    /// `auto`, `envoy-gateway` or `istio`.
-    pub provider: String,
+    /// The data-plane provider (`None`: from each GatewayClass's controllerName).
+    pub provider: Option<Provider>,
     /// How Envoy Gateway names its xDS resources.
     pub xds_name_scheme: XdsNameScheme,
     /// The wasm filter module served to gateways.
@@ -58,7 +58,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let blob = WasmBlob::new(bytes);
     let controller = args.controller.clone();
     let config = ControllerConfig {
-        provider: Provider::parse(&args.provider),
+        provider: args.provider,
         wasm: WasmModule {
             url: format!("http://{}:{}{}", controller.host(), controller.port, blob.path()),
             sha256: blob.sha256.clone(),

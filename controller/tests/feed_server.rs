@@ -105,3 +105,22 @@ async fn serves_a_feed_file_and_keeps_the_last_good_snapshot() {
     tokio::time::sleep(Duration::from_millis(400)).await;
     assert_eq!(get_snapshot(&url).await, s2);
 }
+
+/// A key the controller would never serve (another kind, a missing part, a namespace that is no DNS label) is
+/// refused before the server starts, instead of printing a URL that answers 404.
+#[test]
+fn a_key_of_another_form_is_refused() {
+    for key in ["bogus", "policy/onlyns", "route/ns/name", "policy/Bad_NS/name", "httproute/ns/", "policy/ns/a/b"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_warmpath-controller"))
+            .args(["feed", "--endpoints", "127.0.0.1:9", "--key", key])
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && out.stdout.is_empty(), "--key {key} started a server:\n{stderr}");
+        assert!(
+            stderr.contains("is not policy/<namespace>/<name> or httproute/<namespace>/<name>"),
+            "--key {key}: {stderr}"
+        );
+    }
+}

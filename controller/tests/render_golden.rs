@@ -286,6 +286,39 @@ fn render_uses_the_configured_cluster_domain() {
     );
 }
 
+/// The settings rendered into the controller's own URLs and the provider are checked before anything is rendered:
+/// an unknown provider, a namespace or Service name that is no DNS label, and port 0 are refused with a message
+/// naming the flag, where they used to render as `auto`, `http://Bad_Name!.warmpath-system...` or `...:0/wasm/`.
+#[test]
+fn render_refuses_settings_that_cannot_be_rendered() {
+    let case = Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/render/istio-annotated.yaml");
+    for (extra, want) in [
+        (&["--provider", "foo"][..], "unknown provider \"foo\": expected auto, envoy-gateway or istio"),
+        (&["--namespace", ""][..], "namespace \"\" is not a DNS label"),
+        (&["--namespace", "Prod"][..], "namespace \"Prod\" is not a DNS label"),
+        (&["--service", "Bad_Name!"][..], "service name \"Bad_Name!\" is not a DNS label"),
+        (&["--service", "9controller"][..], "service name \"9controller\" is not a DNS label starting with a letter"),
+        (&["--service-port", "0"][..], "--service-port"),
+    ] {
+        let out = render_with(&case, extra);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && out.stdout.is_empty(), "{extra:?} rendered:\n{stderr}");
+        assert!(stderr.contains(want), "{extra:?}: {want:?} missing from:\n{stderr}");
+    }
+    // Each provider name, and valid names, still render.
+    for extra in [
+        &["--provider", "auto"][..],
+        &["--provider", "istio"],
+        &["--namespace", "ai-gateway", "--service", "warmpath", "--service-port", "9443"],
+    ] {
+        let out = render_with(&case, extra);
+        assert!(out.status.success(), "{extra:?}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    let out = render_with(&case, &["--namespace", "ai-gateway", "--service", "warmpath", "--service-port", "9443"]);
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert!(stdout.contains("http://warmpath.ai-gateway.svc.cluster.local:9443/wasm/"), "{stdout}");
+}
+
 /// Envoy Gateway's `XDSNameSchemeV2` names: the `EnvoyPatchPolicy` patches the xDS listener and route
 /// configuration of port 80 as `tcp-80` and `http-80`, where v1 (the default) names both after the Gateway's
 /// listener. The binary takes the scheme as `--envoy-gateway-xds-name-scheme` and refuses anything but v1 and v2.

@@ -52,7 +52,7 @@ use warmpath_envoy_config as envoy_config;
 use warmpath_envoy_config::type_url::{CLUSTER, LISTENER, ROUTE_CONFIGURATION};
 
 use crate::foreign;
-use crate::routing::{FeedTarget, RoutingIntent, DESTINATION_HEADER};
+use crate::routing::{FeedTarget, RoutingIntent, DESTINATION_HEADER, FEED_KIND_HTTPROUTE, FEED_KIND_POLICY};
 
 /// Label on every rendered object: the controller manages it.
 pub const LABEL_MANAGED_BY: &str = "app.kubernetes.io/managed-by";
@@ -80,12 +80,16 @@ impl Provider {
             _ => None,
         }
     }
-    /// Parses the Helm value `provider` (`envoy-gateway` | `istio`); `auto` and others → `None`.
-    pub fn parse(s: &str) -> Option<Self> {
+    /// Parses the setting `provider` (Helm value, `--provider`): `auto` (from each GatewayClass's controllerName) →
+    /// `None`, `envoy-gateway`, `istio`.
+    ///
+    /// Errors: any other value, with a message naming the three.
+    pub fn parse(s: &str) -> Result<Option<Self>, String> {
         match s {
-            "envoy-gateway" | "envoygateway" => Some(Self::EnvoyGateway),
-            "istio" => Some(Self::Istio),
-            _ => None,
+            "auto" => Ok(None),
+            "envoy-gateway" => Ok(Some(Self::EnvoyGateway)),
+            "istio" => Ok(Some(Self::Istio)),
+            _ => Err(format!("unknown provider {s:?}: expected auto, envoy-gateway or istio")),
         }
     }
 }
@@ -213,18 +217,66 @@ impl ControllerEndpoint {
     }
 }
 
+/// True for an RFC 1123 DNS label: 1–63 lower-case letters, digits and `-`, not starting or ending with `-` (what
+/// Kubernetes requires of a namespace's name and of each label of a DNS name).
+fn is_dns_label(l: &str) -> bool {
+    !l.is_empty()
+        && l.len() <= 63
+        && l.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !l.starts_with('-')
+        && !l.ends_with('-')
+}
+
+/// Checks a namespace's name (an RFC 1123 DNS label).
+///
+/// Errors: a message naming the value and what is expected.
+pub fn validate_namespace(namespace: &str) -> Result<(), String> {
+    if is_dns_label(namespace) {
+        Ok(())
+    } else {
+        Err(format!("namespace {namespace:?} is not a DNS label (1-63 lower-case letters, digits and '-')"))
+    }
+}
+
+/// Checks a Service's name (an RFC 1035 DNS label: an RFC 1123 label that starts with a letter), which the
+/// controller renders into its own URLs.
+///
+/// Errors: a message naming the value and what is expected.
+pub fn validate_service_name(service: &str) -> Result<(), String> {
+    if is_dns_label(service) && service.starts_with(|c: char| c.is_ascii_lowercase()) {
+        Ok(())
+    } else {
+        Err(format!(
+            "service name {service:?} is not a DNS label starting with a letter (1-63 lower-case letters, digits and '-')"
+        ))
+    }
+}
+
+/// Checks a feed key given by hand (the standalone feed server's `--key`): a kind of [`crate::routing::feed_key`], a namespace
+/// that is a DNS label and a non-empty name, separated by `/`.
+///
+/// Errors: a message naming the key and the expected form.
+pub fn validate_feed_key(key: &str) -> Result<(), String> {
+    let parts: Vec<&str> = key.split('/').collect();
+    match parts[..] {
+        [kind, namespace, name]
+            if [FEED_KIND_POLICY, FEED_KIND_HTTPROUTE].contains(&kind)
+                && validate_namespace(namespace).is_ok()
+                && !name.is_empty() =>
+        {
+            Ok(())
+        }
+        _ => Err(format!(
+            "feed key {key:?} is not {FEED_KIND_POLICY}/<namespace>/<name> or {FEED_KIND_HTTPROUTE}/<namespace>/<name>"
+        )),
+    }
+}
+
 /// Checks a cluster domain: a DNS name of lower-case labels (RFC 1123), without a leading or trailing dot.
 ///
 /// Errors: a message naming the value and what is expected.
 pub fn validate_cluster_domain(domain: &str) -> Result<(), String> {
-    let label_ok = |l: &str| {
-        !l.is_empty()
-            && l.len() <= 63
-            && l.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-            && !l.starts_with('-')
-            && !l.ends_with('-')
-    };
-    if domain.len() <= 253 && domain.split('.').all(label_ok) {
+    if domain.len() <= 253 && domain.split('.').all(is_dns_label) {
         Ok(())
     } else {
         Err(format!(
@@ -308,9 +360,9 @@ impl Owner {
     /// Short kind used in feed keys and object names: `policy` or `httproute`.
     pub fn short_kind(&self) -> &'static str {
         if self.kind == "HTTPRoute" {
-            "httproute"
+            FEED_KIND_HTTPROUTE
         } else {
-            "policy"
+            FEED_KIND_POLICY
         }
     }
 }

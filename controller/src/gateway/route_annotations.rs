@@ -23,7 +23,7 @@ use super::source::Source;
 use super::{program, route_status, unknown_annotations};
 use crate::reconcile::{finalizers, Context, ControllerConfig};
 use crate::render::Owner;
-use crate::routing::{feed_key, feed_path, RoutingIntent};
+use crate::routing::{feed_key, feed_path, RoutingIntent, FEED_KIND_HTTPROUTE};
 use crate::{Error, Result};
 
 /// Finalizer on annotated HTTPRoutes the controller has programmed.
@@ -117,7 +117,7 @@ pub enum RoutePlan {
 /// Decides what an annotated `route` programs. Reads only; API errors propagate.
 pub async fn plan(route: &HttpRoute, src: Source<'_>, config: &ControllerConfig, now: &Time) -> Result<RoutePlan> {
     let owner = owner_of(route)?;
-    let key = feed_key("httproute", &owner.namespace, &owner.name);
+    let key = feed_key(FEED_KIND_HTTPROUTE, &owner.namespace, &owner.name);
     // Precedence: a policy targeting this route wins over its annotations.
     let policies = src.policies(&owner.namespace).await?;
     if let Some(p) = winner(&policies, &owner.name) {
@@ -146,7 +146,7 @@ pub async fn plan(route: &HttpRoute, src: Source<'_>, config: &ControllerConfig,
 async fn apply(route: &HttpRoute, ctx: &Context, unknown: Option<&str>) -> Result<Action> {
     let owner = owner_of(route)?;
     let now = Time(k8s_openapi::jiff::Timestamp::now());
-    let key = feed_key("httproute", &owner.namespace, &owner.name);
+    let key = feed_key(FEED_KIND_HTTPROUTE, &owner.namespace, &owner.name);
     let (strategy, out) = match plan(route, Source::Api(&ctx.client), &ctx.config, &now).await? {
         RoutePlan::Overridden { policy } => {
             let removed = program::sweep(ctx, &owner.uid, &BTreeSet::new()).await?;
@@ -243,7 +243,7 @@ pub fn outcome_event(
 async fn cleanup(route: &HttpRoute, ctx: &Context) -> Result<Action> {
     let owner = owner_of(route)?;
     let removed = program::sweep(ctx, &owner.uid, &BTreeSet::new()).await?;
-    ctx.remove_feed(&feed_key("httproute", &owner.namespace, &owner.name));
+    ctx.remove_feed(&feed_key(FEED_KIND_HTTPROUTE, &owner.namespace, &owner.name));
     if removed > 0 {
         publish(ctx, route, EventType::Normal, "CleanedUp", format!("deleted {removed} object(s)")).await;
     }

@@ -206,6 +206,11 @@ impl FeedTarget {
     }
 }
 
+/// The feed kind of an `InferenceRoutingPolicy` ([`feed_key`]).
+pub const FEED_KIND_POLICY: &str = "policy";
+/// The feed kind of an HTTPRoute with warmpath annotations ([`feed_key`]).
+pub const FEED_KIND_HTTPROUTE: &str = "httproute";
+
 /// Feed key (also the store key) of an owner: `policy/<namespace>/<name>` for an
 /// `InferenceRoutingPolicy`, `httproute/<namespace>/<name>` for an annotated HTTPRoute.
 pub fn feed_key(kind: &str, namespace: &str, name: &str) -> String {
@@ -291,8 +296,11 @@ mod tests {
             ..spec("PREFIX_AWARE")
         })
         .unwrap();
-        let feed =
-            FeedTarget { cluster: "c".into(), path: feed_path(&feed_key("policy", "ns", "p")), interval_ms: 500 };
+        let feed = FeedTarget {
+            cluster: "c".into(),
+            path: feed_path(&feed_key(FEED_KIND_POLICY, "ns", "p")),
+            interval_ms: 500,
+        };
         let cfg = intent.plugin_config(&feed, &["outbound|8000||vllm.llm.svc.cluster.local".into()]).unwrap();
         let s = Settings::from_json(cfg.to_string().as_bytes()).unwrap();
         assert_eq!((s.prefix_length, s.concurrency_threshold, s.tenant_header.as_str()), (4096, 8, "x-tenant"));

@@ -21,7 +21,7 @@ use crate::conditions::reason;
 use crate::crd::routing_policy::{InferenceRoutingPolicy, InferenceRoutingPolicyStatus, PolicyAncestorStatus};
 use crate::reconcile::{finalizers, Context, ControllerConfig, FeedSource};
 use crate::render::Owner;
-use crate::routing::{feed_key, feed_path, RoutingIntent};
+use crate::routing::{feed_key, feed_path, RoutingIntent, FEED_KIND_POLICY};
 use crate::{Error, Result};
 
 /// Finalizer on every policy the controller has programmed.
@@ -117,7 +117,7 @@ pub async fn plan(
 ) -> Result<PolicyPlan> {
     let owner = owner_of(policy)?;
     let generation = policy.metadata.generation;
-    let key = feed_key("policy", &owner.namespace, &owner.name);
+    let key = feed_key(FEED_KIND_POLICY, &owner.namespace, &owner.name);
     let path = feed_path(&key);
     let mut ancestors: Vec<PolicyAncestorStatus> = vec![];
     let targets: BTreeSet<String> = policy.spec.target_refs.iter().map(|t| t.name.clone()).collect();
@@ -201,7 +201,7 @@ pub async fn plan(
 
 async fn apply(policy: &InferenceRoutingPolicy, ctx: &Context) -> Result<Action> {
     let owner = owner_of(policy)?;
-    let key = feed_key("policy", &owner.namespace, &owner.name);
+    let key = feed_key(FEED_KIND_POLICY, &owner.namespace, &owner.name);
     let (generation, now) = (policy.metadata.generation, now());
     let (objects, mut ancestors, feed, path) = match plan(policy, Source::Api(&ctx.client), &ctx.config, &now).await? {
         PolicyPlan::Invalid { ancestors } => {
@@ -230,7 +230,7 @@ async fn apply(policy: &InferenceRoutingPolicy, ctx: &Context) -> Result<Action>
 async fn cleanup(policy: &InferenceRoutingPolicy, ctx: &Context) -> Result<Action> {
     let owner = owner_of(policy)?;
     let removed = program::sweep(ctx, &owner.uid, &BTreeSet::new()).await?;
-    ctx.remove_feed(&feed_key("policy", &owner.namespace, &owner.name));
+    ctx.remove_feed(&feed_key(FEED_KIND_POLICY, &owner.namespace, &owner.name));
     publish(ctx, policy, EventType::Normal, "CleanedUp", format!("deleted {removed} object(s)")).await;
     Ok(Action::await_change())
 }

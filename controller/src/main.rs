@@ -55,6 +55,17 @@ fn parse_provider(s: &str) -> Result<ProviderArg, String> {
     Provider::parse(s).map(ProviderArg)
 }
 
+/// `--metrics-addr` as parsed (`None`: `off`).
+#[derive(Clone, Copy)]
+struct MetricsAddr(Option<SocketAddr>);
+
+fn parse_metrics_addr(s: &str) -> Result<MetricsAddr, String> {
+    if s == "off" {
+        return Ok(MetricsAddr(None));
+    }
+    s.parse().map(|a| MetricsAddr(Some(a))).map_err(|e| format!("{s:?} is neither an IP:port nor off: {e}"))
+}
+
 fn parse_feed_key(s: &str) -> Result<String, String> {
     warmpath_controller::render::validate_feed_key(s).map(|()| s.to_string())
 }
@@ -110,9 +121,9 @@ enum Cmd {
         /// Listen address of the HTTP server (wasm module, feed, health).
         #[arg(long, env = "WARMPATH_HTTP_ADDR", default_value = "0.0.0.0:8080")]
         http_addr: SocketAddr,
-        /// Listen address of the metrics server.
-        #[arg(long, env = "WARMPATH_METRICS_ADDR", default_value = "0.0.0.0:9090")]
-        metrics_addr: SocketAddr,
+        /// Listen address of the metrics server, or `off` for none.
+        #[arg(long, env = "WARMPATH_METRICS_ADDR", default_value = "0.0.0.0:9090", value_parser = parse_metrics_addr)]
+        metrics_addr: MetricsAddr,
         /// Also run the cache-warming reconcilers (InferenceEndpoint, ModelCache, ImageCache): `true` or `false`.
         #[arg(long, env = "WARMPATH_CACHE_WARMING", default_value_t = false, action = clap::ArgAction::Set)]
         cache_warming: bool,
@@ -192,13 +203,18 @@ fn main() -> anyhow::Result<()> {
     match cli.cmd {
         Cmd::Crdgen { out } => crdgen(&out),
         Cmd::Run { common, wasm_file, http_addr, metrics_addr, cache_warming, lease } => {
+            anyhow::ensure!(
+                metrics_addr.0.is_none_or(|m| m.port() != http_addr.port()),
+                "--metrics-addr and --http-addr cannot share port {}: give the metrics server another port, or off",
+                http_addr.port()
+            );
             rt.block_on(warmpath_controller::run::run(warmpath_controller::run::RunArgs {
                 controller: common.controller(),
                 provider: common.provider.0,
                 xds_name_scheme: common.envoy_gateway_xds_name_scheme,
                 wasm_file,
                 http_addr,
-                metrics_addr,
+                metrics_addr: metrics_addr.0,
                 lease: lease.settings(&common.namespace),
                 cache_warming,
             }))

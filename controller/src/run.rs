@@ -33,8 +33,8 @@ pub struct RunArgs {
     pub wasm_file: PathBuf,
     /// Address of the wasm/feed HTTP server.
     pub http_addr: SocketAddr,
-    /// Address of the metrics server.
-    pub metrics_addr: SocketAddr,
+    /// Address of the metrics server (`None`: no metrics server).
+    pub metrics_addr: Option<SocketAddr>,
     /// The controller's Service as gateways reach it (name, namespace, port, cluster domain).
     pub controller: ControllerEndpoint,
     /// Also run the cache-warming reconcilers (InferenceEndpoint, ModelCache, ImageCache); their
@@ -71,9 +71,17 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let ctx = Context::new(client.clone(), config);
 
     let http = tokio::net::TcpListener::bind(args.http_addr).await?;
-    let metrics = tokio::net::TcpListener::bind(args.metrics_addr).await?;
+    let metrics = match args.metrics_addr {
+        Some(addr) => Some(tokio::net::TcpListener::bind(addr).await?),
+        None => None,
+    };
     let http_srv = axum::serve(http, server::router(ctx.feeds.clone(), Some(blob)));
-    let metrics_srv = axum::serve(metrics, server::metrics_router(ctx.metrics.clone()));
+    let metrics_srv = async {
+        match metrics {
+            Some(listener) => axum::serve(listener, server::metrics_router(ctx.metrics.clone())).await,
+            None => std::future::pending().await,
+        }
+    };
 
     // Only the Lease holder reconciles and feeds. The HTTP servers run on every replica, but the
     // controller Service selects the pod the leader labels (followers hold no feed and would answer 404).

@@ -103,6 +103,33 @@ ok "clusterDomain passed to the controller; invalid domains refused"
 # A wrong provider value is refused at template time.
 if "$HELM" template wp "$CHART" --set provider=nginx >/dev/null 2>&1; then fail "provider=nginx accepted"; fi
 ok "invalid provider refused"
+# Labels: commonLabels and nodeSelectors take valid label keys and values only, and commonLabels not the chart's own keys.
+refused_value 'commonLabels.bad key=x' 'bad key'
+refused_value 'commonLabels.team=a b' '/commonLabels/team'
+refused_value 'commonLabels.app\.kubernetes\.io/name=other' '/commonLabels'
+refused_value 'controller.nodeSelector.bad key=x' 'bad key'
+"$HELM" template wp "$CHART" --set 'commonLabels.example\.com/team=ml-1' | grep -q 'example.com/team: ml-1' || fail "a valid common label"
+ok "label keys and values checked; the chart's own label keys refused in commonLabels"
+# Metrics: off means no listener (the controller is told so), and its port may not be the HTTP server's.
+"$HELM" template wp "$CHART" --set metrics.enabled=false >"$tmp/nometrics.yaml" || fail "helm template metrics.enabled=false"
+grep -A1 'name: WARMPATH_METRICS_ADDR' "$tmp/nometrics.yaml" | grep -q 'value: "off"' || fail "metrics.enabled=false still starts a metrics listener"
+! grep -q 'name: metrics' "$tmp/nometrics.yaml" || fail "metrics.enabled=false still declares a metrics port"
+! "$HELM" template wp "$CHART" --set metrics.port=8080 >/dev/null 2>"$tmp/ports.err" || fail "metrics.port = http.port rendered"
+grep -q 'metrics.port and http.port are both 8080' "$tmp/ports.err" || { cat "$tmp/ports.err"; fail "port clash refused without saying so"; }
+ok "metrics.enabled=false turns the listener off; metrics.port = http.port refused"
+# A release name as long as Helm allows (53 characters): every object name stays a DNS label (63 characters at most;
+# a Job's name is also a label value) and names stay distinct.
+long=my-very-long-release-name-that-goes-on-and-on-foreve
+"$HELM" template "$long" "$CHART" --namespace warmpath-system --set agent.enabled=true >"$tmp/long.yaml" || fail "helm template with a 53-character release name"
+.venv/bin/python - "$tmp/long.yaml" <<'PY' || fail "object names with a 53-character release name"
+import collections, sys, yaml
+names = [(d["kind"], d["metadata"]["name"]) for d in yaml.safe_load_all(open(sys.argv[1])) if d]
+long = [n for n in names if len(n[1]) > 63]
+twice = [n for n, c in collections.Counter(names).items() if c > 1]
+assert not long and not twice, f"over 63 characters: {long}; twice: {twice}"
+PY
+"$VALIDATE" --strict --quiet -k 1.37.0 "$tmp/long.yaml" || fail "kubernetes-validate --strict with a 53-character release name"
+ok "a 53-character release name keeps every object name within 63 characters"
 # Strict validation has teeth: a misspelled field is refused.
 sed 's/containerPort:/containerPortt:/' "$tmp/auto.yaml" >"$tmp/typo.yaml"
 if "$VALIDATE" --strict --quiet "$tmp/typo.yaml" >/dev/null 2>&1; then fail "strict validation accepted a typo"; fi

@@ -8,7 +8,24 @@
 {{- end -}}
 
 {{- define "warmpath.controller.name" -}}
-{{- printf "%s-controller" (include "warmpath.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- include "warmpath.suffixed" (list (include "warmpath.fullname" .) "controller") -}}
+{{- end -}}
+
+{{/* "<base>-<suffix>", the base cut so that the whole fits in 63 characters (a DNS label: Service names must be one,
+and a Job's name becomes a label value). Called with (list <base> <suffix>). */}}
+{{- define "warmpath.suffixed" -}}
+{{- $suffix := index . 1 -}}
+{{- printf "%s-%s" (index . 0 | trunc (int (sub 62 (len $suffix))) | trimSuffix "-") $suffix -}}
+{{- end -}}
+
+{{/* The name of one of the release's objects: (list . <suffix>) after the fullname, within 63 characters. */}}
+{{- define "warmpath.fullname.with" -}}
+{{- include "warmpath.suffixed" (list (include "warmpath.fullname" (index . 0)) (index . 1)) -}}
+{{- end -}}
+
+{{/* The name of one of the controller's objects: (list . <suffix>) after the controller's name, within 63 characters. */}}
+{{- define "warmpath.controller.with" -}}
+{{- include "warmpath.suffixed" (list (include "warmpath.controller.name" (index . 0)) (index . 1)) -}}
 {{- end -}}
 
 {{- define "warmpath.labels" -}}

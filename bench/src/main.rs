@@ -32,8 +32,8 @@ struct Args {
     /// Prefix-cache capacity per server, in blocks (at least 1).
     #[arg(long, default_value_t = 1024, value_parser = at_least_one)]
     cache_blocks: usize,
-    /// Tokens per cache block on the servers.
-    #[arg(long, default_value_t = 16)]
+    /// Tokens per cache block on the servers (at least 1).
+    #[arg(long, default_value_t = 16, value_parser = at_least_one)]
     block_tokens: usize,
     /// Mean arrival rate of generated workloads, requests per simulated second (> 0).
     #[arg(long, default_value_t = 8.0, value_parser = positive_rate, allow_negative_numbers = true)]
@@ -41,11 +41,13 @@ struct Args {
     /// Multiplies the arrival rate (divides trace timestamps): 0.5 = half the load.
     #[arg(long, default_value_t = 1.0)]
     rate_scale: f64,
-    /// Requests to generate, or the most to read from a trace.
-    #[arg(long, default_value_t = 1000)]
+    /// Requests to generate, or the most to read from a trace, per run (1 to 100,000: the workload is built in memory
+    /// before the first request is sent).
+    #[arg(long, default_value_t = 1000, value_parser = requests_count)]
     requests: usize,
-    /// Wall-clock budget per strategy for sending requests, seconds (later arrivals are not sent and count as errors).
-    #[arg(long, default_value_t = 60.0)]
+    /// Wall-clock budget per strategy for sending requests, seconds (> 0; later arrivals are not sent and count as
+    /// errors).
+    #[arg(long, default_value_t = 60.0, value_parser = positive, allow_negative_numbers = true)]
     max_wall_s: f64,
     /// Strategies, comma-separated: RANDOM, LEAST_OUTSTANDING_REQUESTS, PREFIX_AWARE (Envoy + the filter);
     /// SMG_CACHE_AWARE, VLLM_ROUTER_CACHE_AWARE (the peers' real routers, from .venv); SAGEMAKER_PREFIX,
@@ -66,11 +68,11 @@ struct Args {
     /// Wall seconds per simulated second (0.1 = ten times faster than real time).
     #[arg(long, default_value_t = 0.1)]
     time_scale: f64,
-    /// Server prefill time per uncached token, simulated ms.
-    #[arg(long, default_value_t = 0.2)]
+    /// Server prefill time per uncached token, simulated ms (0 or more).
+    #[arg(long, default_value_t = 0.2, value_parser = non_negative, allow_negative_numbers = true)]
     prefill_ms_per_token: f64,
-    /// Server batch limit (requests running at once).
-    #[arg(long, default_value_t = 64)]
+    /// Server batch limit (requests running at once, at least 1).
+    #[arg(long, default_value_t = 64, value_parser = at_least_one)]
     max_num_seqs: usize,
     /// Slow servers: the first N servers take --slow-factor times as long per prefilled token and per output
     /// token (a fleet mixing accelerator generations, a throttled node). No router is told which.
@@ -84,11 +86,11 @@ struct Args {
     /// (use --strategies and --endpoints).
     #[arg(long, default_value = "{}")]
     filter_config: String,
-    /// Characters of request text the client-side baselines key on.
-    #[arg(long, default_value_t = 65536)]
+    /// Characters of request text the client-side baselines key on (at least 1).
+    #[arg(long, default_value_t = 65536, value_parser = at_least_one)]
     prefix_length: usize,
-    /// Envoy worker threads (per gateway).
-    #[arg(long, default_value_t = 2)]
+    /// Envoy worker threads (per gateway, at least 1).
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..))]
     envoy_concurrency: u32,
     /// Envoy processes (gateway replicas) for the filter strategies, each with the same plugin configuration; the
     /// client spreads requests over them (see --spread). Above 1, the gateways poll one feed server (as with
@@ -135,7 +137,7 @@ struct Args {
     /// Repetitions: run k uses seed --seed + k (generated workloads) or the k-th stretch of --requests requests of
     /// the trace (evenly spaced, overlapping stretches when the trace is shorter than --runs × --requests); the
     /// table shows each column's mean and min–max, and run k's files go to <out>/run<k>.
-    #[arg(long, default_value_t = 1, value_parser = at_least_one)]
+    #[arg(long, default_value_t = 1, value_parser = runs_count)]
     runs: usize,
     /// Exit with status 1 unless every request was answered, client and server counts balance, and every
     /// client-side pick reached the server it named.
@@ -159,11 +161,50 @@ async fn main() -> anyhow::Result<()> {
     std::process::exit(code);
 }
 
+/// Most requests per run (`--requests`): the workload is generated or read whole before the first request.
+const MAX_REQUESTS: usize = 100_000;
+/// Most runs (`--runs`).
+const MAX_RUNS: usize = 100;
+
 /// Clap parser for counts that must be at least 1.
 fn at_least_one(s: &str) -> Result<usize, String> {
     match s.parse::<usize>() {
         Ok(0) => Err("must be at least 1".into()),
         Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// Clap parser for `--requests`: 1 to [`MAX_REQUESTS`].
+fn requests_count(s: &str) -> Result<usize, String> {
+    at_least_one(s).and_then(|n| {
+        if n <= MAX_REQUESTS {
+            Ok(n)
+        } else {
+            Err(format!("at most {MAX_REQUESTS} (the workload is built in memory before the first request), got {n}"))
+        }
+    })
+}
+
+/// Clap parser for `--runs`: 1 to [`MAX_RUNS`].
+fn runs_count(s: &str) -> Result<usize, String> {
+    at_least_one(s).and_then(|n| if n <= MAX_RUNS { Ok(n) } else { Err(format!("at most {MAX_RUNS}, got {n}")) })
+}
+
+/// Clap parser for durations that must be finite and > 0.
+fn positive(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(x) if x.is_finite() && x > 0.0 => Ok(x),
+        Ok(x) => Err(format!("must be a number > 0, got {x}")),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// Clap parser for times that must be finite and 0 or more.
+fn non_negative(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(x) if x.is_finite() && x >= 0.0 => Ok(x),
+        Ok(x) => Err(format!("must be a number ≥ 0, got {x}")),
         Err(e) => Err(e.to_string()),
     }
 }
@@ -178,6 +219,11 @@ fn positive_rate(s: &str) -> Result<f64, String> {
 }
 
 async fn run(a: Args) -> anyhow::Result<()> {
+    // The output folder is checked first: finding it unwritable after every strategy ran would lose the run.
+    std::fs::create_dir_all(&a.out).with_context(|| format!("creating the output folder {}", a.out.display()))?;
+    let probe = a.out.join(".warmpath-bench-write-check");
+    std::fs::write(&probe, b"").with_context(|| format!("the output folder {} is not writable", a.out.display()))?;
+    let _ = std::fs::remove_file(&probe);
     anyhow::ensure!(a.time_scale > 0.0, "--time-scale must be > 0, got {}", a.time_scale);
     anyhow::ensure!(a.rate_scale > 0.0, "--rate-scale must be > 0, got {}", a.rate_scale);
     anyhow::ensure!(a.endpoints >= 1, "--endpoints must be at least 1");

@@ -44,7 +44,12 @@ fn bench(args: &[&str], out: &Path) -> Child {
 /// within 60 s, and returns its stderr.
 fn refused(args: &[&str]) -> String {
     let out = tempfile::tempdir().unwrap();
-    let mut all = vec!["--requests", "2", "--max-wall-s", "2", "--time-scale", "0.01"];
+    // A tiny workload, each of its settings unless `args` sets it (clap refuses a flag given twice).
+    let mut all: Vec<&str> = [["--requests", "2"], ["--max-wall-s", "2"], ["--time-scale", "0.01"]]
+        .into_iter()
+        .filter(|[flag, _]| !args.contains(flag))
+        .flatten()
+        .collect();
     all.extend_from_slice(args);
     let mut guard = KillOnDrop::new(bench(&all, out.path()));
     let status = wait_exit(&mut guard.child, Duration::from_secs(60));
@@ -167,4 +172,44 @@ fn runs_repeat_the_comparison_and_the_table_shows_each_columns_range() {
         assert!(row.contains("| 2 | 12 | 0 |"), "2 runs of 12 requests, no errors: {row}");
     }
     assert!(table.contains("mean (min–max) over 2 runs"), "{table}");
+}
+
+#[test]
+fn counts_and_times_out_of_range_are_refused() {
+    for (args, want) in [
+        (&["--requests", "0"][..], "must be at least 1"),
+        (&["--requests", "100000000"][..], "at most 100000"),
+        (&["--runs", "1000"][..], "at most 100"),
+        (&["--block-tokens", "0"][..], "must be at least 1"),
+        (&["--max-num-seqs", "0"][..], "must be at least 1"),
+        (&["--prefix-length", "0"][..], "must be at least 1"),
+        (&["--envoy-concurrency", "0"][..], "--envoy-concurrency"),
+        (&["--prefill-ms-per-token", "-1"][..], "must be a number ≥ 0"),
+        (&["--max-wall-s", "0"][..], "must be a number > 0"),
+    ] {
+        let mut all = vec!["--strategies", "SAGEMAKER_PREFIX"];
+        all.extend_from_slice(args);
+        let e = refused(&all);
+        assert!(e.contains(args[0]) && e.contains(want), "{args:?}: {e}");
+    }
+}
+
+#[test]
+fn an_output_folder_that_cannot_be_written_is_refused_before_the_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, b"").unwrap();
+    let start = Instant::now();
+    let mut guard = KillOnDrop::new(bench(
+        &["--strategies", "SAGEMAKER_PREFIX", "--requests", "2", "--time-scale", "0.01"],
+        &file.join("sub"),
+    ));
+    let status = wait_exit(&mut guard.child, Duration::from_secs(60)).expect("warmpath-bench ended within 60 s");
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(guard.child.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+    assert!(!status.success() && stderr.contains("creating the output folder"), "{stderr}");
+    assert!(
+        start.elapsed() < Duration::from_secs(30) && !stderr.contains("SAGEMAKER"),
+        "ran before checking: {stderr}"
+    );
 }

@@ -163,7 +163,7 @@ enum Cmd {
         #[arg(short = 'o', long, default_value = "yaml", value_parser = ["yaml", "json"])]
         output: String,
     },
-    /// Write the CRDs generated from the Rust types (one file per CRD) into DIR.
+    /// Write the CRDs generated from the Rust types (one file per CRD) into the --out folder.
     Crdgen {
         /// Output directory; `-` prints all CRDs to stdout.
         #[arg(long, default_value = "charts/warmpath/crds")]

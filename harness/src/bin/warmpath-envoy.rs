@@ -43,7 +43,8 @@ enum Cmd {
     Examples,
     /// Run `envoy --mode validate` on each file.
     Validate {
-        /// Bootstrap files.
+        /// Bootstrap files (at least one).
+        #[arg(required = true)]
         files: Vec<PathBuf>,
     },
 }

@@ -93,8 +93,18 @@ impl RenderArgs {
         if !self.no_filter {
             // Envoy would only log the filter's rejection and then fail open on every request; refuse up front.
             let bytes = serde_json::to_vec(&plugin)?;
-            if let Err(e) = Settings::from_json(&bytes) {
-                bail!("plugin config {}: {e}", self.plugin_config_name());
+            let settings = match Settings::from_json(&bytes) {
+                Ok(settings) => settings,
+                Err(e) => bail!("plugin config {}: {e}", self.plugin_config_name()),
+            };
+            // Allowed (a feed may list the cluster's members later), but Envoy sends a pick of a host outside the
+            // cluster elsewhere: say so now rather than only in the filter's counters.
+            let members: Vec<String> = self.upstreams.iter().map(SocketAddr::to_string).collect();
+            for e in settings.endpoints.iter().filter(|e| !members.contains(e)) {
+                eprintln!(
+                    "warmpath-envoy: warning: plugin config endpoint {e} is not an --upstream; Envoy will not honour \
+                     picks of it (counted in warmpath.picks_not_honoured)"
+                );
             }
         }
         let mut cfg = EnvoyConfig::new(self.upstreams.clone(), serde_json::to_string_pretty(&plugin)?)

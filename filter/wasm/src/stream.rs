@@ -112,7 +112,8 @@ pub struct Ended {
     pub first_byte: bool,
     /// The request's body was larger than `max_body_bytes`. A server that refuses an upload of that size answers
     /// and closes the connection while the body still streams, which Envoy sees as a reset before the answer, and
-    /// any client can send one: so such a request's failure is not counted against its endpoint (`outcome`).
+    /// any client can send one: so a reset or a retry of such a request is not counted against its endpoint
+    /// (`outcome::classify`).
     pub oversized: bool,
 }
 

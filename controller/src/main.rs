@@ -204,7 +204,8 @@ fn main() -> anyhow::Result<()> {
         Cmd::Crdgen { out } => crdgen(&out),
         Cmd::Run { common, wasm_file, http_addr, metrics_addr, cache_warming, lease } => {
             anyhow::ensure!(
-                metrics_addr.0.is_none_or(|m| m.port() != http_addr.port()),
+                // Port 0 asks for any free port, a different one for each listener.
+                metrics_addr.0.is_none_or(|m| m.port() == 0 || m.port() != http_addr.port()),
                 "--metrics-addr and --http-addr cannot share port {}: give the metrics server another port, or off",
                 http_addr.port()
             );

@@ -33,10 +33,39 @@ pub const ROOT_MARKER: &str = ".warmpath-root";
 /// Name of the per-cache lock file.
 const LOCK: &str = ".warmpath.lock";
 
-/// True for the names this layout creates inside a cache directory (`current`, its temporary
-/// `.current.<v>` links, `versions`, `staging`, the lock and the marker).
-fn is_layout_entry(name: &str) -> bool {
-    matches!(name, CURRENT | "versions" | "staging" | LOCK | OWNER_MARKER) || name.starts_with(&format!(".{CURRENT}."))
+/// True for an entry this layout creates inside a cache directory, by name and by kind: `current` and its
+/// temporary `.current.<v>` links are symlinks, `versions` and `staging` directories, the lock and the marker
+/// files. A user's folder that happens to be called `current` is not one.
+fn is_layout_entry(e: &std::fs::DirEntry) -> bool {
+    let name = e.file_name();
+    let name = name.to_string_lossy();
+    let Ok(kind) = e.file_type() else { return false };
+    match &*name {
+        CURRENT => kind.is_symlink(),
+        "versions" | "staging" => kind.is_dir(),
+        LOCK | OWNER_MARKER => kind.is_file(),
+        n => n.starts_with(&format!(".{CURRENT}.")) && kind.is_symlink(),
+    }
+}
+
+/// [`is_layout_entry`], and for `versions` and `staging` also every entry inside: a directory named like a
+/// version fingerprint (16 lower-case hex digits, [`crate::sync::fingerprint`]). What an unmarked directory must
+/// hold for the agent to adopt it: an older agent's caches pass, a user's `versions/v1/` does not.
+fn is_adoptable_entry(e: &std::fs::DirEntry) -> bool {
+    if !is_layout_entry(e) {
+        return false;
+    }
+    if !e.file_type().is_ok_and(|k| k.is_dir()) {
+        return true;
+    }
+    let is_version = |v: &std::fs::DirEntry| {
+        let name = v.file_name();
+        let name = name.to_string_lossy();
+        v.file_type().is_ok_and(|k| k.is_dir())
+            && name.len() == 16
+            && name.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    };
+    std::fs::read_dir(e.path()).is_ok_and(|rd| rd.flatten().all(|v| is_version(&v)))
 }
 
 /// Entries of `dir` for which `ours` is false (at most five, for the error message).
@@ -127,9 +156,7 @@ impl CacheDir {
     /// True when the directory is marked, or holds nothing but entries of this layout (an empty
     /// directory, e.g. made by the kubelet for a pod's hostPath volume, or one written by an older agent).
     fn looks_ours(&self) -> bool {
-        self.is_owned()
-            || foreign_entries(&self.base, |e| is_layout_entry(&e.file_name().to_string_lossy()))
-                .is_ok_and(|f| f.is_empty())
+        self.is_owned() || foreign_entries(&self.base, is_adoptable_entry).is_ok_and(|f| f.is_empty())
     }
 
     /// Creates the directory if needed and marks it as the agent's; a directory that holds anything
@@ -139,7 +166,7 @@ impl CacheDir {
             return Ok(());
         }
         std::fs::create_dir_all(&self.base).map_err(AgentError::io("create", &self.base))?;
-        let foreign = foreign_entries(&self.base, |e| is_layout_entry(&e.file_name().to_string_lossy()))?;
+        let foreign = foreign_entries(&self.base, is_adoptable_entry)?;
         if !foreign.is_empty() {
             return Err(AgentError::ForeignFiles { path: self.base.clone(), entries: foreign.join(", ") });
         }
@@ -235,8 +262,7 @@ impl CacheDir {
         }
         let rd = std::fs::read_dir(&self.base).map_err(AgentError::io("list", &self.base))?;
         for e in rd.flatten() {
-            let name = e.file_name().to_string_lossy().into_owned();
-            if !is_layout_entry(&name) || name == OWNER_MARKER {
+            if !is_layout_entry(&e) || e.file_name() == OWNER_MARKER {
                 continue;
             }
             let p = e.path();
@@ -296,6 +322,33 @@ mod tests {
         assert!(ours.remove().unwrap());
         assert!(!ours.current_link().exists() && !ours.version_dir("v1").exists());
         assert!(ours.base().join("notes.txt").exists(), "a file the agent did not create survives");
+    }
+
+    #[test]
+    fn a_folder_named_like_the_layout_is_not_adopted() {
+        let root = tempfile::tempdir().unwrap();
+        // A user's `current/` folder (not a symlink), a `versions/v1/` that no agent wrote, a file called
+        // `staging`: each refused, the files kept, and nothing removed.
+        for (key, path) in [("ns.a", "current/model.safetensors"), ("ns.b", "versions/v1/ckpt.pt"), ("ns.c", "staging")]
+        {
+            let theirs = CacheDir::new(root.path(), key).unwrap();
+            let file = theirs.base().join(path);
+            std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+            std::fs::write(&file, "weights").unwrap();
+            assert_eq!(theirs.claim().unwrap_err().reason(), "ForeignFiles", "{path}");
+            assert!(!theirs.is_owned() && !theirs.remove().unwrap(), "{path}");
+            assert!(file.exists(), "{path}");
+        }
+        // What an older agent left (no marker): a symlink `current` into `versions/<fingerprint>/`, adopted.
+        let older = CacheDir::new(root.path(), "ns.d").unwrap();
+        let version = older.version_dir("0123456789abcdef");
+        std::fs::create_dir_all(&version).unwrap();
+        std::fs::write(version.join("w.bin"), "x").unwrap();
+        std::os::unix::fs::symlink("versions/0123456789abcdef", older.current_link()).unwrap();
+        std::fs::create_dir_all(older.staging_dir("fedcba9876543210")).unwrap();
+        older.claim().unwrap();
+        assert!(older.is_owned());
+        claim_root(root.path(), true).unwrap();
     }
 
     #[test]

@@ -57,9 +57,18 @@ pub enum SourceSpec {
 impl SourceSpec {
     /// Parses the CLI form: `s3://bucket/prefix?region=R&endpoint=URL`, `http(s)://host/path/file`,
     /// `hf://org/name?revision=REV&endpoint=URL`.
+    /// Path components are percent-decoded and query values form-decoded, as `ModelSource::fetch_uri` encodes them.
+    /// An `http(s)` URL must name a file: a query string or a fragment (a presigned URL) is refused, since the
+    /// file is read by its path alone.
     pub fn parse_uri(uri: &str) -> Result<SourceSpec> {
         let u = url::Url::parse(uri).map_err(|e| AgentError::InvalidSource(format!("{uri}: {e}")))?;
         let query: BTreeMap<String, String> = u.query_pairs().into_owned().collect();
+        let path = || {
+            percent_encoding::percent_decode_str(u.path())
+                .decode_utf8()
+                .map(|p| p.into_owned())
+                .map_err(|e| AgentError::InvalidSource(format!("{uri}: path is not UTF-8 once decoded: {e}")))
+        };
         match u.scheme() {
             "s3" => Ok(SourceSpec::S3 {
                 bucket: u
@@ -67,13 +76,19 @@ impl SourceSpec {
                     .filter(|b| !b.is_empty())
                     .ok_or_else(|| AgentError::InvalidSource(format!("{uri}: missing bucket")))?
                     .to_string(),
-                prefix: u.path().trim_start_matches('/').to_string(),
+                prefix: path()?.trim_start_matches('/').to_string(),
                 region: query.get("region").cloned(),
                 endpoint: query.get("endpoint").cloned(),
             }),
+            "http" | "https" if u.query().is_some() || u.fragment().is_some() => {
+                Err(AgentError::InvalidSource(format!(
+                "{uri}: an http(s) source is the URL of a file, without a query string or fragment (presigned URLs \
+                 are not supported)"
+            )))
+            }
             "http" | "https" => Ok(SourceSpec::Http { url: uri.to_string() }),
             "hf" => Ok(SourceSpec::HuggingFace {
-                repo: format!("{}{}", u.host_str().unwrap_or_default(), u.path()),
+                repo: format!("{}{}", u.host_str().unwrap_or_default(), path()?),
                 revision: query.get("revision").cloned(),
                 endpoint: query.get("endpoint").cloned(),
             }),
@@ -165,9 +180,13 @@ pub async fn resolve(spec: &SourceSpec, auth: &SourceAuth) -> Result<ResolvedSou
                     .with_client_options(ClientOptions::new().with_allow_http(allow_http(url)))
                     .build()?,
             );
-            let meta = store.head(&StorePath::from(name)).await?;
+            // The store encodes the file name itself: hand it the name as it reads (`my%20model.bin` → `my model.bin`).
+            let name = percent_encoding::percent_decode_str(name)
+                .decode_utf8()
+                .map_err(|e| AgentError::InvalidSource(format!("{url}: file name is not UTF-8 once decoded: {e}")))?;
+            let meta = store.head(&StorePath::from(name.as_ref())).await?;
             let file =
-                RemoteFile { location: name.to_string(), rel: safe_rel(name)?, size: meta.size, e_tag: meta.e_tag };
+                RemoteFile { location: name.to_string(), rel: safe_rel(&name)?, size: meta.size, e_tag: meta.e_tag };
             Ok(ResolvedSource { store, files: vec![file], pin: None })
         }
         SourceSpec::HuggingFace { repo, revision, endpoint } => {
@@ -239,6 +258,31 @@ mod tests {
             SourceSpec::parse_uri("hf://Qwen/Qwen3-8B?revision=v1").unwrap(),
             SourceSpec::HuggingFace { repo: "Qwen/Qwen3-8B".into(), revision: Some("v1".into()), endpoint: None }
         );
+        // Encoded components read back as written (`ModelSource::fetch_uri` encodes them).
+        assert_eq!(
+            SourceSpec::parse_uri(
+                "s3://b/team%20a/llama%208b%25%3F%23/?endpoint=http%3A%2F%2F127.0.0.1%3A9000%2F%3Fx%3D1%26y%3D2"
+            )
+            .unwrap(),
+            SourceSpec::S3 {
+                bucket: "b".into(),
+                prefix: "team a/llama 8b%?#/".into(),
+                region: None,
+                endpoint: Some("http://127.0.0.1:9000/?x=1&y=2".into())
+            }
+        );
+        assert_eq!(
+            SourceSpec::parse_uri("hf://Qwen/Qwen3-8B?revision=main%26endpoint%3Dhttp%3A%2F%2F127.0.0.1%3A18080")
+                .unwrap(),
+            SourceSpec::HuggingFace {
+                repo: "Qwen/Qwen3-8B".into(),
+                revision: Some("main&endpoint=http://127.0.0.1:18080".into()),
+                endpoint: None
+            },
+            "a revision with & in it is a revision, not a second endpoint"
+        );
+        let presigned = SourceSpec::parse_uri("https://h/m.bin?X-Amz-Signature=abc").unwrap_err();
+        assert!(presigned.to_string().contains("without a query string"), "{presigned}");
         assert!(matches!(SourceSpec::parse_uri("ftp://x/y"), Err(AgentError::InvalidSource(_))));
         assert!(matches!(SourceSpec::parse_uri("s3:///nobucket"), Err(AgentError::InvalidSource(_))));
     }

@@ -193,21 +193,27 @@ pub struct VolumeSource {
 
 impl ModelSource {
     /// The agent's URI form (`s3://…`, `https://…`, `hf://…`), used by the pods' cold-node fallback
-    /// (`warmpath-agent fetch --source URI`). `None` for volume sources (nothing to fetch).
+    /// (`warmpath-agent fetch --source URI`). `None` for volume sources (nothing to fetch). The S3 prefix is
+    /// percent-encoded and each query value form-encoded, so no value can end its own component: a revision
+    /// `main&endpoint=…` stays a revision and never names another endpoint (which would receive the Hub token).
     pub fn fetch_uri(&self) -> Option<String> {
         let q = |pairs: &[(&str, &Option<String>)]| {
-            let parts: Vec<String> = pairs.iter().filter_map(|(k, v)| v.as_ref().map(|v| format!("{k}={v}"))).collect();
-            if parts.is_empty() {
-                String::new()
-            } else {
-                format!("?{}", parts.join("&"))
+            let mut query = form_urlencoded::Serializer::new(String::new());
+            for (k, v) in pairs {
+                if let Some(v) = v {
+                    query.append_pair(k, v);
+                }
+            }
+            match query.finish() {
+                q if q.is_empty() => q,
+                q => format!("?{q}"),
             }
         };
         if let Some(s) = &self.s3 {
             return Some(format!(
                 "s3://{}/{}{}",
                 s.bucket,
-                s.prefix,
+                percent_encoding::utf8_percent_encode(&s.prefix, URI_PATH),
                 q(&[("region", &s.region), ("endpoint", &s.endpoint)])
             ));
         }
@@ -215,11 +221,26 @@ impl ModelSource {
             return Some(h.url.clone());
         }
         if let Some(h) = &self.hugging_face {
+            // The repo is `org/name` of letters, digits, `.`, `_` and `-` (the schema's pattern): nothing to encode.
             return Some(format!("hf://{}{}", h.repo, q(&[("revision", &h.revision), ("endpoint", &h.endpoint)])));
         }
         None
     }
 }
+
+/// What [`ModelSource::fetch_uri`] percent-encodes in a path: controls, and the characters that end a path or
+/// start an escape (`?`, `#`, `%`), or that a URI may not hold unencoded (space, quotes, brackets).
+const URI_PATH: &percent_encoding::AsciiSet = &percent_encoding::CONTROLS
+    .add(b' ')
+    .add(b'"')
+    .add(b'#')
+    .add(b'%')
+    .add(b'<')
+    .add(b'>')
+    .add(b'?')
+    .add(b'`')
+    .add(b'{')
+    .add(b'}');
 
 /// Observed state.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
@@ -433,6 +454,33 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(s.fetch_uri().unwrap(), "s3://b/m/?region=eu-west-1");
+        // Values that would end their component are encoded.
+        let odd = ModelSource {
+            s3: Some(S3Source {
+                bucket: "b".into(),
+                prefix: "team a/llama 8b%?#/".into(),
+                region: None,
+                endpoint: Some("http://127.0.0.1:9000/?x=1&y=2".into()),
+            }),
+            ..Default::default()
+        };
+        assert_eq!(
+            odd.fetch_uri().unwrap(),
+            "s3://b/team%20a/llama%208b%25%3F%23/?endpoint=http%3A%2F%2F127.0.0.1%3A9000%2F%3Fx%3D1%26y%3D2"
+        );
+        let hf = ModelSource {
+            hugging_face: Some(HuggingFaceSource {
+                repo: "Qwen/Qwen3-8B".into(),
+                revision: Some("main&endpoint=http://127.0.0.1:18080".into()),
+                endpoint: None,
+                token_secret_ref: None,
+            }),
+            ..Default::default()
+        };
+        assert_eq!(
+            hf.fetch_uri().unwrap(),
+            "hf://Qwen/Qwen3-8B?revision=main%26endpoint%3Dhttp%3A%2F%2F127.0.0.1%3A18080"
+        );
         let v = ModelSource {
             volume: Some(VolumeSource { claim_name: "fsx".into(), sub_path: None }),
             ..Default::default()

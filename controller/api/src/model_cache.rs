@@ -141,8 +141,9 @@ pub struct S3Source {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct HttpSource {
-    /// URL of one file (its last path segment becomes the file name).
-    #[schemars(regex(pattern = r"^https?://"))]
+    /// URL of one file (its last path segment becomes the file name), without a query string or fragment: the
+    /// agent reads the file by its path (a presigned URL is not supported).
+    #[schemars(regex(pattern = r"^https?://[^?#]*[^/?#]$"))]
     pub url: String,
 }
 

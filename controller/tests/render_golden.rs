@@ -195,6 +195,21 @@ fn render_refuses_endpoints_the_api_server_would_refuse() {
             "exactly one of s3, http, huggingFace, volume",
         ),
         ("non-hex sha256", "replicas: 2", "replicas: 2\n  sha256: {model.safetensors: nothex}", "sha256"),
+        // The name names the endpoint's Service and a label value: a DNS label starting with a letter.
+        ("a dot in the name", "name: qwen3-8b", "name: qwen2.5-7b", "must be a DNS label"),
+        ("a digit first", "name: qwen3-8b", "name: 7b-llama", "must be a DNS label"),
+        (
+            "a name over 63 characters",
+            "name: qwen3-8b",
+            "name: bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb",
+            "must be a DNS label",
+        ),
+        (
+            "an http URL with a query",
+            "    huggingFace:\n      repo: Qwen/Qwen3-8B\n      revision: main\n      tokenSecretRef: {name: hf-token}",
+            "    http: {url: \"https://h/m.gguf?X-Amz-Signature=1\"}",
+            "/spec/model/http/url",
+        ),
     ] {
         assert!(good.contains(from), "{what}: fixture changed");
         let (ok, err) = render(&good.replacen(from, to, 1));

@@ -50,6 +50,7 @@ pub mod phase {
     printcolumn = r#"{"name":"Ready","type":"integer","jsonPath":".status.readyReplicas"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
+#[kube(validation = Rule::new("self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$') && size(self.metadata.name) <= 63").message("the name must be a DNS label of 1-63 characters starting with a letter (lower-case letters, digits, '-'): it names the endpoint's Service and a label value"))]
 #[serde(rename_all = "camelCase")]
 pub struct InferenceEndpointSpec {
     /// Where the weights come from.

@@ -116,6 +116,20 @@ impl AgentError {
         }
     }
 
+    /// Whether a later attempt can resume from what this failure leaves staged: a cancel, or a source or Hub that
+    /// failed for now (unreachable, an error status). Not when the source's object changed under the download
+    /// (its bytes so far belong to the old object) or the source cannot serve ranged reads (there is nothing to
+    /// resume from), nor after a checksum, size or disk failure.
+    pub fn keeps_progress(&self) -> bool {
+        match self {
+            AgentError::Store(object_store::Error::Precondition { .. } | object_store::Error::NotSupported { .. }) => {
+                false
+            }
+            AgentError::Cancelled | AgentError::Store(_) | AgentError::Hub(_) => true,
+            _ => false,
+        }
+    }
+
     /// Helper: wrap an io error with the operation and path.
     pub fn io(op: &'static str, path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> AgentError {
         let path = path.into();

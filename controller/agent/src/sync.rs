@@ -151,8 +151,9 @@ fn part_path(staging: &Path, rel: &str) -> PathBuf {
 }
 
 /// Makes `req` current under `opts.root`. Errors leave the previous version current. A source failure or
-/// a cancel keeps resumable progress (and its allocated space); any other failure (checksum, size, disk)
-/// removes this version's staging directory, so the next attempt starts clean and no space stays taken.
+/// a cancel keeps resumable progress (and its allocated space); any other failure (checksum, size, disk, an
+/// object that changed mid-download, a source without ranged reads: [`AgentError::keeps_progress`]) removes this
+/// version's staging directory, so the next attempt starts clean and no space stays taken.
 ///
 /// With `opts.local_first`, a verified current copy made for the same request (of the pinned version,
 /// when `req.pin` is set) is returned at once, without listing or HEADing the source and without
@@ -228,7 +229,7 @@ pub async fn sync_cache(
     match result {
         Ok(stats) => Ok(report(stats, false)),
         Err(e) => {
-            if !matches!(e, AgentError::Cancelled | AgentError::Store(_) | AgentError::Hub(_)) {
+            if !e.keeps_progress() {
                 // Not resumable: release the space and start clean next time.
                 let _ = std::fs::remove_dir_all(&staging);
             }

@@ -152,6 +152,7 @@ async fn an_object_changing_mid_download_is_refused_by_if_match() {
     assert!(*swapped.lock().unwrap());
     assert_eq!(err.reason(), "SourceChanged", "{err}");
     assert!(!cold.path().join("ml.m/current").exists(), "no mixed copy became current");
+    assert!(holds_nothing(cold.path()), "the bytes of the old object are not kept for a resume that cannot come");
     // The next attempt sees the new listing and refuses before fetching anything.
     let err =
         sync_cache(&request(&url, Some(&pin)), &opts(cold.path()), &CancellationToken::new(), None).await.unwrap_err();

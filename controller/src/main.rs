@@ -326,7 +326,11 @@ async fn render(
         // Say why instead of printing nothing: the conditions above name each route's reason (e.g. its Gateway,
         // GatewayClass or backend Service is not among the inputs).
         if out.status.is_empty() {
-            anyhow::bail!("nothing rendered: no InferenceRoutingPolicy and no HTTPRoute with a warmpath.dev annotation among the inputs");
+            anyhow::bail!(
+                "nothing rendered: no InferenceRoutingPolicy, InferenceEndpoint or HTTPRoute with a warmpath.dev \
+                 annotation among the inputs (a ModelCache or ImageCache made by hand renders nothing: the agent and \
+                 the controller act on it as it is)"
+            );
         }
         anyhow::bail!("nothing rendered (see the conditions above)");
     }

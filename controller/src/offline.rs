@@ -47,9 +47,15 @@ pub fn parse_manifests(text: &str) -> Result<Vec<Value>, String> {
     let mut out = vec![];
     for doc in serde_yaml::Deserializer::from_str(text) {
         let v = Value::deserialize(doc).map_err(|e| format!("YAML: {e}"))?;
-        if !v.is_null() {
-            out.push(v);
+        if v.is_null() {
+            continue;
         }
+        // The API server names every object (generateName included) before anything reconciles it.
+        if v["metadata"]["name"].as_str().is_none_or(str::is_empty) {
+            let kind = v["kind"].as_str().unwrap_or("an object without a kind");
+            return Err(format!("{kind} (document {}) has no metadata.name", out.len() + 1));
+        }
+        out.push(v);
     }
     Ok(out)
 }
@@ -167,6 +173,8 @@ pub async fn render(manifests: Vec<Value>, config: ControllerConfig) -> Result<R
         out.objects.extend(warming_objects(e).map_err(|e| e.to_string())?);
     }
     out.objects.sort_by_key(crate::gateway::program::key_of);
+    // Endpoints that share an image share its ImageCache and pre-pull DaemonSet (one object, applied by each).
+    out.objects.dedup_by(|a, b| crate::gateway::program::key_of(a) == crate::gateway::program::key_of(b));
     out.status.extend(lines);
     Ok(out)
 }

@@ -141,6 +141,22 @@ fn render_refuses_bad_yaml_and_bad_sha() {
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("64 hex"));
+    // An object without a name: said so, where the reconcilers would have failed on something else.
+    let nameless = dir.path().join("nameless.yaml");
+    let endpoint =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/testdata/cache/endpoint.yaml")).unwrap();
+    std::fs::write(&nameless, endpoint.replacen("  name: qwen3-8b\n", "", 1)).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_warmpath-controller"))
+        .args(["render", "-f"])
+        .arg(&nameless)
+        .args(["--wasm-sha256", SHA])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("InferenceEndpoint (document 1) has no metadata.name"),
+        "{stderr}"
+    );
 }
 
 /// The one `render` command covers cache warming too: an InferenceEndpoint renders what the
@@ -216,6 +232,31 @@ fn render_refuses_endpoints_the_api_server_would_refuse() {
         assert!(!ok, "{what} accepted");
         assert!(err.contains(needle), "{what}: {err}");
     }
+}
+
+/// Two endpoints of one image on the same nodes share its ImageCache and pre-pull DaemonSet: `render` prints each
+/// once (it printed both twice), and each endpoint's own objects once each.
+#[test]
+fn endpoints_sharing_an_image_render_its_cache_once() {
+    let one = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/testdata/cache/endpoint.yaml")).unwrap();
+    let two = format!("{one}\n---\n{}", one.replacen("name: qwen3-8b", "name: qwen3-8b-second", 1));
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("two.yaml");
+    std::fs::write(&f, two).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_warmpath-controller"))
+        .args(["render", "-f"])
+        .arg(&f)
+        .args(["--wasm-sha256", SHA])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let count = |kind: &str| {
+        stdout.matches(&format!("\nkind: {kind}\n")).count()
+            + usize::from(stdout.starts_with(&format!("kind: {kind}\n")))
+    };
+    assert_eq!((count("ImageCache"), count("DaemonSet")), (1, 1), "{stdout}");
+    assert_eq!((count("Deployment"), count("Service"), count("ModelCache")), (2, 2, 2), "{stdout}");
 }
 
 /// `render` checks InferenceRoutingPolicies like the API server: the schema of the CRD generated

@@ -158,13 +158,10 @@ async fn main() -> ExitCode {
                 sha256: a.sha256.into_iter().collect::<BTreeMap<_, _>>(),
                 pin: a.pin,
             };
+            // SIGTERM (what the kubelet sends a pod's init container) or Ctrl-C: stop at the next chunk, keep the
+            // progress for the next attempt, and report `Cancelled` as JSON like any other outcome.
             let cancel = CancellationToken::new();
-            let c = cancel.clone();
-            tokio::spawn(async move {
-                if tokio::signal::ctrl_c().await.is_ok() {
-                    c.cancel();
-                }
-            });
+            cancel_on_signal(cancel.clone());
             match sync_cache(&req, &opts, &cancel, None).await {
                 Ok(r) => {
                     println!("{}", serde_json::json!({ "phase": "Ready", "report": r }));
@@ -185,13 +182,7 @@ async fn main() -> ExitCode {
             let agent = warmpath_agent::node::NodeAgent::new(client, node, host_path, opts)
                 .with_allow_foreign_files(allow_foreign_files);
             let stop = CancellationToken::new();
-            let s = stop.clone();
-            tokio::spawn(async move {
-                let mut term =
-                    tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
-                tokio::select! { _ = term.recv() => {}, _ = tokio::signal::ctrl_c() => {} }
-                s.cancel();
-            });
+            cancel_on_signal(stop.clone());
             agent.run(std::time::Duration::from_secs(poll_seconds.max(1)), stop).await;
             ExitCode::SUCCESS
         }
@@ -204,4 +195,14 @@ async fn main() -> ExitCode {
             Err(e) => fail(e.reason(), &e.to_string()),
         },
     }
+}
+
+/// Cancels `token` on the first SIGTERM or SIGINT.
+fn cancel_on_signal(token: CancellationToken) {
+    tokio::spawn(async move {
+        let mut term =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
+        tokio::select! { _ = term.recv() => {}, _ = tokio::signal::ctrl_c() => {} }
+        token.cancel();
+    });
 }

@@ -143,6 +143,28 @@ fn allow_http(endpoint: &str) -> bool {
     endpoint.starts_with("http://")
 }
 
+/// Characters `object_store`'s HTTP store cannot request in a file name: it escapes them in the path it builds and
+/// then escapes the escape again when it writes the URL (controls aside, `object_store::path` `INVALID`).
+const HTTP_UNREQUESTABLE: &str = "\\{^}%`]\">[~<#|*?";
+
+/// The file name an http source's URL names, as the store is handed it: percent-decoded (the store encodes it
+/// itself, so `my%20model.bin` is requested as such and not as `my%2520model.bin`).
+///
+/// Errors: a name that is not UTF-8 once decoded, that decodes to a path (`%2F`), or that holds a character the
+/// store cannot request (a 404 on a mangled path otherwise).
+fn http_file_name(url: &str, encoded: &str) -> Result<String> {
+    let name = percent_encoding::percent_decode_str(encoded)
+        .decode_utf8()
+        .map_err(|e| AgentError::InvalidSource(format!("{url}: file name is not UTF-8 once decoded: {e}")))?;
+    if let Some(c) = name.chars().find(|&c| c == '/' || c.is_control() || HTTP_UNREQUESTABLE.contains(c)) {
+        return Err(AgentError::InvalidSource(format!(
+            "{url}: the file name {name:?} holds {c:?}, which an http source cannot request; serve the file under \
+             another name"
+        )));
+    }
+    Ok(name.into_owned())
+}
+
 /// Resolves a spec to a store and its file list (lists S3, HEADs HTTP, asks the Hub for the repo files).
 pub async fn resolve(spec: &SourceSpec, auth: &SourceAuth) -> Result<ResolvedSource> {
     match spec {
@@ -180,10 +202,7 @@ pub async fn resolve(spec: &SourceSpec, auth: &SourceAuth) -> Result<ResolvedSou
                     .with_client_options(ClientOptions::new().with_allow_http(allow_http(url)))
                     .build()?,
             );
-            // The store encodes the file name itself: hand it the name as it reads (`my%20model.bin` → `my model.bin`).
-            let name = percent_encoding::percent_decode_str(name)
-                .decode_utf8()
-                .map_err(|e| AgentError::InvalidSource(format!("{url}: file name is not UTF-8 once decoded: {e}")))?;
+            let name = http_file_name(url, name)?;
             let meta = store.head(&StorePath::from(name.as_ref())).await?;
             let file =
                 RemoteFile { location: name.to_string(), rel: safe_rel(&name)?, size: meta.size, e_tag: meta.e_tag };
@@ -285,6 +304,16 @@ mod tests {
         assert!(presigned.to_string().contains("without a query string"), "{presigned}");
         assert!(matches!(SourceSpec::parse_uri("ftp://x/y"), Err(AgentError::InvalidSource(_))));
         assert!(matches!(SourceSpec::parse_uri("s3:///nobucket"), Err(AgentError::InvalidSource(_))));
+    }
+
+    #[test]
+    fn http_file_names_are_decoded_once_and_unrequestable_ones_refused() {
+        assert_eq!(http_file_name("u", "my%20model.bin").unwrap(), "my model.bin");
+        assert_eq!(http_file_name("u", "model-v2.safetensors").unwrap(), "model-v2.safetensors");
+        for bad in ["a%2Fb.bin", "model~v2.bin", "a%5B1%5D.bin", "x%25y.bin", "a%0Ab.bin"] {
+            let e = http_file_name("u", bad).unwrap_err();
+            assert_eq!(e.reason(), "InvalidSource", "{bad}: {e}");
+        }
     }
 
     #[test]

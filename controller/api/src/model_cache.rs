@@ -194,20 +194,23 @@ pub struct VolumeSource {
 
 impl ModelSource {
     /// The agent's URI form (`s3://…`, `https://…`, `hf://…`), used by the pods' cold-node fallback
-    /// (`warmpath-agent fetch --source URI`). `None` for volume sources (nothing to fetch). The S3 prefix is
-    /// percent-encoded and each query value form-encoded, so no value can end its own component: a revision
-    /// `main&endpoint=…` stays a revision and never names another endpoint (which would receive the Hub token).
+    /// (`warmpath-agent fetch --source URI`). `None` for volume sources (nothing to fetch). The S3 prefix and each
+    /// query value are percent-encoded where a character would end their component or start an escape, so no value
+    /// can add a parameter: a revision `main&endpoint=…` stays a revision and never names another endpoint (which
+    /// would receive the Hub token). Ordinary values (`http://minio:9000`, `eu-west-1`) are written as they are, so
+    /// the pods' init container arguments, and so their template, do not change with this encoding.
     pub fn fetch_uri(&self) -> Option<String> {
         let q = |pairs: &[(&str, &Option<String>)]| {
-            let mut query = form_urlencoded::Serializer::new(String::new());
-            for (k, v) in pairs {
-                if let Some(v) = v {
-                    query.append_pair(k, v);
-                }
-            }
-            match query.finish() {
-                q if q.is_empty() => q,
-                q => format!("?{q}"),
+            let parts: Vec<String> = pairs
+                .iter()
+                .filter_map(|(k, v)| {
+                    v.as_ref().map(|v| format!("{k}={}", percent_encoding::utf8_percent_encode(v, URI_QUERY_VALUE)))
+                })
+                .collect();
+            if parts.is_empty() {
+                String::new()
+            } else {
+                format!("?{}", parts.join("&"))
             }
         };
         if let Some(s) = &self.s3 {
@@ -228,6 +231,10 @@ impl ModelSource {
         None
     }
 }
+
+/// What [`ModelSource::fetch_uri`] percent-encodes in a query value: [`URI_PATH`] and the characters that end a
+/// value or a parameter, or that a query decoder reads as a space (`&`, `=`, `+`).
+const URI_QUERY_VALUE: &percent_encoding::AsciiSet = &URI_PATH.add(b'&').add(b'=').add(b'+');
 
 /// What [`ModelSource::fetch_uri`] percent-encodes in a path: controls, and the characters that end a path or
 /// start an escape (`?`, `#`, `%`), or that a URI may not hold unencoded (space, quotes, brackets).
@@ -467,7 +474,7 @@ mod tests {
         };
         assert_eq!(
             odd.fetch_uri().unwrap(),
-            "s3://b/team%20a/llama%208b%25%3F%23/?endpoint=http%3A%2F%2F127.0.0.1%3A9000%2F%3Fx%3D1%26y%3D2"
+            "s3://b/team%20a/llama%208b%25%3F%23/?endpoint=http://127.0.0.1:9000/%3Fx%3D1%26y%3D2"
         );
         let hf = ModelSource {
             hugging_face: Some(HuggingFaceSource {
@@ -478,10 +485,7 @@ mod tests {
             }),
             ..Default::default()
         };
-        assert_eq!(
-            hf.fetch_uri().unwrap(),
-            "hf://Qwen/Qwen3-8B?revision=main%26endpoint%3Dhttp%3A%2F%2F127.0.0.1%3A18080"
-        );
+        assert_eq!(hf.fetch_uri().unwrap(), "hf://Qwen/Qwen3-8B?revision=main%26endpoint%3Dhttp://127.0.0.1:18080");
         let v = ModelSource {
             volume: Some(VolumeSource { claim_name: "fsx".into(), sub_path: None }),
             ..Default::default()

@@ -26,8 +26,8 @@ mod metric {
     /// Picks that landed on an endpoint in back-off and went to the least-loaded endpoint that is up instead.
     pub const PICKS_AVOIDED_DOWN: &str = "warmpath.picks_avoided_down";
     /// Requests whose picked endpoint failed them before answering (connect failure, reset, 502/503/504, or a
-    /// retry elsewhere; an oversized upload's reset or retry is not one, `outcome::classify`): each starts or
-    /// extends that endpoint's back-off.
+    /// retry elsewhere; not an oversized upload cut short, `outcome::classify`): each starts or extends that
+    /// endpoint's back-off.
     pub const ENDPOINT_FAILURES: &str = "warmpath.endpoint_failures";
     /// Requests Envoy sent to another host on the only attempt: the pick was not honoured (not a cluster member).
     pub const PICKS_NOT_HONOURED: &str = "warmpath.picks_not_honoured";

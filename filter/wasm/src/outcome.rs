@@ -45,17 +45,24 @@ pub enum Outcome {
     Unknown,
 }
 
+/// The resets of a connection the endpoint had accepted (`response.code_details` of a reset before the response):
+/// what a server that stops reading an upload and closes the connection causes, unlike a connect failure or an
+/// overflow, which an upload cannot.
+const CUT_SHORT: [&str; 2] = ["connection_termination", "remote_reset"];
+
 /// Classifies an ended stream.
 ///
-/// An oversized upload that failed without an answer from the picked endpoint (a reset before the response, or a
-/// retry elsewhere after one) is not counted against it: a server refusing an upload too large for it answers and
-/// closes the connection while the body still streams, so Envoy sees a reset, and any client can send such uploads
-/// to push healthy endpoints into back-off. An unavailable status the endpoint itself answered still counts.
+/// An oversized upload (larger than `max_body_bytes`) that the endpoint cut short, or that was then retried
+/// elsewhere, is not counted against it: a server refusing an upload too large for it answers and closes the
+/// connection while the body still streams, which Envoy sees as a reset, and any client can send such uploads to
+/// push healthy endpoints into back-off. A connect failure, an overflow or an unavailable status the endpoint
+/// answered still counts.
 pub fn classify(o: &Observed<'_>) -> Outcome {
     let reset_before_response = o.details.is_some_and(|d| d.starts_with(RESET_BEFORE_RESPONSE));
-    let answered_by_pick = o.upstream == Some(o.picked) && !reset_before_response;
+    let cut_short = reset_before_response && o.details.is_some_and(|d| CUT_SHORT.iter().any(|r| d.contains(r)));
+    let retried_elsewhere = o.upstream.is_some_and(|u| u != o.picked) && o.attempts.is_some_and(|n| n > 1);
     match observed_outcome(o, reset_before_response) {
-        Outcome::Failed if o.oversized && !answered_by_pick => Outcome::Unknown,
+        Outcome::Failed if o.oversized && (cut_short || retried_elsewhere) => Outcome::Unknown,
         outcome => outcome,
     }
 }
@@ -130,6 +137,15 @@ mod tests {
         };
         assert_eq!(oversized(Some(PICK), Some(503), Some(1), reset), Outcome::Unknown, "a reset mid-upload");
         assert_eq!(oversized(None, Some(503), None, reset), Outcome::Unknown);
+        let remote_reset = Some("upstream_reset_before_response_started{remote_reset}");
+        assert_eq!(oversized(Some(PICK), Some(503), Some(1), remote_reset), Outcome::Unknown);
+        // What an upload cannot cause still counts: the endpoint refused the connection, or Envoy's own overflow.
+        let refused =
+            Some("upstream_reset_before_response_started{remote_connection_failure,delayed_connect_error:_111}");
+        assert_eq!(oversized(Some(PICK), Some(503), Some(1), refused), Outcome::Failed, "a dead endpoint");
+        assert_eq!(oversized(None, Some(503), None, refused), Outcome::Failed);
+        let overflow = Some("upstream_reset_before_response_started{overflow}");
+        assert_eq!(oversized(Some(PICK), Some(503), Some(1), overflow), Outcome::Failed);
         assert_eq!(oversized(Some("127.0.0.1:8002"), Some(413), Some(2), Some("via_upstream")), Outcome::Unknown);
         assert_eq!(oversized(Some(PICK), Some(503), Some(1), Some("via_upstream")), Outcome::Failed, "its own 503");
         assert_eq!(oversized(Some(PICK), Some(413), Some(1), Some("via_upstream")), Outcome::Succeeded);

@@ -8,8 +8,8 @@
 //! end-of-stream body), or routes at once when there is no body or the body (declared or buffered) outgrows
 //! `max_body_bytes`.
 //!
-//! Either way the stream notes a body larger than `max_body_bytes` (declared, buffered or streamed through): an upload
-//! of that size that fails teaches nothing about its endpoint ([`Ended::oversized`]).
+//! Either way the stream notes a body larger than `max_body_bytes` (declared, buffered or streamed through):
+//! [`Ended::oversized`].
 //!
 //! Response side (the points later work hooks into): [`Stream::on_response_headers`] (status known),
 //! [`Stream::on_response_body`] reporting the first body byte once, and [`Stream::on_end`], which runs once for every
@@ -110,9 +110,7 @@ pub struct Ended {
     pub status: Option<u16>,
     /// True if any response body byte reached the filter.
     pub first_byte: bool,
-    /// The request's body was larger than `max_body_bytes`. A server that refuses an upload of that size answers
-    /// and closes the connection while the body still streams, which Envoy sees as a reset before the answer, and
-    /// any client can send one: so a reset or a retry of such a request is not counted against its endpoint
+    /// The request's body was larger than `max_body_bytes`: a reset of it is not counted against its endpoint
     /// (`outcome::classify`).
     pub oversized: bool,
 }

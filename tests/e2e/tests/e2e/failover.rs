@@ -265,10 +265,10 @@ async fn a_drained_endpoint_finishes_its_requests_and_gets_no_new_ones() {
 }
 
 /// An upload a server refuses says nothing about the server: it answers 413 and closes the connection while the body
-/// still streams, which Envoy usually sees as a reset before the answer (503 to the client, or a retry elsewhere).
-/// The filter learns an endpoint's health only from requests whose body it would hold (`max_body_bytes`), so a
-/// client sending such uploads does not mark healthy endpoints down; the next ordinary request still goes to its
-/// pick. Every upload is sent once (no client retry) and bounded in size and time.
+/// still streams, which Envoy usually sees as a reset before the answer (503 to the client). Such a reset of an upload
+/// larger than `max_body_bytes` is not counted against the endpoint (`outcome::classify`), so a client sending such
+/// uploads does not mark healthy endpoints down; the next ordinary request still goes to its pick. Every upload is
+/// sent once (no client retry) and bounded in size and time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn uploads_a_server_refuses_do_not_mark_it_down() {
     for strategy in ["PREFIX_AWARE", "LEAST_OUTSTANDING_REQUESTS"] {

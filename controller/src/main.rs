@@ -203,9 +203,15 @@ fn main() -> anyhow::Result<()> {
     match cli.cmd {
         Cmd::Crdgen { out } => crdgen(&out),
         Cmd::Run { common, wasm_file, http_addr, metrics_addr, cache_warming, lease } => {
+            // Port 0 asks for any free port, a different one for each listener; two addresses clash when one of
+            // them listens on every interface or both on the same one.
+            let clash = metrics_addr.0.is_some_and(|m| {
+                m.port() != 0
+                    && m.port() == http_addr.port()
+                    && (m.ip().is_unspecified() || http_addr.ip().is_unspecified() || m.ip() == http_addr.ip())
+            });
             anyhow::ensure!(
-                // Port 0 asks for any free port, a different one for each listener.
-                metrics_addr.0.is_none_or(|m| m.port() == 0 || m.port() != http_addr.port()),
+                !clash,
                 "--metrics-addr and --http-addr cannot share port {}: give the metrics server another port, or off",
                 http_addr.port()
             );

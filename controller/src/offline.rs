@@ -50,9 +50,10 @@ pub fn parse_manifests(text: &str) -> Result<Vec<Value>, String> {
         if v.is_null() {
             continue;
         }
-        // The API server names every object (generateName included) before anything reconciles it.
-        if v["metadata"]["name"].as_str().is_none_or(str::is_empty) {
-            let kind = v["kind"].as_str().unwrap_or("an object without a kind");
+        // The API server names every object (generateName included) before anything reconciles it; objects of
+        // other kinds (a List, a Kustomization) are ignored, named or not.
+        let kind = v["kind"].as_str().unwrap_or_default();
+        if crate::gateway::source::reads_kind(kind) && v["metadata"]["name"].as_str().is_none_or(str::is_empty) {
             return Err(format!("{kind} (document {}) has no metadata.name", out.len() + 1));
         }
         out.push(v);

@@ -38,14 +38,18 @@ contexts:\n- name: c\n  context: {cluster: c, user: u}\ncurrent-context: c\nuser
 
 #[test]
 fn run_refuses_a_metrics_listener_it_cannot_serve_and_takes_off() {
-    let (ok, stderr) = run(&["--http-addr", "127.0.0.1:8080", "--metrics-addr", "0.0.0.0:8080"]);
-    assert!(!ok && stderr.contains("cannot share port 8080"), "{stderr}");
+    for (http, metrics) in [("127.0.0.1:8080", "0.0.0.0:8080"), ("127.0.0.1:8080", "127.0.0.1:8080")] {
+        let (ok, stderr) = run(&["--http-addr", http, "--metrics-addr", metrics]);
+        assert!(!ok && stderr.contains("cannot share port 8080"), "{http} {metrics}: {stderr}");
+    }
     let (ok, stderr) = run(&["--metrics-addr", "bogus"]);
     assert!(!ok && stderr.contains("\"bogus\" is neither an IP:port nor off"), "{stderr}");
-    // Accepted, off or both on port 0 (any free port, one each): it gets as far as the API server, where nothing
-    // listens.
-    for metrics in ["off", "127.0.0.1:0"] {
-        let (ok, stderr) = run(&["--http-addr", "127.0.0.1:0", "--metrics-addr", metrics]);
+    // Accepted — off, both on port 0 (any free port, one each), one port on two addresses — as far as this test sees:
+    // `run` then stops at the API server, where nothing listens, before it binds anything.
+    for (http, metrics) in
+        [("127.0.0.1:0", "off"), ("127.0.0.1:0", "127.0.0.1:0"), ("127.0.0.1:8080", "127.0.0.2:8080")]
+    {
+        let (ok, stderr) = run(&["--http-addr", http, "--metrics-addr", metrics]);
         assert!(!ok && !stderr.contains("--metrics-addr") && !stderr.contains("panicked"), "{metrics}: {stderr}");
         assert!(stderr.contains("InferenceRoutingPolicies") || stderr.contains("127.0.0.1:9"), "{metrics}: {stderr}");
     }

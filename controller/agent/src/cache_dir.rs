@@ -21,6 +21,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{AgentError, Result};
 
+/// Length of a version's name under `versions/` and `staging/`: hex digits of its fingerprint
+/// ([`crate::sync::fingerprint`]).
+pub const VERSION_NAME_LEN: usize = 16;
+
 /// Name of the marker written into a version directory once every file is verified.
 pub const READY_MARKER: &str = ".warmpath-ready.json";
 /// Name of the symlink pods read through.
@@ -49,7 +53,7 @@ fn is_layout_entry(e: &std::fs::DirEntry) -> bool {
 }
 
 /// [`is_layout_entry`], and for `versions` and `staging` also every entry inside: a directory named like a
-/// version fingerprint (16 lower-case hex digits, [`crate::sync::fingerprint`]). What an unmarked directory must
+/// version fingerprint ([`VERSION_NAME_LEN`] lower-case hex digits). What an unmarked directory must
 /// hold for the agent to adopt it: an older agent's caches pass, a user's `versions/v1/` does not.
 fn is_adoptable_entry(e: &std::fs::DirEntry) -> bool {
     if !is_layout_entry(e) {
@@ -62,7 +66,7 @@ fn is_adoptable_entry(e: &std::fs::DirEntry) -> bool {
         let name = v.file_name();
         let name = name.to_string_lossy();
         v.file_type().is_ok_and(|k| k.is_dir())
-            && name.len() == 16
+            && name.len() == VERSION_NAME_LEN
             && name.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
     };
     std::fs::read_dir(e.path()).is_ok_and(|rd| rd.flatten().all(|v| is_version(&v)))

@@ -162,6 +162,15 @@ async fn main() -> ExitCode {
             // progress for the next attempt, and report `Cancelled` as JSON like any other outcome.
             let cancel = CancellationToken::new();
             cancel_on_signal(cancel.clone());
+            // Listing the source and hashing a file do not stop at a cancel: past a short grace, say so and go,
+            // rather than leave a pod's deletion waiting out its grace period.
+            let grace = cancel.clone();
+            tokio::spawn(async move {
+                grace.cancelled().await;
+                tokio::time::sleep(std::time::Duration::from_secs(CANCEL_GRACE_S)).await;
+                fail("Cancelled", "cancelled while listing the source or hashing a file; progress kept");
+                std::process::exit(1);
+            });
             match sync_cache(&req, &opts, &cancel, None).await {
                 Ok(r) => {
                     println!("{}", serde_json::json!({ "phase": "Ready", "report": r }));
@@ -196,6 +205,9 @@ async fn main() -> ExitCode {
         },
     }
 }
+
+/// Seconds `fetch` waits, after a signal, for the download to stop at its next chunk before it exits anyway.
+const CANCEL_GRACE_S: u64 = 5;
 
 /// Cancels `token` on the first SIGTERM or SIGINT.
 fn cancel_on_signal(token: CancellationToken) {

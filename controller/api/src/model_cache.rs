@@ -143,7 +143,7 @@ pub struct S3Source {
 pub struct HttpSource {
     /// URL of one file (its last path segment becomes the file name), without a query string or fragment: the
     /// agent reads the file by its path (a presigned URL is not supported).
-    #[schemars(regex(pattern = r"^https?://[^?#]*[^/?#]$"))]
+    #[schemars(regex(pattern = r"^https?://[^/?#]+/[^?#]*[^/?#]$"))]
     pub url: String,
 }
 

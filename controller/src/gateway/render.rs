@@ -87,7 +87,8 @@ impl Provider {
     pub fn parse(s: &str) -> Result<Option<Self>, String> {
         match s {
             "auto" => Ok(None),
-            "envoy-gateway" => Ok(Some(Self::EnvoyGateway)),
+            // `envoygateway` was accepted before the setting was checked: kept so such a setup still starts.
+            "envoy-gateway" | "envoygateway" => Ok(Some(Self::EnvoyGateway)),
             "istio" => Ok(Some(Self::Istio)),
             _ => Err(format!("unknown provider {s:?}: expected auto, envoy-gateway or istio")),
         }

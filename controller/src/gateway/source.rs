@@ -43,6 +43,20 @@ pub struct Manifests {
     pub endpoints: Vec<InferenceEndpoint>,
 }
 
+/// The kinds [`Manifests::from_values`] reads; any other object among the inputs is ignored.
+pub fn reads_kind(kind: &str) -> bool {
+    matches!(
+        kind,
+        "InferenceRoutingPolicy"
+            | "HTTPRoute"
+            | "Gateway"
+            | "GatewayClass"
+            | "Service"
+            | "InferencePool"
+            | "InferenceEndpoint"
+    )
+}
+
 impl Manifests {
     /// Sorts JSON objects into kinds (`metadata.namespace` must already be set on namespaced ones).
     ///
@@ -72,7 +86,7 @@ impl Manifests {
                 "Service" => m.services.push(id(&v)),
                 "InferencePool" => m.pools.push(id(&v)),
                 "InferenceEndpoint" => m.endpoints.push(typed(v)?),
-                _ => {}
+                kind => debug_assert!(!reads_kind(kind), "{kind} is read but not sorted"),
             }
         }
         Ok(m)

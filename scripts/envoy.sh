@@ -21,6 +21,6 @@ if [ ${#own[@]} -gt 0 ] && [ ! -f "$wasm" ] && { [ "$cmd" = run ] || [ "$cmd" = 
   cargo build -q -p warmpath-filter --target wasm32-wasip1 --release
 fi
 case "$cmd" in
-  run|render) exec cargo run -q -p warmpath-harness --bin warmpath-envoy -- "$cmd" "${own[@]}" "$@" ;;
+  run|render) exec cargo run -q -p warmpath-harness --bin warmpath-envoy -- "$cmd" ${own[@]+"${own[@]}"} "$@" ;;
   *) exec cargo run -q -p warmpath-harness --bin warmpath-envoy -- "$cmd" "$@" ;;
 esac

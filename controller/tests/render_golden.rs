@@ -102,15 +102,7 @@ fn render_of_a_route_alone_says_why_nothing_was_rendered() {
     let text = std::fs::read_to_string(cases().into_iter().find(|c| c.ends_with("docs-annotated-route.yaml")).unwrap())
         .unwrap();
     let route = text.split("\n---\n").find(|d| d.contains("kind: HTTPRoute")).expect("the case has the route");
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("route.yaml");
-    std::fs::write(&file, route).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_warmpath-controller"))
-        .args(["render", "-f"])
-        .arg(&file)
-        .args(["--wasm-sha256", SHA])
-        .output()
-        .unwrap();
+    let out = render_text(route);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "exit 0 with nothing rendered; stderr: {stderr}");
     assert!(out.stdout.is_empty(), "{}", String::from_utf8_lossy(&out.stdout));
@@ -142,16 +134,9 @@ fn render_refuses_bad_yaml_and_bad_sha() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("64 hex"));
     // An object without a name: said so, where the reconcilers would have failed on something else.
-    let nameless = dir.path().join("nameless.yaml");
     let endpoint =
         std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/testdata/cache/endpoint.yaml")).unwrap();
-    std::fs::write(&nameless, endpoint.replacen("  name: qwen3-8b\n", "", 1)).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_warmpath-controller"))
-        .args(["render", "-f"])
-        .arg(&nameless)
-        .args(["--wasm-sha256", SHA])
-        .output()
-        .unwrap();
+    let out = render_text(&endpoint.replacen("  name: qwen3-8b\n", "", 1));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         !out.status.success() && stderr.contains("InferenceEndpoint (document 1) has no metadata.name"),
@@ -181,15 +166,7 @@ async fn inference_endpoints_render_their_cache_warming_objects() {
 fn render_refuses_endpoints_the_api_server_would_refuse() {
     let good = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/testdata/cache/endpoint.yaml")).unwrap();
     let render = |text: &str| {
-        let dir = tempfile::tempdir().unwrap();
-        let f = dir.path().join("ie.yaml");
-        std::fs::write(&f, text).unwrap();
-        let out = Command::new(env!("CARGO_BIN_EXE_warmpath-controller"))
-            .args(["render", "-f"])
-            .arg(&f)
-            .args(["--wasm-sha256", SHA])
-            .output()
-            .unwrap();
+        let out = render_text(text);
         (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
     };
     let (ok, err) = render(&good);
@@ -240,15 +217,7 @@ fn render_refuses_endpoints_the_api_server_would_refuse() {
 fn endpoints_sharing_an_image_render_its_cache_once() {
     let one = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/testdata/cache/endpoint.yaml")).unwrap();
     let two = format!("{one}\n---\n{}", one.replacen("name: qwen3-8b", "name: qwen3-8b-second", 1));
-    let dir = tempfile::tempdir().unwrap();
-    let f = dir.path().join("two.yaml");
-    std::fs::write(&f, two).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_warmpath-controller"))
-        .args(["render", "-f"])
-        .arg(&f)
-        .args(["--wasm-sha256", SHA])
-        .output()
-        .unwrap();
+    let out = render_text(&two);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let stdout = String::from_utf8(out.stdout).unwrap();
     let count = |kind: &str| {
@@ -266,15 +235,7 @@ fn render_refuses_policies_the_api_server_would_refuse() {
     let good =
         std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/testdata/render/envoy-gateway.yaml")).unwrap();
     let render = |text: &str| {
-        let dir = tempfile::tempdir().unwrap();
-        let f = dir.path().join("p.yaml");
-        std::fs::write(&f, text).unwrap();
-        let out = Command::new(env!("CARGO_BIN_EXE_warmpath-controller"))
-            .args(["render", "-f"])
-            .arg(&f)
-            .args(["--wasm-sha256", SHA])
-            .output()
-            .unwrap();
+        let out = render_text(text);
         (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
     };
     let (ok, err) = render(&good);
@@ -314,6 +275,14 @@ fn render_with(case: &Path, extra: &[&str]) -> std::process::Output {
         .args(extra)
         .output()
         .unwrap()
+}
+
+/// [`render_with`] of `text` written to a file of its own, without extra arguments.
+fn render_text(text: &str) -> std::process::Output {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("input.yaml");
+    std::fs::write(&file, text).unwrap();
+    render_with(&file, &[])
 }
 
 /// `--cluster-domain` (env `WARMPATH_CLUSTER_DOMAIN`) replaces `cluster.local` in every Service

@@ -1,9 +1,9 @@
 //! A local stand-in for a model server: answers every request with a small OpenAI-style JSON body naming itself,
 //! records what it received (bodies of any size: no server-side body limit, unlike axum's default 2 MB, so body
-//! limits seen in tests are Envoy's, unless a test sets one), and can hold requests (to build up in-flight load) or delay them, stream its
-//! answer as server-sent events one token at a time (as a model server streams a completion), and be killed
-//! (listener closed, every open connection dropped mid-request, like a crashed process) and restarted on the
-//! same address.
+//! limits seen in tests are Envoy's, unless a test sets one), and can hold requests (to build up in-flight load)
+//! or delay them, stream its answer as server-sent events one token at a time (as a model server streams a
+//! completion), and be killed (listener closed, every open connection dropped mid-request, like a crashed
+//! process) and restarted on the same address.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;

@@ -23,7 +23,8 @@ and a Job's name becomes a label value). Called with (list <base> <suffix>). */}
 {{- include "warmpath.suffixed" (list (include "warmpath.fullname" (index . 0)) (index . 1)) -}}
 {{- end -}}
 
-{{/* The name of one of the controller's objects: (list . <suffix>) after the controller's name, within 63 characters. */}}
+{{/* The name of one of the controller's objects: (list . <suffix>) after the controller's name, within 63
+characters. */}}
 {{- define "warmpath.controller.with" -}}
 {{- include "warmpath.suffixed" (list (include "warmpath.controller.name" (index . 0)) (index . 1)) -}}
 {{- end -}}

@@ -127,7 +127,8 @@ pub struct SyncReport {
 }
 
 /// Version fingerprint: sha256 over the source, the expected checksums, the Hub commit and the listing
-/// (paths, sizes, ETags); [`crate::cache_dir::VERSION_NAME_LEN`] hex digits. Any change in what would be downloaded gives a new version.
+/// (paths, sizes, ETags); [`crate::cache_dir::VERSION_NAME_LEN`] hex digits. Any change in what would be
+/// downloaded gives a new version.
 pub fn fingerprint(req: &CacheRequest, pin: Option<&str>, files: &[RemoteFile]) -> String {
     let doc = serde_json::json!({ "source": req.source, "sha256": req.sha256, "pin": pin, "files": files });
     hex::encode(&Sha256::digest(doc.to_string().as_bytes())[..crate::cache_dir::VERSION_NAME_LEN / 2])

@@ -3,7 +3,7 @@
 //! The SIGTERM test needs `.venv/bin/envoy` and the release wasm module (scripts/test.d/40-bench.sh builds it).
 
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use warmpath_harness::process::{alive, wait_exit, KillOnDrop};
@@ -26,18 +26,8 @@ fn envoy_child(parent: u32) -> Option<(u32, Vec<String>)> {
     })
 }
 
-fn bench(args: &[&str], out: &Path) -> Child {
-    Command::new(BENCH)
-        .args(args)
-        .arg("--out")
-        .arg(out)
-        .env_remove("RUST_BACKTRACE")
-        .env_remove("RUST_LIB_BACKTRACE")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawning warmpath-bench")
+fn bench(args: &[&str], out: &Path) -> KillOnDrop {
+    KillOnDrop::spawn_for_stderr(Command::new(BENCH).args(args).arg("--out").arg(out)).expect("spawning warmpath-bench")
 }
 
 /// Runs the bench with `args` (a tiny workload, so a run that is wrongly accepted still ends), expects it to fail
@@ -51,12 +41,10 @@ fn refused(args: &[&str]) -> String {
         .flatten()
         .collect();
     all.extend_from_slice(args);
-    let mut guard = KillOnDrop::new(bench(&all, out.path()));
+    let mut guard = bench(&all, out.path());
     let status = wait_exit(&mut guard.child, Duration::from_secs(60));
-    let mut stderr = String::new();
-    if status.is_some() {
-        std::io::Read::read_to_string(guard.child.stderr.as_mut().unwrap(), &mut stderr).unwrap();
-    }
+    // Read only once it exited: a process still running would hold the pipe open.
+    let stderr = if status.is_some() { guard.stderr() } else { String::new() };
     let status = status.unwrap_or_else(|| panic!("warmpath-bench {args:?} still running after 60 s"));
     assert!(!status.success(), "warmpath-bench {args:?} succeeded; stderr:\n{stderr}");
     assert!(!out.path().join("table.md").exists(), "warmpath-bench {args:?} ran the comparison");
@@ -109,7 +97,7 @@ fn sigterm_stops_envoy_and_removes_its_directory() {
         "--max-wall-s",
         "60",
     ];
-    let mut guard = KillOnDrop::new(bench(&args, out.path()));
+    let mut guard = bench(&args, out.path());
     let start = Instant::now();
     let cmdline = loop {
         if let Some((pid, cmdline)) = envoy_child(guard.child.id()) {
@@ -157,10 +145,9 @@ fn runs_repeat_the_comparison_and_the_table_shows_each_columns_range() {
         "20",
         "--check",
     ];
-    let mut guard = KillOnDrop::new(bench(&args, out.path()));
+    let mut guard = bench(&args, out.path());
     let status = wait_exit(&mut guard.child, Duration::from_secs(60)).expect("warmpath-bench --runs 2 within 60 s");
-    let mut stderr = String::new();
-    std::io::Read::read_to_string(guard.child.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+    let stderr = guard.stderr();
     assert!(status.success(), "{stderr}");
     for k in ["run1", "run2"] {
         assert!(out.path().join(k).join("summary.csv").exists(), "{k}/summary.csv missing; stderr:\n{stderr}");
@@ -200,13 +187,10 @@ fn an_output_folder_that_cannot_be_written_is_refused_before_the_run() {
     let file = dir.path().join("a-file");
     std::fs::write(&file, b"").unwrap();
     let start = Instant::now();
-    let mut guard = KillOnDrop::new(bench(
-        &["--strategies", "SAGEMAKER_PREFIX", "--requests", "2", "--time-scale", "0.01"],
-        &file.join("sub"),
-    ));
+    let mut guard =
+        bench(&["--strategies", "SAGEMAKER_PREFIX", "--requests", "2", "--time-scale", "0.01"], &file.join("sub"));
     let status = wait_exit(&mut guard.child, Duration::from_secs(60)).expect("warmpath-bench ended within 60 s");
-    let mut stderr = String::new();
-    std::io::Read::read_to_string(guard.child.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+    let stderr = guard.stderr();
     assert!(!status.success() && stderr.contains("creating the output folder"), "{stderr}");
     assert!(
         start.elapsed() < Duration::from_secs(30) && !stderr.contains("SAGEMAKER"),

@@ -1,7 +1,8 @@
 //! The processes a test or a tool starts: whether one still runs, its exit awaited with a deadline, and a guard that
 //! kills it, and the Envoy it started, when a test ends. Process state comes from procfs (the `procfs` crate).
 
-use std::process::{Child, Command, ExitStatus};
+use std::io::Read;
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use procfs::process::Process;
@@ -43,6 +44,30 @@ impl KillOnDrop {
     pub fn new(child: Child) -> KillOnDrop {
         KillOnDrop { child, envoy: None }
     }
+
+    /// Spawns `command` for a test that reads what it says on stderr: stdin and stdout null, stderr piped, and
+    /// without the backtrace variables (anyhow appends a backtrace to an error when they are set; the tests check
+    /// the bare message).
+    pub fn spawn_for_stderr(command: &mut Command) -> std::io::Result<KillOnDrop> {
+        let child = command
+            .env_remove("RUST_BACKTRACE")
+            .env_remove("RUST_LIB_BACKTRACE")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()?;
+        Ok(KillOnDrop::new(child))
+    }
+
+    /// What the process wrote to stderr, read to its end: call it once the process exited (these tools write a
+    /// few lines, so the pipe never fills and blocks them). Empty when stderr was not piped.
+    pub fn stderr(&mut self) -> String {
+        let mut out = String::new();
+        if let Some(pipe) = self.child.stderr.as_mut() {
+            let _ = pipe.read_to_string(&mut out);
+        }
+        out
+    }
 }
 
 impl Drop for KillOnDrop {
@@ -76,6 +101,10 @@ mod tests {
         assert!(!alive(pid), "a process that exited is not alive before its parent reaps it");
         let status = wait_exit(&mut guard.child, Duration::from_secs(10)).expect("exited");
         assert!(!status.success());
+
+        let mut said = KillOnDrop::spawn_for_stderr(Command::new("sh").args(["-c", "echo oops >&2; exit 3"])).unwrap();
+        let status = wait_exit(&mut said.child, Duration::from_secs(10)).expect("exited");
+        assert_eq!((status.code(), said.stderr().as_str()), (Some(3), "oops\n"));
 
         let sleeper = Command::new("sleep").arg("30").stdin(Stdio::null()).spawn().expect("sleep");
         let other = Command::new("sleep").arg("30").stdin(Stdio::null()).spawn().expect("sleep");

@@ -4,7 +4,7 @@
 //! Needs `.venv/bin/envoy` and the release filter module, like the other end-to-end tests.
 
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use warmpath_harness::process::{alive, wait_exit, KillOnDrop};
@@ -24,27 +24,22 @@ fn pids_with_arg(needle: &str) -> Vec<u32> {
         .collect()
 }
 
-fn launch(out: &Path, plugin_config: &str, admin_port: u16, upstream_port: u16) -> Child {
+fn launch(out: &Path, plugin_config: &str, admin_port: u16, upstream_port: u16) -> KillOnDrop {
     let wasm = filter_wasm().expect("filter module");
-    Command::new(LAUNCHER)
-        .arg("run")
-        .args(["--upstream", &format!("127.0.0.1:{upstream_port}")])
-        .args(["--listener-port", &free_port().unwrap().to_string()])
-        .args(["--admin-port", &admin_port.to_string()])
-        .arg("--wasm")
-        .arg(wasm)
-        .args(["--plugin-config", plugin_config])
-        .args(["--concurrency", "1"])
-        .arg("--out")
-        .arg(out)
-        // anyhow appends a backtrace to the error when these are set; the one-line check wants the bare message.
-        .env_remove("RUST_BACKTRACE")
-        .env_remove("RUST_LIB_BACKTRACE")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawning warmpath-envoy")
+    KillOnDrop::spawn_for_stderr(
+        Command::new(LAUNCHER)
+            .arg("run")
+            .args(["--upstream", &format!("127.0.0.1:{upstream_port}")])
+            .args(["--listener-port", &free_port().unwrap().to_string()])
+            .args(["--admin-port", &admin_port.to_string()])
+            .arg("--wasm")
+            .arg(wasm)
+            .args(["--plugin-config", plugin_config])
+            .args(["--concurrency", "1"])
+            .arg("--out")
+            .arg(out),
+    )
+    .expect("spawning warmpath-envoy")
 }
 
 #[tokio::test]
@@ -56,7 +51,7 @@ async fn sigterm_to_the_launcher_stops_envoy() {
     let (mut guard, _out) = start_on_picked_ports(|| {
         let out = tempfile::tempdir()?;
         let admin_port = free_port()?;
-        let mut guard = KillOnDrop::new(launch(out.path(), "{}", admin_port, upstream.local_addr()?.port()));
+        let mut guard = launch(out.path(), "{}", admin_port, upstream.local_addr()?.port());
         let bootstrap = out.path().join("envoy.yaml").to_string_lossy().into_owned();
         let http = http.clone();
         Ok(async move {
@@ -70,9 +65,7 @@ async fn sigterm_to_the_launcher_stops_envoy() {
                     return Ok((guard, out));
                 }
                 if guard.child.try_wait()?.is_some() {
-                    let mut stderr = String::new();
-                    std::io::Read::read_to_string(guard.child.stderr.as_mut().expect("piped"), &mut stderr)?;
-                    anyhow::bail!("launcher exited before Envoy was ready:\n{stderr}");
+                    anyhow::bail!("launcher exited before Envoy was ready:\n{}", guard.stderr());
                 }
                 anyhow::ensure!(start.elapsed() < Duration::from_secs(30), "Envoy not ready after 30 s");
                 tokio::time::sleep(Duration::from_millis(100)).await;
@@ -99,18 +92,13 @@ async fn sigterm_to_the_launcher_stops_envoy() {
 fn bad_plugin_config_is_refused_before_envoy_starts() {
     let upstream = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let out = tempfile::tempdir().unwrap();
-    let mut guard = KillOnDrop::new(launch(
-        out.path(),
-        r#"{"prefix_length": 10}"#,
-        free_port().unwrap(),
-        upstream.local_addr().unwrap().port(),
-    ));
+    let mut guard =
+        launch(out.path(), r#"{"prefix_length": 10}"#, free_port().unwrap(), upstream.local_addr().unwrap().port());
     let status = wait_exit(&mut guard.child, Duration::from_secs(20));
     let bootstrap = out.path().join("envoy.yaml").to_string_lossy().into_owned();
     guard.envoy = pids_with_arg(&bootstrap).into_iter().find(|p| *p != guard.child.id());
     let status = status.expect("launcher still running 20 s after being given a bad prefix_length");
-    let mut stderr = String::new();
-    std::io::Read::read_to_string(guard.child.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+    let stderr = guard.stderr();
     assert!(!status.success(), "launcher succeeded with a bad prefix_length; stderr:\n{stderr}");
     assert!(stderr.contains("`prefix_length` = 10 is out of range"), "stderr:\n{stderr}");
     assert_eq!(stderr.lines().filter(|l| !l.trim().is_empty()).count(), 1, "one-line error expected:\n{stderr}");

@@ -36,7 +36,7 @@ struct Args {
     #[arg(long, default_value_t = 16, value_parser = at_least_one)]
     block_tokens: usize,
     /// Mean arrival rate of generated workloads, requests per simulated second (> 0).
-    #[arg(long, default_value_t = 8.0, value_parser = positive_rate, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = 8.0, value_parser = positive, allow_negative_numbers = true)]
     rate: f64,
     /// Multiplies the arrival rate (divides trace timestamps): 0.5 = half the load.
     #[arg(long, default_value_t = 1.0)]
@@ -191,7 +191,7 @@ fn runs_count(s: &str) -> Result<usize, String> {
     at_least_one(s).and_then(|n| if n <= MAX_RUNS { Ok(n) } else { Err(format!("at most {MAX_RUNS}, got {n}")) })
 }
 
-/// Clap parser for durations that must be finite and > 0.
+/// Clap parser for numbers that must be finite and > 0 (a rate, a duration).
 fn positive(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {
         Ok(x) if x.is_finite() && x > 0.0 => Ok(x),
@@ -205,15 +205,6 @@ fn non_negative(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {
         Ok(x) if x.is_finite() && x >= 0.0 => Ok(x),
         Ok(x) => Err(format!("must be a number ≥ 0, got {x}")),
-        Err(e) => Err(e.to_string()),
-    }
-}
-
-/// Clap parser for rates that must be finite and > 0.
-fn positive_rate(s: &str) -> Result<f64, String> {
-    match s.parse::<f64>() {
-        Ok(r) if r.is_finite() && r > 0.0 => Ok(r),
-        Ok(r) => Err(format!("must be a number > 0 (requests per simulated second), got {r}")),
         Err(e) => Err(e.to_string()),
     }
 }

@@ -127,6 +127,11 @@ names = [(d["kind"], d["metadata"]["name"]) for d in yaml.safe_load_all(open(sys
 long = [n for n in names if len(n[1]) > 63]
 twice = [n for n, c in collections.Counter(names).items() if c > 1]
 assert not long and not twice, f"over 63 characters: {long}; twice: {twice}"
+# The controller's own name (Deployment, Lease) is cut as it always was, so an upgrade does not rename it.
+fullname = "my-very-long-release-name-that-goes-on-and-on-foreve-warmpath"
+want = f"{fullname}-controller"[:63].rstrip("-")
+deployments = [n for k, n in names if k == "Deployment"]
+assert deployments == [want], f"controller Deployment {deployments}, want {want!r}"
 PY
 "$VALIDATE" --strict --quiet -k 1.37.0 "$tmp/long.yaml" || fail "kubernetes-validate --strict with a 53-character release name"
 ok "a 53-character release name keeps every object name within 63 characters"

@@ -7,8 +7,11 @@
 {{- end -}}
 {{- end -}}
 
+{{/* The controller's name: the Deployment, its ServiceAccount, its Service and its leader Lease. Cut at 63
+characters as it always was (a valid DNS label however long the release name): a rule that cut the base instead
+would rename these on upgrade of a long-named release, and old and new pods would lead under different Leases. */}}
 {{- define "warmpath.controller.name" -}}
-{{- include "warmpath.suffixed" (list (include "warmpath.fullname" .) "controller") -}}
+{{- printf "%s-controller" (include "warmpath.fullname" .) | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
 
 {{/* "<base>-<suffix>", the base cut so that the whole fits in 63 characters (a DNS label: Service names must be one,

@@ -316,7 +316,9 @@ fn reserve(opts: &SyncOptions, dir: &CacheDir, staging: &Path, files: &[RemoteFi
         match reserve_part(&part, f, opts.fetch.chunk_size) {
             Ok(_) => {}
             Err(AgentError::Io { op: "allocate", source, .. }) if source.kind() == std::io::ErrorKind::StorageFull => {
-                let available = opts.free_space.available(dir.base()).unwrap_or(0);
+                // What the filesystem itself has left: the allocation failed there, whatever a configured
+                // free-space figure (`--free-bytes-override`) says.
+                let available = FilesystemFreeSpace.available(dir.base()).unwrap_or(0);
                 return Err(AgentError::InsufficientDisk {
                     path: dir.base().to_path_buf(),
                     needed,

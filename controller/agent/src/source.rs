@@ -165,16 +165,25 @@ fn http_file_name(url: &str, encoded: &str) -> Result<String> {
     Ok(name.into_owned())
 }
 
+/// The S3 store of `bucket` on top of `base` (the environment's settings: credentials, `AWS_REGION` or
+/// `AWS_DEFAULT_REGION`): the source's own region wins, then the environment's; with neither the store uses
+/// `us-east-1`.
+fn s3_builder(base: AmazonS3Builder, bucket: &str, region: Option<&str>, endpoint: Option<&str>) -> AmazonS3Builder {
+    let mut b = base.with_bucket_name(bucket);
+    if let Some(region) = region {
+        b = b.with_region(region);
+    }
+    if let Some(ep) = endpoint {
+        b = b.with_endpoint(ep).with_allow_http(allow_http(ep));
+    }
+    b
+}
+
 /// Resolves a spec to a store and its file list (lists S3, HEADs HTTP, asks the Hub for the repo files).
 pub async fn resolve(spec: &SourceSpec, auth: &SourceAuth) -> Result<ResolvedSource> {
     match spec {
         SourceSpec::S3 { bucket, prefix, region, endpoint } => {
-            let mut b = AmazonS3Builder::from_env()
-                .with_bucket_name(bucket)
-                .with_region(region.clone().unwrap_or_else(|| "us-east-1".into()));
-            if let Some(ep) = endpoint {
-                b = b.with_endpoint(ep).with_allow_http(allow_http(ep));
-            }
+            let b = s3_builder(AmazonS3Builder::from_env(), bucket, region.as_deref(), endpoint.as_deref());
             let store: Arc<dyn ObjectStore> = Arc::new(b.build()?);
             let list_prefix = if prefix.is_empty() { None } else { Some(StorePath::from(prefix.as_str())) };
             let metas: Vec<_> = store.list(list_prefix.as_ref()).try_collect().await?;
@@ -260,7 +269,20 @@ async fn resolve_hf(repo: &str, revision: &str, endpoint: Option<&str>, auth: &S
 
 #[cfg(test)]
 mod tests {
+    use object_store::aws::AmazonS3ConfigKey;
+
     use super::*;
+
+    #[test]
+    fn s3_region_comes_from_the_source_then_the_environment() {
+        let region = |b: &AmazonS3Builder| b.get_config_value(&AmazonS3ConfigKey::Region);
+        // The environment's region as `from_env` reads it (`AWS_REGION` or `AWS_DEFAULT_REGION`).
+        let env = || AmazonS3Builder::new().with_config(AmazonS3ConfigKey::DefaultRegion, "eu-central-1");
+        assert_eq!(region(&s3_builder(env(), "b", None, None)).as_deref(), Some("eu-central-1"));
+        assert_eq!(region(&s3_builder(env(), "b", Some("ap-south-1"), None)).as_deref(), Some("ap-south-1"));
+        // Neither: left to the store's own default (us-east-1).
+        assert_eq!(region(&s3_builder(AmazonS3Builder::new(), "b", None, None)), None);
+    }
 
     #[test]
     fn parses_cli_uris() {

@@ -129,7 +129,7 @@ pub struct S3Source {
     /// Key prefix (files keep their path below it).
     #[serde(default)]
     pub prefix: String,
-    /// AWS region; default `us-east-1`.
+    /// AWS region; default: the downloader's `AWS_REGION` (or `AWS_DEFAULT_REGION`), else `us-east-1`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub region: Option<String>,
     /// Endpoint URL of an S3-compatible store.

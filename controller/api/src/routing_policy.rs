@@ -71,7 +71,8 @@ pub struct InferenceRoutingPolicySpec {
     #[schemars(range(min = BLOCK_SIZE_RANGE.0, max = BLOCK_SIZE_RANGE.1))]
     pub block_size: Option<i64>,
 
-    /// In-flight requests on the preferred endpoint above which a request overflows; 1–1024.
+    /// In-flight requests (this gateway's, or the server's waiting + running if larger) at which an endpoint is
+    /// no longer chosen while another is below it; 1–1024, default 64.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = CONCURRENCY_THRESHOLD_RANGE.0, max = CONCURRENCY_THRESHOLD_RANGE.1))]
     pub concurrency_threshold: Option<i64>,

@@ -4,7 +4,8 @@
 //! retrying the request elsewhere) is down for a back-off period that doubles with each consecutive failure, from
 //! [`BACKOFF_BASE_MS`] up to [`BACKOFF_MAX_MS`]. A success clears it at once. When the period expires, one request
 //! is sent there as the probe ([`Health::claim_probe`]) while the others keep avoiding it for up to
-//! [`PROBE_WINDOW_MS`]: a failed probe doubles the period, a successful one clears it. So a dead endpoint costs one
+//! [`PROBE_WINDOW_MS`]: a failed probe doubles the period, a successful one clears it, one that tells nothing
+//! ([`Health::probe_told_nothing`]) lets the next request probe. So a dead endpoint costs one
 //! request per back-off period (served anyway by Envoy's retry), not every request picked for it in that moment.
 //!
 //! Down endpoints are not candidates for any policy: [`avoid_down`] moves a pick that landed on a down endpoint to
@@ -71,6 +72,17 @@ impl Health {
         self.probing = true;
         self.down_until_ms = now_ms.saturating_add(PROBE_WINDOW_MS);
         true
+    }
+
+    /// The probe ended without telling whether the endpoint is up (an upload cut short for its own size, or sent
+    /// elsewhere): its claim is given back at `now_ms`, so the next request picked for the endpoint probes at once
+    /// instead of every request keeping away until the window runs out. Nothing changes when no probe runs (a
+    /// failure or success reported meanwhile already ended it).
+    pub fn probe_told_nothing(&mut self, now_ms: u64) {
+        if self.probing {
+            self.probing = false;
+            self.down_until_ms = self.down_until_ms.min(now_ms);
+        }
     }
 
     /// A request placed on this endpoint succeeded: up, back-off reset.
@@ -165,6 +177,26 @@ mod tests {
         assert!(h.claim_probe(BACKOFF_BASE_MS));
         assert!(h.claim_probe(BACKOFF_BASE_MS + PROBE_WINDOW_MS), "the window ran out: the next request probes");
         assert_eq!(h.failures, 1, "an unanswered probe is not a failure");
+    }
+
+    #[test]
+    fn a_probe_that_tells_nothing_lets_the_next_request_probe_at_once() {
+        let mut h = Health::default();
+        h.failed(0);
+        assert!(h.claim_probe(BACKOFF_BASE_MS));
+        h.probe_told_nothing(BACKOFF_BASE_MS + 20);
+        assert!(!h.is_down(BACKOFF_BASE_MS + 20), "the others need not keep away");
+        assert!(h.claim_probe(BACKOFF_BASE_MS + 20), "the next request probes");
+        assert_eq!(h.failures, 1, "not a failure");
+        // Outside a probe it changes nothing: a back-off keeps running, a clear endpoint stays clear.
+        let mut down = Health::default();
+        down.failed(0);
+        let before = down;
+        down.probe_told_nothing(10);
+        assert_eq!(down, before);
+        let mut clear = Health::default();
+        clear.probe_told_nothing(10);
+        assert!(clear.is_clear());
     }
 
     #[test]

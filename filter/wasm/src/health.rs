@@ -156,9 +156,10 @@ fn property_u64(path: &[&str]) -> Option<u64> {
 
 /// Learns from a stream that ended on the endpoint `picked` (from the log callback): reads the upstream host, the
 /// status, the attempt count and the code details, classifies ([`crate::outcome`]; `oversized`: the request's body
-/// was larger than `max_body_bytes`) and records a failure (back-off) or a success (clear) in the shared table.
-/// Returns the outcome for the metrics.
-pub fn learn(picked: &str, now_ms: u64, oversized: bool) -> Outcome {
+/// was larger than `max_body_bytes`) and records a failure (back-off) or a success (clear) in the shared table; a
+/// probe (`probe`) whose outcome says nothing about the endpoint gives its claim back. Returns the outcome for the
+/// metrics.
+pub fn learn(picked: &str, now_ms: u64, oversized: bool, probe: bool) -> Outcome {
     let upstream = property_text(&["upstream", "address"]);
     let details = property_text(&["response", "code_details"]);
     let observed = Observed {
@@ -179,6 +180,9 @@ pub fn learn(picked: &str, now_ms: u64, oversized: bool) -> Outcome {
         }
         Outcome::NotHonoured => warn_not_honoured_once(picked, upstream.as_deref()),
         Outcome::Unknown => {}
+    }
+    if probe && matches!(outcome, Outcome::NotHonoured | Outcome::Unknown) {
+        update(picked, |h| h.probe_told_nothing(now_ms));
     }
     outcome
 }

@@ -388,7 +388,7 @@ impl HttpContext for FilterHttp {
             // This request probes an endpoint whose back-off expired: its answer decides at once, so the requests
             // waiting out the probe window need not wait for the end of a long (streamed) response.
             if let Some(address) = self.stream.slot() {
-                health::learn(address, now_ms(), self.stream.oversized());
+                health::learn(address, now_ms(), self.stream.oversized(), true);
             }
         }
         if let Some(d) = self.debug.take() {
@@ -420,7 +420,8 @@ impl HttpContext for FilterHttp {
         // Runs once for every stream that ends — finished, reset by either side, or aborted by the client.
         let Some(ended) = self.stream.on_end() else { return };
         if let Some(address) = &ended.slot {
-            let outcome = health::learn(address, now_ms(), ended.oversized);
+            // A probe whose response headers never came (reset, cut short) is learnt from here.
+            let outcome = health::learn(address, now_ms(), ended.oversized, std::mem::take(&mut self.probe));
             if let Some(shared) = &self.shared {
                 match outcome {
                     Outcome::Failed => shared.metrics.count(metric::ENDPOINT_FAILURES, 1),

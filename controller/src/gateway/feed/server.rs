@@ -151,7 +151,7 @@ mod tests {
         assert_eq!(blob.sha256, hex::encode(Sha256::digest(b"\0asm\x01\0\0\0")));
         assert!(blob.file_name.starts_with("warmpath_filter-") && blob.file_name.contains(&blob.sha256[..16]));
         let store = FeedStore::default();
-        store.update("policy/ns/p", vec![FeedEndpoint { address: "10.0.0.1:8000".into(), load: None }]);
+        let version = store.update("policy/ns/p", vec![FeedEndpoint { address: "10.0.0.1:8000".into(), load: None }]);
         let (base, task) = serve(router(store, Some(blob.clone()))).await;
         let got = reqwest::get(format!("{base}{}", blob.path())).await.unwrap();
         assert_eq!(got.headers()[header::CONTENT_TYPE], "application/wasm");
@@ -163,7 +163,7 @@ mod tests {
         );
         let snap: FeedSnapshot =
             reqwest::get(format!("{base}/v1/feed/policy/ns/p")).await.unwrap().json().await.unwrap();
-        assert_eq!((snap.version, snap.endpoints.len()), (1, 1));
+        assert_eq!((snap.version, snap.endpoints.len()), (version, 1));
         assert_eq!(reqwest::get(format!("{base}/v1/feed/policy/ns/q")).await.unwrap().status(), 404);
         assert_eq!(reqwest::get(format!("{base}/healthz")).await.unwrap().text().await.unwrap(), "ok");
         // The index exchange beside the feed: a gateway's records go to the others, never back to itself.

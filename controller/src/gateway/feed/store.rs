@@ -10,6 +10,13 @@ use warmpath_core::exchange::RecordLog;
 
 use super::{FeedEndpoint, FeedSnapshot};
 
+/// The first version of a feed created now: ms since the Unix epoch (1 on a clock before it). A feed changes far
+/// less than once per ms, so a later feed of the same key starts above every version an earlier one reached.
+fn first_version() -> u64 {
+    let since_epoch = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    u64::try_from(since_epoch.as_millis()).unwrap_or(u64::MAX).max(1)
+}
+
 /// Shared, cloneable snapshot store.
 #[derive(Clone)]
 pub struct FeedStore {
@@ -27,9 +34,17 @@ impl Default for FeedStore {
 }
 
 impl FeedStore {
-    /// Replaces the endpoints of `key` (creating the feed at version 1). Endpoints are sorted by
-    /// address; the version grows by one when anything differs. Returns the resulting version.
-    pub fn update(&self, key: &str, mut endpoints: Vec<FeedEndpoint>) -> u64 {
+    /// Replaces the endpoints of `key`. Endpoints are sorted by address; the version grows by one when anything
+    /// differs. A new feed starts at the wall-clock time in ms since the Unix epoch, not at 1: a filter applies
+    /// any version other than the one it holds, so a restarted controller (or a new leader, or a policy deleted
+    /// and created again) must not publish other endpoints under a version an Envoy already applied. Returns the
+    /// resulting version.
+    pub fn update(&self, key: &str, endpoints: Vec<FeedEndpoint>) -> u64 {
+        self.update_at(key, endpoints, first_version())
+    }
+
+    /// [`FeedStore::update`], a new feed starting at version `first`.
+    fn update_at(&self, key: &str, mut endpoints: Vec<FeedEndpoint>, first: u64) -> u64 {
         endpoints.sort_by(|a, b| a.address.cmp(&b.address));
         endpoints.dedup_by(|a, b| a.address == b.address);
         let mut map = self.inner.write().unwrap_or_else(|p| p.into_inner());
@@ -41,8 +56,8 @@ impl FeedStore {
                 snap.version
             }
             None => {
-                map.insert(key.to_string(), FeedSnapshot { version: 1, endpoints });
-                1
+                map.insert(key.to_string(), FeedSnapshot { version: first, endpoints });
+                first
             }
         }
     }
@@ -96,14 +111,33 @@ mod tests {
     #[test]
     fn version_grows_only_on_change() {
         let s = FeedStore::default();
-        assert_eq!(s.update("ns/p", vec![ep("10.0.0.2:80", 0), ep("10.0.0.1:80", 0)]), 1);
-        assert_eq!(s.update("ns/p", vec![ep("10.0.0.1:80", 0), ep("10.0.0.2:80", 0)]), 1, "order does not matter");
-        assert_eq!(s.update("ns/p", vec![ep("10.0.0.1:80", 3), ep("10.0.0.2:80", 0)]), 2, "load change");
-        assert_eq!(s.update("ns/p", vec![ep("10.0.0.1:80", 3)]), 3, "endpoint removed");
+        let v = s.update("ns/p", vec![ep("10.0.0.2:80", 0), ep("10.0.0.1:80", 0)]);
+        assert_eq!(s.update("ns/p", vec![ep("10.0.0.1:80", 0), ep("10.0.0.2:80", 0)]), v, "order does not matter");
+        assert_eq!(s.update("ns/p", vec![ep("10.0.0.1:80", 3), ep("10.0.0.2:80", 0)]), v + 1, "load change");
+        assert_eq!(s.update("ns/p", vec![ep("10.0.0.1:80", 3)]), v + 2, "endpoint removed");
         assert_eq!(s.get("ns/p").unwrap().endpoints.len(), 1);
         assert!(s.remove("ns/p"));
         assert!(s.get("ns/p").is_none());
         assert!(!s.remove("ns/p"));
+    }
+
+    #[test]
+    fn a_feed_created_again_never_repeats_a_version_an_envoy_applied() {
+        // A controller restart or a new leader: a new store; other endpoints under the same key.
+        let before = FeedStore::default();
+        let first = before.update("ns/p", vec![ep("10.0.0.1:80", 0)]);
+        let last = before.update("ns/p", vec![ep("10.0.0.1:80", 1)]);
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        let after = FeedStore::default();
+        let restarted = after.update("ns/p", vec![ep("10.0.0.1:80", 0), ep("10.0.0.2:80", 0)]);
+        assert!(restarted > last && last > first, "{first} {last} {restarted}");
+        // Within one store too: a policy deleted and created again.
+        after.remove("ns/p");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        assert!(after.update("ns/p", vec![ep("10.0.0.3:80", 0)]) > restarted);
+        // Versions are counted from the creation time only when it is known.
+        let s = FeedStore::default();
+        assert_eq!(s.update_at("ns/q", vec![ep("10.0.0.1:80", 0)], 1), 1);
     }
 
     #[test]

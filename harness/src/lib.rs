@@ -26,7 +26,7 @@ mod upstream;
 
 pub use config::{
     example_configs, to_yaml, EnvoyConfig, FeedCluster, PluginInstance, Pool, RemoteModule, EXAMPLE_PLUGIN_CONFIG,
-    FILTER_STAT_PREFIX, RIG_DECISION_HEADER, RIG_UPSTREAM_HEADER,
+    FILTER_STAT_PREFIX, MODEL_CLUSTER, RIG_DECISION_HEADER, RIG_UPSTREAM_HEADER,
 };
 pub use envoy::{validate_file, EnvoyProcess};
 pub use feed::FeedServer;

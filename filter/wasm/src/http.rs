@@ -64,6 +64,33 @@ fn upstream_cluster() -> Option<String> {
         .map(|b| String::from_utf8_lossy(&b).into_owned())
 }
 
+/// Most cluster names [`note_other_cluster`] remembers per VM (Envoy's cluster count bounds them anyway).
+const NOTED_CLUSTERS: usize = 64;
+
+thread_local! {
+    // Clusters whose requests this VM has logged as left alone.
+    static NOTED: std::cell::RefCell<std::collections::BTreeSet<String>> =
+        const { std::cell::RefCell::new(std::collections::BTreeSet::new()) };
+}
+
+/// Logs, once per cluster and VM, that requests for `cluster` are left alone because it is not in
+/// `upstream_clusters`: normal for another policy's cluster on a shared listener, and the one trace of a misspelt
+/// list, which turns this instance off (the counter `warmpath.requests_skipped_other_cluster` keeps counting).
+fn note_other_cluster(cluster: Option<&str>, upstream_clusters: &[String]) {
+    let name = cluster.unwrap_or("(none)");
+    let first = NOTED.with(|n| {
+        let mut n = n.borrow_mut();
+        n.len() < NOTED_CLUSTERS && n.insert(name.to_string())
+    });
+    if first {
+        log::info!(
+            "requests for Envoy cluster {name} are not routed by this instance: upstream_clusters is {}; counted in \
+             warmpath.requests_skipped_other_cluster, logged once per cluster",
+            upstream_clusters.join(",")
+        );
+    }
+}
+
 /// The settings one request is handled with, copied from the router when its headers arrive.
 #[derive(Debug, Clone, Copy)]
 struct Params {
@@ -121,7 +148,15 @@ impl FilterHttp {
         let Some(shared) = &self.shared else { return false };
         let Ok(router) = shared.router.try_borrow() else { return false };
         let settings = router.settings();
-        !settings.upstream_clusters.is_empty() && !settings.acts_on_cluster(upstream_cluster().as_deref())
+        if settings.upstream_clusters.is_empty() {
+            return false;
+        }
+        let cluster = upstream_cluster();
+        let other = !settings.acts_on_cluster(cluster.as_deref());
+        if other {
+            note_other_cluster(cluster.as_deref(), &settings.upstream_clusters);
+        }
+        other
     }
 
     /// Reads the request headers in one host call: removes any client-sent destination header (counting one

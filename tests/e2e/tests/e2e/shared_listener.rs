@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use serde_json::json;
 use warmpath_harness::{
-    filter_wasm, EnvoyConfig, EnvoyProcess, Stats, Upstream, DESTINATION_HEADER, ORIGINAL_DST_HEADER,
+    filter_wasm, EnvoyConfig, EnvoyProcess, Stats, Upstream, DESTINATION_HEADER, MODEL_CLUSTER, ORIGINAL_DST_HEADER,
 };
 
 use crate::common::{prompt, Rig, CONCURRENCY};
@@ -149,6 +149,12 @@ async fn each_instance_routes_only_its_own_clusters_requests() {
     assert_eq!(s.filter("requests_skipped_other_cluster"), total + 2 * unclaimed, "{:?}", metrics(&s));
     assert_eq!(decisions(&s), total, "{:?}", metrics(&s));
     assert_eq!(s.sum_prefix("wasmcustom.warmpath.fail_open."), 0, "{:?}", metrics(&s));
+    // The log names the cluster left alone and the list it is not in (the one trace of a misspelt list).
+    let log = rig.envoy.log();
+    assert!(
+        log.contains(&format!("requests for Envoy cluster {MODEL_CLUSTER} are not routed by this instance")),
+        "{log}"
+    );
 }
 
 /// The bug without the setting: each instance strips the other's pick as if a client had sent it and picks from

@@ -24,6 +24,11 @@ pub struct Router {
     server_loads: Vec<Option<ServerLoad>>,
     /// Some entry of `server_loads` is set.
     has_server_loads: bool,
+    /// This gateway's in-flight count of each endpoint when the router first routed with the current server loads
+    /// (`None`: not taken yet). A server's report already counts the requests this gateway had there; what this
+    /// gateway sent or finished since is added to it ([`Router::route`]), or, between two reports, one endpoint
+    /// looks the least loaded to every request however many this gateway sends it.
+    in_flight_at_report: Option<Vec<u32>>,
     ids: HashMap<String, u32>,
     /// Position in `endpoints` of each current address: the per-request lookups by address (loads read from shared
     /// tables, index records from other routers) cost one hash lookup each instead of a scan of the endpoints.
@@ -57,6 +62,7 @@ impl Router {
             endpoints: Vec::new(),
             server_loads: Vec::new(),
             has_server_loads: false,
+            in_flight_at_report: None,
             ids: HashMap::new(),
             positions: HashMap::new(),
             next_id: 0,
@@ -220,6 +226,7 @@ impl Router {
     fn set_server_loads(&mut self, loads: Vec<Option<ServerLoad>>) {
         self.has_server_loads = loads.iter().any(Option::is_some);
         self.server_loads = loads;
+        self.in_flight_at_report = None;
     }
 
     /// Server-reported load of `endpoints()[i]` from the last feed snapshot, if any.
@@ -276,15 +283,23 @@ impl Router {
     /// Routes one request. `input.key` is the extracted key (`None` after an extraction error: the request is
     /// routed by least outstanding requests with [`Reason::FailOpen`]); `input.prefix` is filled in here when
     /// absent. `loads[i]` belongs to `endpoints()[i]`; an entry without a server load gets the one from the last
-    /// feed snapshot ([`Router::set_feed_endpoints`]). Updates the prefix index. Returns `None` only when the
-    /// endpoint set is empty.
+    /// feed snapshot ([`Router::set_feed_endpoints`]), its waiting count raised by the requests this gateway added
+    /// there since (its in-flight count now less the one at the first pick with that snapshot). Updates the prefix
+    /// index. Returns `None` only when the endpoint set is empty.
     pub fn route(&mut self, input: &PickInput, loads: &[EndpointLoad]) -> Option<Decision> {
         let merged: Vec<EndpointLoad>;
         let loads = if self.has_server_loads {
-            merged = (0..self.endpoints.len())
+            let n = self.endpoints.len();
+            let at_report = self
+                .in_flight_at_report
+                .get_or_insert_with(|| (0..n).map(|i| crate::load::load_at(loads, i).in_flight).collect());
+            merged = (0..n)
                 .map(|i| {
                     let mut l = crate::load::load_at(loads, i);
-                    l.server = l.server.or(self.server_load(i));
+                    let added = l.in_flight.saturating_sub(at_report.get(i).copied().unwrap_or(0));
+                    let reported = self.server_loads.get(i).copied().flatten();
+                    l.server =
+                        l.server.or(reported.map(|s| ServerLoad { waiting: s.waiting.saturating_add(added), ..s }));
                     l
                 })
                 .collect();
@@ -362,6 +377,40 @@ mod tests {
 
     fn prefix_aware(endpoints: &[String]) -> Router {
         Router::new(Settings { strategy: Strategy::PrefixAware, endpoints: endpoints.to_vec(), ..Settings::default() })
+    }
+
+    /// Between two feed reports the requests this gateway sends count on top of the reported load, so one report
+    /// does not send every request to the endpoint it showed least loaded; what the report already counted (this
+    /// gateway's in-flight requests when the router first routes with it) is not counted twice.
+    #[test]
+    fn requests_sent_since_a_report_count_on_top_of_it() {
+        let endpoints: Vec<String> = (0..3).map(|i| format!("127.0.0.1:{}", 9000 + i)).collect();
+        let mut router = Router::new(Settings {
+            strategy: Strategy::LeastOutstandingRequests,
+            endpoints: endpoints.clone(),
+            ..Settings::default()
+        });
+        let reported = |waiting| Some(ServerLoad { waiting, running: 0, kv_cache_usage: 0.0 });
+        let report = |r: &mut Router, w: [u32; 3]| {
+            r.set_feed_endpoints(endpoints.iter().cloned().zip(w.map(reported)).collect()).expect("valid");
+        };
+        // This gateway already has 2 requests on the first endpoint when the report (which counts them) arrives.
+        let mut in_flight = [2u32, 0, 0];
+        report(&mut router, [70, 71, 72]);
+        let mut picks = [0; 3];
+        for _ in 0..9 {
+            let loads = in_flight.map(EndpointLoad::in_flight);
+            let d = router.route(&PickInput { random: 7, ..PickInput::default() }, &loads).expect("a pick");
+            picks[d.endpoint] += 1;
+            in_flight[d.endpoint] += 1;
+        }
+        // 70 + 4, 71 + 3, 72 + 2: the loads level out as they would at the servers.
+        assert_eq!(picks, [4, 3, 2], "spread as the loads level out");
+        // A new report replaces the count: it includes what was sent before it.
+        report(&mut router, [80, 60, 90]);
+        let loads = in_flight.map(EndpointLoad::in_flight);
+        let d = router.route(&PickInput { random: 7, ..PickInput::default() }, &loads).expect("a pick");
+        assert_eq!(d.endpoint, 1);
     }
 
     #[test]

@@ -110,7 +110,9 @@
 //!    106.1 vs 102.6 simulated ms, chat 156.5 vs 151.4, means of 3 in one alternating pass; docs/bench/replay.md §23).
 //!    A text too short to record keeps its plain rendezvous pick. A candidate at `concurrency_threshold` (counting the
 //!    server's own waiting and running requests when the feed reports them, [`EndpointLoad::effective`]) is never
-//!    chosen; when every candidate is, the least-loaded endpoint under the cap is, else the least-loaded one.
+//!    chosen; when every candidate is, the least-loaded endpoint under the cap is. When every endpoint is at the
+//!    cap, the cap cannot choose: the candidates and the least-loaded endpoint are compared by predicted time to
+//!    first token as if there were no cap (`overflow`).
 //!
 //! The chosen endpoint's chain is recorded in the index in the same call.
 
@@ -507,11 +509,19 @@ impl PrefixAwarePolicy {
         cands.extend(least_timed);
         // Work in time: the same bytes take longer on an endpoint told apart as slower (step 4).
         let timed = |work: u64, i: usize| in_time(work, input.slowdowns.get(i).copied().unwrap_or(0));
+        // When the guard refuses every endpoint (a fleet at the cap, as a busy fleet whose servers report more running
+        // requests than the cap can be all the time), the cap cannot choose: the candidates are compared as if there
+        // were none, the least loaded among them, so the request still goes where its prefix is and by predicted
+        // time to first token rather than to whichever endpoint reported the fewest requests.
+        let capped = least.is_none();
+        if capped {
+            cands.extend(least_loaded(key_hash, endpoints, loads));
+        }
         cands.sort_unstable();
         cands.dedup();
         let scored: Vec<(usize, usize)> = cands
             .iter()
-            .filter(|&&i| guard.admits(loads, i))
+            .filter(|&&i| capped || guard.admits(loads, i))
             .map(|&i| {
                 let cached = self.cached_at(plan, &ph.blocks, i);
                 // A key cut at `prefix_length` and held whole: the index cannot see past the cut, and a prefix
@@ -544,17 +554,8 @@ impl PrefixAwarePolicy {
         let best = candidates
             .iter()
             .min_by(|a, b| a.ttft.cmp(&b.ttft).then(a.over.cmp(&b.over)).then_with(|| b.score.cmp(&a.score)))
-            .copied();
-        let capped = best.is_none();
-        let best = match best {
-            Some(c) => c,
-            None => {
-                // Every endpoint is at the cap: the least-loaded one (the request is never refused).
-                let i = least_loaded(key_hash, endpoints, loads).expect("endpoints are not empty");
-                let cached = self.cached_at(plan, &ph.blocks, i);
-                Candidate { pos: i, ttft: 0, base: 0, over: false, score: 0, cached }
-            }
-        };
+            .copied()
+            .expect("endpoints are not empty: the least-loaded one is a candidate");
         let holds_match = best.cached > 0 && self.holds(plan.deepest, best.pos);
         let reason = if capped {
             Reason::Overflow

@@ -318,11 +318,19 @@ fn overflow_at_the_concurrency_threshold() {
     // A repeat while p is still busy lands on the same overflow endpoint (it now holds the prefix too).
     let again = r.route_key(&k, 0, &loads).unwrap();
     assert_eq!(again.endpoint, d.endpoint);
-    // All endpoints saturated: least loaded, still reported as overflow.
-    let (mut r, _) = primed(s, &k);
-    let full = vec![EndpointLoad::in_flight(5), EndpointLoad::in_flight(3), EndpointLoad::in_flight(4)];
+    // Every endpoint at the cap: the cap cannot choose, so the request goes by predicted time to first token as
+    // if there were none — to the holder, which has it cached, even when another reports fewer requests — still
+    // reported as overflow. Before, the one reporting the fewest requests took it, and every request after it.
+    let (mut r, p) = primed(s, &k);
+    let mut full = vec![EndpointLoad::in_flight(4); 3];
+    full[p] = EndpointLoad::in_flight(5);
     let d = r.route_key(&k, 0, &full).unwrap();
-    assert_eq!((d.endpoint, d.reason), (1, Reason::Overflow));
+    assert_eq!((d.endpoint, d.reason), (p, Reason::Overflow));
+    // With the holder's queue longer than the prompt, an idle endpoint predicts sooner.
+    full[p].pending_prefill = 10 * k.text.len() as u32;
+    let d = r.route_key(&k, 0, &full).unwrap();
+    assert_ne!(d.endpoint, p);
+    assert_eq!(d.reason, Reason::Overflow);
 }
 
 #[test]
@@ -578,9 +586,11 @@ fn the_concurrency_threshold_is_a_hard_cap() {
         let below = loads.iter().any(|l| l.in_flight < 3);
         if below {
             assert!(loads[d.endpoint].in_flight < 3, "seed {seed}: chose {} at the cap ({loads:?})", d.endpoint);
-        }
-        if loads[p].in_flight >= 3 {
-            assert_ne!(d.endpoint, p);
+            if loads[p].in_flight >= 3 {
+                assert_ne!(d.endpoint, p);
+            }
+        } else {
+            assert_eq!(d.reason, Reason::Overflow, "seed {seed}: every endpoint at the cap");
         }
     }
 }

@@ -11,7 +11,7 @@ use warmpath_core::feed::{FeedEndpoint, FeedLoad, FeedSnapshot};
 use warmpath_core::Settings;
 use warmpath_harness::{filter_wasm, EnvoyConfig, FeedCluster, FeedServer, Stats, Upstream};
 
-use crate::common::{prompt, Rig, CONCURRENCY};
+use crate::common::{prompt, turn, Rig, CONCURRENCY};
 
 const INTERVAL_MS: u64 = 200;
 
@@ -231,5 +231,39 @@ async fn a_full_kv_cache_report_keeps_its_traffic() {
     for (i, home) in first.iter().enumerate().step_by(4) {
         let r = rig.chat(&prompt(&format!("kv full {i}"), 2000)).await;
         assert_eq!(&r.upstream, home, "prompt {i} moved off its first endpoint");
+    }
+}
+
+/// Every server reporting more requests than `concurrency_threshold` (a busy vLLM fleet runs more than the default
+/// 64 at once): the cap cannot choose, so PREFIX_AWARE still places by its keys and predicted time to first token
+/// — conversations spread over the endpoints and each stays where it began. Before, the endpoint reporting the
+/// fewest requests took every request until the next report (all 24 here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_reported_over_the_cap_still_spreads_by_prefix() {
+    let upstreams = Upstream::start_many(3).await.expect("upstreams");
+    let a: Vec<SocketAddr> = upstreams.iter().map(Upstream::addr).collect();
+    let busy = |waiting| Some(FeedLoad { waiting, running: 0, kv_cache_usage: 0.9 });
+    let threshold = Settings::default().concurrency_threshold;
+    let eps = [(a[0], busy(threshold + 6)), (a[1], busy(threshold + 7)), (a[2], busy(threshold + 8))];
+    let feed = FeedServer::start(snapshot(1, &eps)).await.expect("feed");
+    let rig = feed_rig(upstreams, &feed, prefix_aware_fed()).await;
+    wait_version(&rig, 1).await;
+    rig.used();
+
+    let conversations = 24;
+    let mut homes = Vec::new();
+    for i in 0..conversations {
+        let r = rig.chat(&prompt(&format!("busy fleet {i}"), 2000)).await;
+        assert_eq!(r.status, 200, "{r:?}");
+        homes.push(r.upstream);
+    }
+    let counts = rig.counts();
+    // Keys spread by rendezvous over three endpoints: one taking more than 20 of 24 has probability below 10^-7.
+    assert!(counts.iter().all(|&c| c <= 20), "one endpoint took the fleet's traffic: {counts:?}");
+    for (i, home) in homes.iter().enumerate().step_by(3) {
+        let history = prompt(&format!("busy fleet {i}"), 2000);
+        let r = rig.post("/v1/chat/completions", turn(&history, "And then?"), &[]).await;
+        assert_eq!(r.status, 200, "{r:?}");
+        assert_eq!(&r.upstream, home, "conversation {i} moved off its endpoint: {r:?}");
     }
 }

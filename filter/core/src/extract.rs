@@ -233,6 +233,14 @@ impl TextBuf {
         self.budget == 0
     }
 
+    /// Forgets the text read so far, budget restored (the body names its text field again).
+    fn clear(&mut self) {
+        self.budget += self.units;
+        self.units = 0;
+        self.buf.clear();
+        self.truncated = false;
+    }
+
     fn push_str(&mut self, s: &str) {
         if s.is_empty() {
             return;
@@ -343,6 +351,11 @@ impl<'de> Visitor<'de> for BodySeed<'_> {
                     self.ctx.cache_key = read_opt_string(&mut map, 4096)?;
                 }
                 k if k == main => {
+                    // A field named twice: the last one counts, as the servers' JSON parsers read it (Python's
+                    // `json`, serde_json), so the key is the text the server prefills.
+                    if self.ctx.saw_main {
+                        self.ctx.text.clear();
+                    }
                     self.ctx.saw_main = true;
                     if self.kind == BodyKind::Chat {
                         self.ctx.field = "messages";
@@ -699,6 +712,21 @@ mod tests {
         assert!(k.truncated);
         assert!(t.len() > 1024, "multi-byte text is longer in bytes than in characters");
         assert!(t.starts_with("user\u{1f}é𝄞a"));
+    }
+
+    #[test]
+    fn a_text_field_named_twice_counts_once_the_last() {
+        // As the servers' JSON parsers read it: the key is the text the server prefills, not both joined.
+        let twice = br#"{"messages":[{"role":"user","content":"first"}],"model":"m","messages":[{"role":"user","content":"second"}]}"#;
+        let once = br#"{"model":"m","messages":[{"role":"user","content":"second"}]}"#;
+        assert_eq!(extract_key(CHAT, twice, None, 1024).unwrap(), extract_key(CHAT, once, None, 1024).unwrap());
+        // The budget is the last one's whole: a first field that filled it leaves nothing cut.
+        let long = "x".repeat(40);
+        let twice = format!(r#"{{"prompt":"{long}","prompt":"short"}}"#);
+        let key = extract_key("/v1/completions", twice.as_bytes(), None, 16).unwrap();
+        let once = extract_key("/v1/completions", br#"{"prompt":"short"}"#, None, 16).unwrap();
+        assert_eq!(key, once);
+        assert!(!key.truncated);
     }
 
     #[test]

@@ -34,6 +34,24 @@ pub struct ServerLoad {
     pub kv_cache_usage: f32,
 }
 
+impl ServerLoad {
+    /// The report moved by this gateway's own change there since it was taken: its in-flight count went from
+    /// `then` to `now`. Requests sent since wait (`waiting` grows); requests finished since leave, from `waiting`
+    /// first, then `running`, down to none.
+    pub fn moved_by(self, now: u32, then: u32) -> ServerLoad {
+        if now >= then {
+            return ServerLoad { waiting: self.waiting.saturating_add(now - then), ..self };
+        }
+        let gone = then - now;
+        let from_waiting = gone.min(self.waiting);
+        ServerLoad {
+            waiting: self.waiting - from_waiting,
+            running: self.running.saturating_sub(gone - from_waiting),
+            ..self
+        }
+    }
+}
+
 /// Load of one endpoint as the router sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct EndpointLoad {
@@ -64,5 +82,23 @@ impl EndpointLoad {
             Some(s) => self.in_flight.max(s.waiting.saturating_add(s.running)),
             None => self.in_flight,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[cfg(target_arch = "wasm32")]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    #[test]
+    fn a_report_moves_by_what_this_gateway_did_since() {
+        let r = ServerLoad { waiting: 3, running: 10, kv_cache_usage: 0.5 };
+        assert_eq!(r.moved_by(7, 7), r, "nothing changed");
+        assert_eq!((r.moved_by(9, 5).waiting, r.moved_by(9, 5).running), (7, 10), "4 sent since wait");
+        assert_eq!((r.moved_by(3, 5).waiting, r.moved_by(3, 5).running), (1, 10), "2 finished: off the queue");
+        assert_eq!((r.moved_by(0, 8).waiting, r.moved_by(0, 8).running), (0, 5), "then off the running");
+        assert_eq!((r.moved_by(0, 100).waiting, r.moved_by(0, 100).running), (0, 0), "never below none");
+        assert_eq!(r.moved_by(0, 100).kv_cache_usage, 0.5);
     }
 }

@@ -283,9 +283,9 @@ impl Router {
     /// Routes one request. `input.key` is the extracted key (`None` after an extraction error: the request is
     /// routed by least outstanding requests with [`Reason::FailOpen`]); `input.prefix` is filled in here when
     /// absent. `loads[i]` belongs to `endpoints()[i]`; an entry without a server load gets the one from the last
-    /// feed snapshot ([`Router::set_feed_endpoints`]), its waiting count raised by the requests this gateway added
-    /// there since (its in-flight count now less the one at the first pick with that snapshot). Updates the prefix
-    /// index. Returns `None` only when the endpoint set is empty.
+    /// feed snapshot ([`Router::set_feed_endpoints`]), moved by what this gateway's in-flight count there did since
+    /// (now against the first pick with that snapshot, [`ServerLoad::moved_by`]). Updates the prefix index. Returns
+    /// `None` only when the endpoint set is empty.
     pub fn route(&mut self, input: &PickInput, loads: &[EndpointLoad]) -> Option<Decision> {
         let merged: Vec<EndpointLoad>;
         let loads = if self.has_server_loads {
@@ -296,10 +296,9 @@ impl Router {
             merged = (0..n)
                 .map(|i| {
                     let mut l = crate::load::load_at(loads, i);
-                    let added = l.in_flight.saturating_sub(at_report.get(i).copied().unwrap_or(0));
+                    let then = at_report.get(i).copied().unwrap_or(0);
                     let reported = self.server_loads.get(i).copied().flatten();
-                    l.server =
-                        l.server.or(reported.map(|s| ServerLoad { waiting: s.waiting.saturating_add(added), ..s }));
+                    l.server = l.server.or(reported.map(|s| s.moved_by(l.in_flight, then)));
                     l
                 })
                 .collect();

@@ -119,7 +119,7 @@ grep -q 'metrics.port and http.port are both 8080' "$tmp/ports.err" || { cat "$t
 ok "metrics.enabled=false turns the listener off; metrics.port = http.port refused"
 # A release name as long as Helm allows (53 characters): every object name stays a DNS label (63 characters at most;
 # a Job's name is also a label value) and names stay distinct.
-long=my-very-long-release-name-that-goes-on-and-on-foreve
+long=my-very-long-release-name-that-goes-on-and-on-forever
 "$HELM" template "$long" "$CHART" --namespace warmpath-system --set agent.enabled=true >"$tmp/long.yaml" || fail "helm template with a 53-character release name"
 .venv/bin/python - "$tmp/long.yaml" <<'PY' || fail "object names with a 53-character release name"
 import collections, sys, yaml
@@ -128,7 +128,7 @@ long = [n for n in names if len(n[1]) > 63]
 twice = [n for n, c in collections.Counter(names).items() if c > 1]
 assert not long and not twice, f"over 63 characters: {long}; twice: {twice}"
 # The controller's own name (Deployment, Lease) is cut as it always was, so an upgrade does not rename it.
-fullname = "my-very-long-release-name-that-goes-on-and-on-foreve-warmpath"
+fullname = "my-very-long-release-name-that-goes-on-and-on-forever-warmpath"
 want = f"{fullname}-controller"[:63].rstrip("-")
 deployments = [n for k, n in names if k == "Deployment"]
 assert deployments == [want], f"controller Deployment {deployments}, want {want!r}"

@@ -72,7 +72,7 @@ pub struct InferenceRoutingPolicySpec {
     pub block_size: Option<i64>,
 
     /// In-flight requests (this gateway's, or the server's waiting + running if larger) at which an endpoint is
-    /// no longer chosen while another is below it; 1–1024, default 64.
+    /// no longer chosen while another is below it; 1–1024. Unset: the filter's default (64).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = CONCURRENCY_THRESHOLD_RANGE.0, max = CONCURRENCY_THRESHOLD_RANGE.1))]
     pub concurrency_threshold: Option<i64>,

@@ -13,7 +13,9 @@ use crate::endpoint::ServerLoad;
 /// One versioned snapshot of a backend's endpoints and their server-reported load.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct FeedSnapshot {
-    /// Monotonic version within one feed (one controller process); larger is newer.
+    /// Version of the feed's content: it changes whenever the content does, and a feed created again (a restarted
+    /// controller, a new leader) starts above its earlier versions; a filter applies any version other than the
+    /// one it holds.
     pub version: u64,
     /// Ready endpoints, at most [`MAX_ENDPOINTS`].
     #[serde(default)]

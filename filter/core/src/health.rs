@@ -74,12 +74,13 @@ impl Health {
         true
     }
 
-    /// The probe ended without telling whether the endpoint is up (an upload cut short for its own size, or sent
-    /// elsewhere): its claim is given back at `now_ms`, so the next request picked for the endpoint probes at once
-    /// instead of every request keeping away until the window runs out. Nothing changes when no probe runs (a
-    /// failure or success reported meanwhile already ended it).
-    pub fn probe_told_nothing(&mut self, now_ms: u64) {
-        if self.probing {
+    /// The probe claimed at `claimed_ms` ended without telling whether the endpoint is up (an upload cut short for
+    /// its own size, a client that went away, a request sent elsewhere): its claim is given back at `now_ms`, so
+    /// the next request picked for the endpoint probes at once instead of every request keeping away until the
+    /// window runs out. Nothing changes when that probe's claim is no longer the one in force (a failure or
+    /// success reported meanwhile ended it, or its window ran out and another request claimed the next).
+    pub fn probe_told_nothing(&mut self, claimed_ms: u64, now_ms: u64) {
+        if self.probing && self.down_until_ms == claimed_ms.saturating_add(PROBE_WINDOW_MS) {
             self.probing = false;
             self.down_until_ms = self.down_until_ms.min(now_ms);
         }
@@ -184,7 +185,7 @@ mod tests {
         let mut h = Health::default();
         h.failed(0);
         assert!(h.claim_probe(BACKOFF_BASE_MS));
-        h.probe_told_nothing(BACKOFF_BASE_MS + 20);
+        h.probe_told_nothing(BACKOFF_BASE_MS, BACKOFF_BASE_MS + 20);
         assert!(!h.is_down(BACKOFF_BASE_MS + 20), "the others need not keep away");
         assert!(h.claim_probe(BACKOFF_BASE_MS + 20), "the next request probes");
         assert_eq!(h.failures, 1, "not a failure");
@@ -192,11 +193,19 @@ mod tests {
         let mut down = Health::default();
         down.failed(0);
         let before = down;
-        down.probe_told_nothing(10);
+        down.probe_told_nothing(0, 10);
         assert_eq!(down, before);
         let mut clear = Health::default();
-        clear.probe_told_nothing(10);
+        clear.probe_told_nothing(0, 10);
         assert!(clear.is_clear());
+        // A late probe whose window ran out does not give back the claim of the probe after it.
+        let mut h = Health::default();
+        h.failed(0);
+        assert!(h.claim_probe(BACKOFF_BASE_MS));
+        let second = BACKOFF_BASE_MS + PROBE_WINDOW_MS;
+        assert!(h.claim_probe(second));
+        h.probe_told_nothing(BACKOFF_BASE_MS, second + 5);
+        assert!(h.probing && h.is_down(second + 5), "the second probe's claim stands");
     }
 
     #[test]

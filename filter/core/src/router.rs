@@ -405,11 +405,16 @@ mod tests {
         }
         // 70 + 4, 71 + 3, 72 + 2: the loads level out as they would at the servers.
         assert_eq!(picks, [4, 3, 2], "spread as the loads level out");
-        // A new report replaces the count: it includes what was sent before it.
-        report(&mut router, [80, 60, 90]);
-        let loads = in_flight.map(EndpointLoad::in_flight);
-        let d = router.route(&PickInput { random: 7, ..PickInput::default() }, &loads).expect("a pick");
-        assert_eq!(d.endpoint, 1);
+        assert_eq!(in_flight, [6, 3, 2]);
+        // A new report replaces the count: it includes what was sent before it (counted again: 80 / 81 / 79).
+        report(&mut router, [76, 78, 77]);
+        let pick = |r: &mut Router, in_flight: [u32; 3]| {
+            let loads = in_flight.map(EndpointLoad::in_flight);
+            r.route(&PickInput { random: 7, ..PickInput::default() }, &loads).expect("a pick").endpoint
+        };
+        assert_eq!(pick(&mut router, in_flight), 0);
+        // Requests this gateway finished since leave the report: 78 - 3.
+        assert_eq!(pick(&mut router, [6, 0, 2]), 1);
     }
 
     #[test]

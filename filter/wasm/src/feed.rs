@@ -395,7 +395,7 @@ impl FeedPoller {
         if self.applied_version == Some(snapshot.version) {
             return; // Nothing new.
         }
-        // Any other version is news (a restarted controller starts counting again, so "lower" is not "older").
+        // Any other version is news: the version identifies the content, it is not compared.
         let _ = hostcalls::set_shared_data(&self.snapshot_key, Some(&body), None);
         self.apply_published(router, metrics);
     }

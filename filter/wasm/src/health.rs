@@ -157,9 +157,9 @@ fn property_u64(path: &[&str]) -> Option<u64> {
 /// Learns from a stream that ended on the endpoint `picked` (from the log callback): reads the upstream host, the
 /// status, the attempt count and the code details, classifies ([`crate::outcome`]; `oversized`: the request's body
 /// was larger than `max_body_bytes`) and records a failure (back-off) or a success (clear) in the shared table; a
-/// probe (`probe`) whose outcome says nothing about the endpoint gives its claim back. Returns the outcome for the
-/// metrics.
-pub fn learn(picked: &str, now_ms: u64, oversized: bool, probe: bool) -> Outcome {
+/// probe (`probe`: the moment it claimed) whose outcome says nothing about the endpoint gives its claim back.
+/// Returns the outcome for the metrics.
+pub fn learn(picked: &str, now_ms: u64, oversized: bool, probe: Option<u64>) -> Outcome {
     let upstream = property_text(&["upstream", "address"]);
     let details = property_text(&["response", "code_details"]);
     let observed = Observed {
@@ -181,8 +181,8 @@ pub fn learn(picked: &str, now_ms: u64, oversized: bool, probe: bool) -> Outcome
         Outcome::NotHonoured => warn_not_honoured_once(picked, upstream.as_deref()),
         Outcome::Unknown => {}
     }
-    if probe && matches!(outcome, Outcome::NotHonoured | Outcome::Unknown) {
-        update(picked, |h| h.probe_told_nothing(now_ms));
+    if let Some(claimed) = probe.filter(|_| matches!(outcome, Outcome::NotHonoured | Outcome::Unknown)) {
+        update(picked, |h| h.probe_told_nothing(claimed, now_ms));
     }
     outcome
 }

@@ -64,29 +64,31 @@ fn upstream_cluster() -> Option<String> {
         .map(|b| String::from_utf8_lossy(&b).into_owned())
 }
 
-/// Most cluster names [`note_other_cluster`] remembers per VM (Envoy's cluster count bounds them anyway).
+/// Most (list, cluster) pairs [`note_other_cluster`] remembers per VM (Envoy's clusters and the policies on one
+/// listener bound them anyway).
 const NOTED_CLUSTERS: usize = 64;
 
 thread_local! {
-    // Clusters whose requests this VM has logged as left alone.
+    // (upstream_clusters, cluster) pairs this VM has logged as left alone: instances of several policies share a VM,
+    // and each logs its own list.
     static NOTED: std::cell::RefCell<std::collections::BTreeSet<String>> =
         const { std::cell::RefCell::new(std::collections::BTreeSet::new()) };
 }
 
-/// Logs, once per cluster and VM, that requests for `cluster` are left alone because it is not in
+/// Logs, once per cluster, list and VM, that requests for `cluster` are left alone because it is not in
 /// `upstream_clusters`: normal for another policy's cluster on a shared listener, and the one trace of a misspelt
 /// list, which turns this instance off (the counter `warmpath.requests_skipped_other_cluster` keeps counting).
 fn note_other_cluster(cluster: Option<&str>, upstream_clusters: &[String]) {
     let name = cluster.unwrap_or("(none)");
+    let list = upstream_clusters.join(",");
     let first = NOTED.with(|n| {
         let mut n = n.borrow_mut();
-        n.len() < NOTED_CLUSTERS && n.insert(name.to_string())
+        n.len() < NOTED_CLUSTERS && n.insert(format!("{list}\0{name}"))
     });
     if first {
         log::info!(
-            "requests for Envoy cluster {name} are not routed by this instance: upstream_clusters is {}; counted in \
-             warmpath.requests_skipped_other_cluster, logged once per cluster",
-            upstream_clusters.join(",")
+            "requests for Envoy cluster {name} are not routed by this instance: upstream_clusters is {list}; counted \
+             in warmpath.requests_skipped_other_cluster, logged once per cluster and list"
         );
     }
 }
@@ -111,8 +113,8 @@ pub struct FilterHttp {
     content_length: Option<u64>,
     /// Pause/route/slot bookkeeping (`stream`).
     stream: Stream,
-    /// True when this request is the probe of an endpoint whose back-off expired (`health::place`).
-    probe: bool,
+    /// When this request claimed the probe of an endpoint whose back-off expired (ms; `health::place`).
+    probe: Option<u64>,
     /// Size of the buffered request body, bytes (0 until it is read).
     body_len: usize,
     /// The debug header's value (`debug_header: true`), added to the response headers.
@@ -134,7 +136,7 @@ impl FilterHttp {
             tenant: None,
             content_length: None,
             stream: Stream::new(),
-            probe: false,
+            probe: None,
             body_len: 0,
             debug: None,
             prefill_sample: None,
@@ -276,7 +278,7 @@ impl FilterHttp {
             shared.metrics.count(metric::PICKS_AVOIDED_DOWN, 1);
             decision.address = address;
         }
-        self.probe = placement.probe;
+        self.probe = placement.probe.then_some(now);
         drop(router);
         if let Some(c) = cause {
             shared.metrics.fail_open(c);
@@ -419,11 +421,11 @@ impl HttpContext for FilterHttp {
             .flatten()
             .and_then(|s| s.parse::<u16>().ok());
         self.stream.on_response_headers(status);
-        if std::mem::take(&mut self.probe) {
+        if let Some(claimed) = self.probe.take() {
             // This request probes an endpoint whose back-off expired: its answer decides at once, so the requests
             // waiting out the probe window need not wait for the end of a long (streamed) response.
             if let Some(address) = self.stream.slot() {
-                health::learn(address, now_ms(), self.stream.oversized(), true);
+                health::learn(address, now_ms(), self.stream.oversized(), Some(claimed));
             }
         }
         if let Some(d) = self.debug.take() {
@@ -456,7 +458,7 @@ impl HttpContext for FilterHttp {
         let Some(ended) = self.stream.on_end() else { return };
         if let Some(address) = &ended.slot {
             // A probe whose response headers never came (reset, cut short) is learnt from here.
-            let outcome = health::learn(address, now_ms(), ended.oversized, std::mem::take(&mut self.probe));
+            let outcome = health::learn(address, now_ms(), ended.oversized, self.probe.take());
             if let Some(shared) = &self.shared {
                 match outcome {
                     Outcome::Failed => shared.metrics.count(metric::ENDPOINT_FAILURES, 1),

@@ -111,8 +111,8 @@
 //!    A text too short to record keeps its plain rendezvous pick. A candidate at `concurrency_threshold` (counting the
 //!    server's own waiting and running requests when the feed reports them, [`EndpointLoad::effective`]) is never
 //!    chosen; when every candidate is, the least-loaded endpoint under the cap is. When every endpoint is at the
-//!    cap, the cap cannot choose: the candidates and the least-loaded endpoint are compared by predicted time to
-//!    first token as if there were no cap (`overflow`).
+//!    cap, the cap holds on this gateway's own in-flight counts alone, and when those too are at it everywhere, it is
+//!    lifted; the candidates are compared by predicted time to first token as usual.
 //!
 //! The chosen endpoint's chain is recorded in the index in the same call.
 
@@ -486,7 +486,7 @@ impl PrefixAwarePolicy {
         endpoints: &[Endpoint],
         loads: &[EndpointLoad],
     ) -> Decision {
-        let guard = LoadGuard::new(self.threshold);
+        let mut guard = LoadGuard::new(self.threshold);
         let key_hash = self.consistent_key(&key.text, ph, plan.common_blocks);
         let kf = hrw::key_factor(key_hash);
         let prompt = if key.truncated { key.text.len().max(input.body_len) } else { key.text.len() };
@@ -495,11 +495,31 @@ impl PrefixAwarePolicy {
         let n = self.addr_hashes.len();
         // With endpoints told apart as slower, the least-loaded endpoint in time for a miss too, when it is another
         // than the least in bytes.
-        let (least, least_timed) = if input.slowdowns.is_empty() {
-            (least_admitted(loads, n, guard, &top, score), None)
-        } else {
-            least_admitted_and_in_time(loads, n, guard, &top, score, input.slowdowns, prompt as u64)
+        let search = |loads: &[EndpointLoad], guard: LoadGuard| {
+            if input.slowdowns.is_empty() {
+                (least_admitted(loads, n, guard, &top, score), None)
+            } else {
+                least_admitted_and_in_time(loads, n, guard, &top, score, input.slowdowns, prompt as u64)
+            }
         };
+        let (mut least, mut least_timed) = search(loads, guard);
+        // When the guard refuses every endpoint, the cap cannot choose. The servers' reports alone can do that: a
+        // busy vLLM fleet runs more requests at once than the cap all the time. The cap then holds on this
+        // gateway's own requests (exact, where the reports are up to a poll old), and when those reach it
+        // everywhere too, it is lifted. Either way the candidates are compared by predicted time to first token
+        // as usual, so the request still goes where its prefix is unless its queue there is longer. Before, the
+        // endpoint reporting the fewest requests took every request until the next report.
+        let own: Vec<EndpointLoad>;
+        let mut admitting = loads;
+        if least.is_none() {
+            own = loads.iter().map(|l| EndpointLoad { server: None, ..*l }).collect();
+            admitting = &own;
+            (least, least_timed) = search(admitting, guard);
+            if least.is_none() {
+                guard = LoadGuard::new(u32::MAX);
+                (least, least_timed) = search(admitting, guard);
+            }
+        }
         let mut cands: Vec<usize> = Vec::with_capacity(MAX_HOLDERS + RENDEZVOUS_CANDIDATES + 2);
         if let Some(info) = plan.deepest.and_then(|h| self.index.get(h)) {
             cands.extend(info.holders.iter().filter_map(|&id| self.pos(id)));
@@ -509,19 +529,11 @@ impl PrefixAwarePolicy {
         cands.extend(least_timed);
         // Work in time: the same bytes take longer on an endpoint told apart as slower (step 4).
         let timed = |work: u64, i: usize| in_time(work, input.slowdowns.get(i).copied().unwrap_or(0));
-        // When the guard refuses every endpoint (a fleet at the cap, as a busy fleet whose servers report more running
-        // requests than the cap can be all the time), the cap cannot choose: the candidates are compared as if there
-        // were none, the least loaded among them, so the request still goes where its prefix is and by predicted
-        // time to first token rather than to whichever endpoint reported the fewest requests.
-        let capped = least.is_none();
-        if capped {
-            cands.extend(least_loaded(key_hash, endpoints, loads));
-        }
         cands.sort_unstable();
         cands.dedup();
         let scored: Vec<(usize, usize)> = cands
             .iter()
-            .filter(|&&i| capped || guard.admits(loads, i))
+            .filter(|&&i| guard.admits(admitting, i))
             .map(|&i| {
                 let cached = self.cached_at(plan, &ph.blocks, i);
                 // A key cut at `prefix_length` and held whole: the index cannot see past the cut, and a prefix
@@ -555,11 +567,9 @@ impl PrefixAwarePolicy {
             .iter()
             .min_by(|a, b| a.ttft.cmp(&b.ttft).then(a.over.cmp(&b.over)).then_with(|| b.score.cmp(&a.score)))
             .copied()
-            .expect("endpoints are not empty: the least-loaded one is a candidate");
+            .expect("endpoints are not empty and the guard admits the least-loaded one");
         let holds_match = best.cached > 0 && self.holds(plan.deepest, best.pos);
-        let reason = if capped {
-            Reason::Overflow
-        } else if holds_match && (plan.useful || plan.matched_len >= key.text.len()) {
+        let reason = if holds_match && (plan.useful || plan.matched_len >= key.text.len()) {
             Reason::PrefixMatch
         } else if !plan.useful && self.is_bounded_top(&top, &candidates, &best) {
             Reason::ConsistentPick

@@ -319,18 +319,44 @@ fn overflow_at_the_concurrency_threshold() {
     let again = r.route_key(&k, 0, &loads).unwrap();
     assert_eq!(again.endpoint, d.endpoint);
     // Every endpoint at the cap: the cap cannot choose, so the request goes by predicted time to first token as
-    // if there were none — to the holder, which has it cached, even when another reports fewer requests — still
-    // reported as overflow. Before, the one reporting the fewest requests took it, and every request after it.
-    let (mut r, p) = primed(s, &k);
+    // if there were none — to the holder, which has it cached, even when another has fewer requests. Before, the
+    // one with the fewest took it, and every request after it.
+    let (mut r, p) = primed(s.clone(), &k);
     let mut full = vec![EndpointLoad::in_flight(4); 3];
     full[p] = EndpointLoad::in_flight(5);
     let d = r.route_key(&k, 0, &full).unwrap();
-    assert_eq!((d.endpoint, d.reason), (p, Reason::Overflow));
+    assert_eq!((d.endpoint, d.reason), (p, Reason::PrefixMatch));
     // With the holder's queue longer than the prompt, an idle endpoint predicts sooner.
     full[p].pending_prefill = 10 * k.text.len() as u32;
     let d = r.route_key(&k, 0, &full).unwrap();
     assert_ne!(d.endpoint, p);
     assert_eq!(d.reason, Reason::Overflow);
+}
+
+/// When the servers' reports put every endpoint at the cap, the cap still holds on this gateway's own requests
+/// (exact where the reports are up to a poll old): the holder with as many of them as the cap is passed over, one
+/// below it keeps the request.
+#[test]
+fn a_fleet_reported_at_the_cap_is_capped_on_this_gateway_s_own_requests() {
+    let mut s = settings(3);
+    s.concurrency_threshold = 3;
+    let k = key(&[("user", &words(5, 400))]);
+    let reported = Some(ServerLoad { waiting: 10, running: 0, kv_cache_usage: 0.5 });
+    let loads = |own_on_holder: u32, p: usize| {
+        (0..3)
+            .map(|i| EndpointLoad {
+                in_flight: if i == p { own_on_holder } else { 0 },
+                server: reported,
+                ..Default::default()
+            })
+            .collect::<Vec<_>>()
+    };
+    let (mut r, p) = primed(s.clone(), &k);
+    let d = r.route_key(&k, 0, &loads(2, p)).unwrap();
+    assert_eq!((d.endpoint, d.reason), (p, Reason::PrefixMatch), "the holder is below the cap on its own requests");
+    let (mut r, p) = primed(s, &k);
+    let d = r.route_key(&k, 0, &loads(3, p)).unwrap();
+    assert_ne!(d.endpoint, p, "the holder is at the cap on this gateway's own requests");
 }
 
 #[test]
@@ -589,8 +615,6 @@ fn the_concurrency_threshold_is_a_hard_cap() {
             if loads[p].in_flight >= 3 {
                 assert_ne!(d.endpoint, p);
             }
-        } else {
-            assert_eq!(d.reason, Reason::Overflow, "seed {seed}: every endpoint at the cap");
         }
     }
 }

@@ -29,6 +29,9 @@ pub struct Router {
     /// gateway sent or finished since is added to it ([`Router::route`]), or, between two reports, one endpoint
     /// looks the least loaded to every request however many this gateway sends it.
     in_flight_at_report: Option<Vec<u32>>,
+    /// The feed has not confirmed the server loads for longer than its polls explain
+    /// ([`Router::server_loads_stale`]): they are left out of the loads until it does.
+    server_loads_stale: bool,
     ids: HashMap<String, u32>,
     /// Position in `endpoints` of each current address: the per-request lookups by address (loads read from shared
     /// tables, index records from other routers) cost one hash lookup each instead of a scan of the endpoints.
@@ -63,6 +66,7 @@ impl Router {
             server_loads: Vec::new(),
             has_server_loads: false,
             in_flight_at_report: None,
+            server_loads_stale: false,
             ids: HashMap::new(),
             positions: HashMap::new(),
             next_id: 0,
@@ -227,6 +231,21 @@ impl Router {
         self.has_server_loads = loads.iter().any(Option::is_some);
         self.server_loads = loads;
         self.in_flight_at_report = None;
+        self.server_loads_stale = false;
+    }
+
+    /// The feed confirmed the server loads in force (a poll answered with them, changed or not): what this gateway
+    /// sends or finishes from now on moves them ([`ServerLoad::moved_by`]), and they are used again if stale.
+    pub fn server_loads_confirmed(&mut self) {
+        self.in_flight_at_report = None;
+        self.server_loads_stale = false;
+    }
+
+    /// The feed has not confirmed the server loads for longer than its polls explain (it, or the controller behind
+    /// it, stopped answering): routing goes on this gateway's own counts until [`Router::server_loads_confirmed`] or
+    /// a new snapshot. A report kept for ever would cap an endpoint on a load it may no longer have.
+    pub fn server_loads_stale(&mut self) {
+        self.server_loads_stale = true;
     }
 
     /// Server-reported load of `endpoints()[i]` from the last feed snapshot, if any.
@@ -288,7 +307,7 @@ impl Router {
     /// `None` only when the endpoint set is empty.
     pub fn route(&mut self, input: &PickInput, loads: &[EndpointLoad]) -> Option<Decision> {
         let merged: Vec<EndpointLoad>;
-        let loads = if self.has_server_loads {
+        let loads = if self.has_server_loads && !self.server_loads_stale {
             let n = self.endpoints.len();
             let at_report = self
                 .in_flight_at_report
@@ -415,6 +434,27 @@ mod tests {
         assert_eq!(pick(&mut router, in_flight), 0);
         // Requests this gateway finished since leave the report: 78 - 3.
         assert_eq!(pick(&mut router, [6, 0, 2]), 1);
+    }
+
+    /// A report the feed no longer confirms is left out until it does: an endpoint last reported busy is not
+    /// avoided for as long as the feed is down.
+    #[test]
+    fn a_report_the_feed_stopped_confirming_is_left_out() {
+        let endpoints: Vec<String> = (0..3).map(|i| format!("127.0.0.1:{}", 9000 + i)).collect();
+        let mut router = Router::new(Settings {
+            strategy: Strategy::LeastOutstandingRequests,
+            endpoints: endpoints.clone(),
+            ..Settings::default()
+        });
+        let reported = |waiting| Some(ServerLoad { waiting, running: 0, kv_cache_usage: 0.0 });
+        router.set_feed_endpoints(endpoints.iter().cloned().zip([70, 5, 6].map(reported)).collect()).expect("valid");
+        let loads = [0, 3, 3].map(EndpointLoad::in_flight);
+        let pick = |r: &mut Router| r.route(&PickInput { random: 7, ..PickInput::default() }, &loads).expect("a pick");
+        assert_eq!(pick(&mut router).endpoint, 1, "the report says the first is busy");
+        router.server_loads_stale();
+        assert_eq!(pick(&mut router).endpoint, 0, "stale: this gateway's own counts");
+        router.server_loads_confirmed();
+        assert_eq!(pick(&mut router).endpoint, 1, "confirmed again");
     }
 
     #[test]

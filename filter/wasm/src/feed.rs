@@ -117,10 +117,21 @@ pub fn remote_pending_max_age(feed: &FeedSettings, tick: Duration) -> u64 {
 /// (`[reporter: u64 LE][cursor: u64 LE]`), completed like `SNAPSHOT_KEY`: they outlive a change of the poller VM.
 const INDEX_STATE_KEY: &str = "warmpath.feed.index.";
 
+/// Feed polls a snapshot's server loads stay in force without an answer: past them the loads are older than the
+/// feed can explain (the feed, or the controller behind it, stopped answering) and routing goes on this Envoy's own
+/// counts (`Router::server_loads_stale`) until a poll confirms them again. Three: one lost or late answer is not an
+/// outage, and a controller's leader change (about 15 s at the default 5 s interval) is about one.
+const STALE_POLLS: u64 = 3;
+
 /// Poller state of one root context.
 pub struct FeedPoller {
     settings: FeedSettings,
     snapshot_key: String,
+    /// Shared-data key of when a poll last answered with a valid snapshot (ms, u64 LE; the poller writes it, every
+    /// VM reads it on its tick).
+    confirmed_key: String,
+    /// The confirmation this VM last acted on (ms).
+    confirmed_seen: Option<u64>,
     lease_key: String,
     owner: u64,
     pending: Option<u32>,
@@ -160,6 +171,8 @@ impl FeedPoller {
         let feed = feed_id(&settings);
         FeedPoller {
             snapshot_key: format!("{SNAPSHOT_KEY}{feed}"),
+            confirmed_key: format!("{SNAPSHOT_KEY}{feed}.confirmed"),
+            confirmed_seen: None,
             lease_key: format!("{LEASE_KEY}{feed}"),
             index_state_key: format!("{INDEX_STATE_KEY}{feed}"),
             index_path: format!("{}{INDEX_PATH_SUFFIX}", settings.path),
@@ -197,6 +210,7 @@ impl FeedPoller {
     /// Envoy's index records to the feed.
     pub fn on_tick(&mut self, now_ms: u64, router: &Rc<RefCell<Router>>, exchange: &Exchange, metrics: &Metrics) {
         self.apply_published(router, metrics);
+        self.check_confirmed(now_ms, router);
         let ttl = self.settings.interval_ms.saturating_mul(LEASE_INTERVALS);
         let polling = shared::take_lease(&self.lease_key, self.owner, now_ms, ttl);
         self.polling = polling;
@@ -392,12 +406,30 @@ impl FeedPoller {
                 return metrics.count("warmpath.feed.failures.invalid", 1);
             }
         };
+        // The servers' loads in force are current as of this answer, changed or not.
+        let _ = hostcalls::set_shared_data(&self.confirmed_key, Some(&crate::root::now_ms().to_le_bytes()), None);
         if self.applied_version == Some(snapshot.version) {
             return; // Nothing new.
         }
         // Any other version is news: the version identifies the content, it is not compared.
         let _ = hostcalls::set_shared_data(&self.snapshot_key, Some(&body), None);
         self.apply_published(router, metrics);
+    }
+
+    /// Tells the router whether the server loads in force are current: a newer confirmation counts this Envoy's
+    /// change on each endpoint from now (`Router::server_loads_confirmed`); none for [`STALE_POLLS`] poll intervals
+    /// turns them off (`Router::server_loads_stale`). Nothing before the first confirmation.
+    fn check_confirmed(&mut self, now_ms: u64, router: &Rc<RefCell<Router>>) {
+        let Ok((Some(bytes), _)) = hostcalls::get_shared_data(&self.confirmed_key) else { return };
+        let Some(confirmed) = bytes.get(..8).and_then(|b| b.try_into().ok()).map(u64::from_le_bytes) else { return };
+        let Ok(mut router) = router.try_borrow_mut() else { return };
+        if self.confirmed_seen != Some(confirmed) {
+            self.confirmed_seen = Some(confirmed);
+            router.server_loads_confirmed();
+        }
+        if now_ms.saturating_sub(confirmed) > self.settings.interval_ms.saturating_mul(STALE_POLLS) {
+            router.server_loads_stale();
+        }
     }
 
     /// Applies the published snapshot if it changed since this VM last applied it.

@@ -267,3 +267,32 @@ async fn a_fleet_reported_over_the_cap_still_spreads_by_prefix() {
         assert_eq!(&r.upstream, home, "conversation {i} moved off its endpoint: {r:?}");
     }
 }
+
+/// A report the feed no longer confirms stops counting: an endpoint last reported at the cap gets no new
+/// conversation while the feed confirms it, and gets its share again once the feed has not answered for three
+/// poll intervals (it may be idle by then; before, the last report capped it for as long as the feed was down).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_report_the_feed_stopped_confirming_stops_counting() {
+    let upstreams = Upstream::start_many(3).await.expect("upstreams");
+    let a: Vec<SocketAddr> = upstreams.iter().map(Upstream::addr).collect();
+    let at_cap = Some(FeedLoad { waiting: Settings::default().concurrency_threshold, running: 0, kv_cache_usage: 0.5 });
+    let idle = Some(FeedLoad { waiting: 0, running: 0, kv_cache_usage: 0.0 });
+    let mut feed = FeedServer::start(snapshot(1, &[(a[0], at_cap), (a[1], idle), (a[2], idle)])).await.expect("feed");
+    let rig = feed_rig(upstreams, &feed, prefix_aware_fed()).await;
+    wait_version(&rig, 1).await;
+    rig.used();
+    for i in 0..24 {
+        let r = rig.chat(&prompt(&format!("confirmed {i}"), 2000)).await;
+        assert_eq!(r.status, 200, "{r:?}");
+    }
+    assert_eq!(rig.upstreams[0].count(), 0, "the endpoint reported at the cap got traffic: {:?}", rig.counts());
+    feed.stop().await;
+    // Three poll intervals without an answer, and a tick for every VM.
+    tokio::time::sleep(Duration::from_millis(6 * INTERVAL_MS)).await;
+    for i in 0..24 {
+        let r = rig.chat(&prompt(&format!("unconfirmed {i}"), 2000)).await;
+        assert_eq!(r.status, 200, "{r:?}");
+    }
+    // Rendezvous over three endpoints: none of 24 new keys on one of them has probability below 10^-4.
+    assert!(rig.upstreams[0].count() > 0, "the stale report still kept the endpoint out: {:?}", rig.counts());
+}

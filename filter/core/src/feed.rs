@@ -10,6 +10,23 @@ use serde::{Deserialize, Serialize};
 use crate::config::{normalize_address, MAX_ENDPOINTS};
 use crate::endpoint::ServerLoad;
 
+/// Feed polls a snapshot's server loads stay in force without an answer: past them (and [`STALE_MIN_MS`]) the
+/// loads are older than the feed can explain (the feed, or the controller behind it, stopped answering) and routing
+/// goes on this gateway's own counts ([`crate::Router::server_loads_stale`]) until a poll confirms them again.
+/// Three: one or two lost or late answers are not an outage.
+pub const STALE_POLLS: u64 = 3;
+
+/// The least time server loads stay in force without an answer, ms: a feed polled every few ms (the benchmark's
+/// harness) is late by more than three polls whenever the machine is busy, and flapping between the reports and
+/// this gateway's own counts would help nobody.
+pub const STALE_MIN_MS: u64 = 1_000;
+
+/// How long server loads stay in force without a feed answer when the feed is polled every `interval_ms`, ms:
+/// [`STALE_POLLS`] polls, at least [`STALE_MIN_MS`].
+pub fn server_loads_stale_after_ms(interval_ms: u64) -> u64 {
+    interval_ms.saturating_mul(STALE_POLLS).max(STALE_MIN_MS)
+}
+
 /// One versioned snapshot of a backend's endpoints and their server-reported load.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct FeedSnapshot {

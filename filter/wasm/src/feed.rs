@@ -33,7 +33,7 @@ use log::{info, warn};
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::{BufferType, MapType};
 use warmpath_core::exchange::{push_fits, split_report, FITS_REPORT_MS, INDEX_PATH_SUFFIX, PENDING_SECTION};
-use warmpath_core::feed::FeedSnapshot;
+use warmpath_core::feed::{server_loads_stale_after_ms, FeedSnapshot};
 use warmpath_core::headers::{CURSOR_HEADER, FITS_HEADER, PENDING_HEADER, REPORTER_HEADER};
 use warmpath_core::{FeedSettings, Router, ServerLoad};
 
@@ -116,12 +116,6 @@ pub fn remote_pending_max_age(feed: &FeedSettings, tick: Duration) -> u64 {
 /// Shared-data key prefix of this Envoy's reporter id and cursor in the gateway leg of the index exchange
 /// (`[reporter: u64 LE][cursor: u64 LE]`), completed like `SNAPSHOT_KEY`: they outlive a change of the poller VM.
 const INDEX_STATE_KEY: &str = "warmpath.feed.index.";
-
-/// Feed polls a snapshot's server loads stay in force without an answer: past them the loads are older than the
-/// feed can explain (the feed, or the controller behind it, stopped answering) and routing goes on this Envoy's own
-/// counts (`Router::server_loads_stale`) until a poll confirms them again. Three: one lost or late answer is not an
-/// outage, and a controller's leader change (about 15 s at the default 5 s interval) is about one.
-const STALE_POLLS: u64 = 3;
 
 /// Poller state of one root context.
 pub struct FeedPoller {
@@ -417,7 +411,7 @@ impl FeedPoller {
     }
 
     /// Tells the router whether the server loads in force are current: a newer confirmation counts this Envoy's
-    /// change on each endpoint from now (`Router::server_loads_confirmed`); none for [`STALE_POLLS`] poll intervals
+    /// change on each endpoint from now (`Router::server_loads_confirmed`); none for `server_loads_stale_after_ms`
     /// turns them off (`Router::server_loads_stale`). Nothing before the first confirmation.
     fn check_confirmed(&mut self, now_ms: u64, router: &Rc<RefCell<Router>>) {
         let Ok((Some(bytes), _)) = hostcalls::get_shared_data(&self.confirmed_key) else { return };
@@ -427,7 +421,7 @@ impl FeedPoller {
             self.confirmed_seen = Some(confirmed);
             router.server_loads_confirmed();
         }
-        if now_ms.saturating_sub(confirmed) > self.settings.interval_ms.saturating_mul(STALE_POLLS) {
+        if now_ms.saturating_sub(confirmed) > server_loads_stale_after_ms(self.settings.interval_ms) {
             router.server_loads_stale();
         }
     }

@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use warmpath_core::feed::{FeedEndpoint, FeedLoad, FeedSnapshot};
+use warmpath_core::feed::{server_loads_stale_after_ms, FeedEndpoint, FeedLoad, FeedSnapshot};
 use warmpath_core::Settings;
 use warmpath_harness::{filter_wasm, EnvoyConfig, FeedCluster, FeedServer, Stats, Upstream};
 
@@ -270,7 +270,7 @@ async fn a_fleet_reported_over_the_cap_still_spreads_by_prefix() {
 
 /// A report the feed no longer confirms stops counting: an endpoint last reported at the cap gets no new
 /// conversation while the feed confirms it, and gets its share again once the feed has not answered for three
-/// poll intervals (it may be idle by then; before, the last report capped it for as long as the feed was down).
+/// poll intervals (at least a second) (it may be idle by then; before, the last report capped it for as long as the feed was down).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_report_the_feed_stopped_confirming_stops_counting() {
     let upstreams = Upstream::start_many(3).await.expect("upstreams");
@@ -287,8 +287,8 @@ async fn a_report_the_feed_stopped_confirming_stops_counting() {
     }
     assert_eq!(rig.upstreams[0].count(), 0, "the endpoint reported at the cap got traffic: {:?}", rig.counts());
     feed.stop().await;
-    // Three poll intervals without an answer, and a tick for every VM.
-    tokio::time::sleep(Duration::from_millis(6 * INTERVAL_MS)).await;
+    // Long enough without an answer, and a tick for every VM.
+    tokio::time::sleep(Duration::from_millis(server_loads_stale_after_ms(INTERVAL_MS) + 3 * INTERVAL_MS)).await;
     for i in 0..24 {
         let r = rig.chat(&prompt(&format!("unconfirmed {i}"), 2000)).await;
         assert_eq!(r.status, 200, "{r:?}");

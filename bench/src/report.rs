@@ -138,7 +138,11 @@ const LEGEND: &str = "latencies in simulated ms (the servers' own share of each 
     the filter; direct = routed client-side, no proxy hop; smg / vllm-router = the peer's real router process; \
     proxy CPU = user + system CPU time of the proxy processes on the request path per request, µs of real time \
     (the harness's own routers decide inside the harness, not counted there); CPU busy = share of all the \
-    machine's cores busy during the replay";
+    machine's cores busy during the replay; errors = failed or unanswered requests; max share = the largest share \
+    of requests one server finished (fair: 1/N); overflow = decisions that left the preferred endpoint for load (the \
+    filter's own count for the filter, each baseline's by its own rule: compare within a strategy); req/s = \
+    completed requests per simulated second. One run's TTFT p50 varies by about 10 % between seeds: compare means \
+    over several (--runs). docs/demo.md, \"How to read the table\", explains every column.";
 
 /// `x` with `digits` decimals, or `-` when absent.
 fn opt(x: Option<f64>, digits: usize) -> String {

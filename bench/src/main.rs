@@ -322,9 +322,10 @@ async fn run(a: Args) -> anyhow::Result<()> {
     for (k, (reqs, source)) in workloads.iter().enumerate() {
         let span_s = reqs.last().map_or(0.0, |r| r.at_ms) / 1000.0 / a.rate_scale;
         eprintln!(
-            "{}{source}: {} requests over {span_s:.0} simulated s (≈{:.0} s wall per strategy at time scale {}), {} endpoints × {} blocks",
+            "{}{source}: {} requests over {span_s:.0} simulated s (a mean {:.1} req/s; ≈{:.0} s wall per strategy at time scale {}), {} endpoints × {} blocks",
             if a.runs > 1 { format!("run {}/{}: ", k + 1, a.runs) } else { String::new() },
             reqs.len(),
+            reqs.len() as f64 / span_s.max(1e-9),
             span_s * a.time_scale,
             a.time_scale,
             a.endpoints,

@@ -82,10 +82,12 @@ pub fn load_per_endpoint(path: &Path, runs: &[StrategyRun]) -> anyhow::Result<()
         .fold(0.0_f64, f64::max)
         .max(1.0 / endpoints as f64)
         * 1.25;
-    let root = BitMapBackend::new(path, (1000, 620)).into_drawing_area();
+    let root = BitMapBackend::new(path, (1120, 620)).into_drawing_area();
     root.fill(&WHITE)?;
+    // The key (colour → endpoint) beside the chart, where no bar or strategy name can hide it.
+    let (plot_area, key_area) = root.split_horizontally(1000);
     let width = (groups * (endpoints + 1)) as f64;
-    let mut chart = ChartBuilder::on(&root)
+    let mut chart = ChartBuilder::on(&plot_area)
         .caption("Share of requests per endpoint (bars) by strategy", ("sans-serif", 24))
         .margin(15)
         .x_label_area_size(45)
@@ -108,6 +110,8 @@ pub fn load_per_endpoint(path: &Path, runs: &[StrategyRun]) -> anyhow::Result<()
                 [(x0, 0.0), (x0 + 0.9, m.requests / total)],
                 color.filled(),
             )))?;
+            // A mark on the axis under every bar, so an endpoint that got nothing shows as a gap, not as nothing.
+            chart.draw_series(LineSeries::new([(x0, 0.0), (x0 + 0.9, 0.0)], color.stroke_width(4)))?;
         }
         // Strategy name above its group, on three staggered heights so long names of neighbouring groups do not
         // overlap.
@@ -119,16 +123,15 @@ pub fn load_per_endpoint(path: &Path, runs: &[StrategyRun]) -> anyhow::Result<()
         )))?;
     }
     let fair = 1.0 / endpoints as f64;
-    chart
-        .draw_series(LineSeries::new([(0.0, fair), (width, fair)], BLACK.stroke_width(1)))?
-        .label("fair share")
-        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK));
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .draw()?;
+    chart.draw_series(LineSeries::new([(0.0, fair), (width, fair)], BLACK.stroke_width(1)))?;
+    // The line, and which colour is which endpoint (the colours repeat past the palette's length).
+    key_area.draw(&PathElement::new(vec![(5, 60), (25, 60)], BLACK))?;
+    key_area.draw(&Text::new("fair share", (30, 53), ("sans-serif", 14)))?;
+    for (e, color) in COLORS.iter().enumerate().take(endpoints) {
+        let y = 82 + 22 * e as i32;
+        key_area.draw(&Rectangle::new([(5, y - 6), (25, y + 6)], color.filled()))?;
+        key_area.draw(&Text::new(format!("endpoint {}", e + 1), (30, y - 7), ("sans-serif", 14)))?;
+    }
     root.present()?;
     Ok(())
 }

@@ -400,61 +400,58 @@ mod tests {
     /// Between two feed reports the requests this gateway sends count on top of the reported load, so one report
     /// does not send every request to the endpoint it showed least loaded; what the report already counted (this
     /// gateway's in-flight requests when the router first routes with it) is not counted twice.
+    /// A LEAST_OUTSTANDING_REQUESTS router over three endpoints, for the server-load tests.
+    fn least_outstanding_of_three() -> Router {
+        let endpoints = (0..3).map(|i| format!("127.0.0.1:{}", 9000 + i)).collect();
+        Router::new(Settings { strategy: Strategy::LeastOutstandingRequests, endpoints, ..Settings::default() })
+    }
+
+    /// A feed snapshot of `r`'s endpoints whose servers report `waiting` requests each.
+    fn report(r: &mut Router, waiting: [u32; 3]) {
+        let addresses: Vec<String> = r.endpoints().iter().map(|e| e.address.clone()).collect();
+        let loads = waiting.map(|waiting| Some(ServerLoad { waiting, running: 0, kv_cache_usage: 0.0 }));
+        r.set_feed_endpoints(addresses.into_iter().zip(loads).collect()).expect("valid");
+    }
+
+    /// The endpoint `r` picks with this gateway's in-flight counts `in_flight`.
+    fn pick_with(r: &mut Router, in_flight: [u32; 3]) -> usize {
+        let loads = in_flight.map(EndpointLoad::in_flight);
+        r.route(&PickInput { random: 7, ..PickInput::default() }, &loads).expect("a pick").endpoint
+    }
+
     #[test]
     fn requests_sent_since_a_report_count_on_top_of_it() {
-        let endpoints: Vec<String> = (0..3).map(|i| format!("127.0.0.1:{}", 9000 + i)).collect();
-        let mut router = Router::new(Settings {
-            strategy: Strategy::LeastOutstandingRequests,
-            endpoints: endpoints.clone(),
-            ..Settings::default()
-        });
-        let reported = |waiting| Some(ServerLoad { waiting, running: 0, kv_cache_usage: 0.0 });
-        let report = |r: &mut Router, w: [u32; 3]| {
-            r.set_feed_endpoints(endpoints.iter().cloned().zip(w.map(reported)).collect()).expect("valid");
-        };
+        let mut router = least_outstanding_of_three();
         // This gateway already has 2 requests on the first endpoint when the report (which counts them) arrives.
         let mut in_flight = [2u32, 0, 0];
         report(&mut router, [70, 71, 72]);
         let mut picks = [0; 3];
         for _ in 0..9 {
-            let loads = in_flight.map(EndpointLoad::in_flight);
-            let d = router.route(&PickInput { random: 7, ..PickInput::default() }, &loads).expect("a pick");
-            picks[d.endpoint] += 1;
-            in_flight[d.endpoint] += 1;
+            let i = pick_with(&mut router, in_flight);
+            picks[i] += 1;
+            in_flight[i] += 1;
         }
         // 70 + 4, 71 + 3, 72 + 2: the loads level out as they would at the servers.
         assert_eq!(picks, [4, 3, 2], "spread as the loads level out");
         assert_eq!(in_flight, [6, 3, 2]);
         // A new report replaces the count: it includes what was sent before it (counted again: 80 / 81 / 79).
         report(&mut router, [76, 78, 77]);
-        let pick = |r: &mut Router, in_flight: [u32; 3]| {
-            let loads = in_flight.map(EndpointLoad::in_flight);
-            r.route(&PickInput { random: 7, ..PickInput::default() }, &loads).expect("a pick").endpoint
-        };
-        assert_eq!(pick(&mut router, in_flight), 0);
+        assert_eq!(pick_with(&mut router, in_flight), 0);
         // Requests this gateway finished since leave the report: 78 - 3.
-        assert_eq!(pick(&mut router, [6, 0, 2]), 1);
+        assert_eq!(pick_with(&mut router, [6, 0, 2]), 1);
     }
 
     /// A report the feed no longer confirms is left out until it does: an endpoint last reported busy is not
     /// avoided for as long as the feed is down.
     #[test]
     fn a_report_the_feed_stopped_confirming_is_left_out() {
-        let endpoints: Vec<String> = (0..3).map(|i| format!("127.0.0.1:{}", 9000 + i)).collect();
-        let mut router = Router::new(Settings {
-            strategy: Strategy::LeastOutstandingRequests,
-            endpoints: endpoints.clone(),
-            ..Settings::default()
-        });
-        let reported = |waiting| Some(ServerLoad { waiting, running: 0, kv_cache_usage: 0.0 });
-        router.set_feed_endpoints(endpoints.iter().cloned().zip([70, 5, 6].map(reported)).collect()).expect("valid");
-        let loads = [0, 3, 3].map(EndpointLoad::in_flight);
-        let pick = |r: &mut Router| r.route(&PickInput { random: 7, ..PickInput::default() }, &loads).expect("a pick");
-        assert_eq!(pick(&mut router).endpoint, 1, "the report says the first is busy");
+        let mut router = least_outstanding_of_three();
+        report(&mut router, [70, 5, 6]);
+        assert_eq!(pick_with(&mut router, [0, 3, 3]), 1, "the report says the first is busy");
         router.server_loads_stale();
-        assert_eq!(pick(&mut router).endpoint, 0, "stale: this gateway's own counts");
+        assert_eq!(pick_with(&mut router, [0, 3, 3]), 0, "stale: this gateway's own counts");
         router.server_loads_confirmed();
-        assert_eq!(pick(&mut router).endpoint, 1, "confirmed again");
+        assert_eq!(pick_with(&mut router, [0, 3, 3]), 1, "confirmed again");
     }
 
     #[test]

@@ -309,15 +309,15 @@ impl Router {
         let merged: Vec<EndpointLoad>;
         let loads = if self.has_server_loads && !self.server_loads_stale {
             let n = self.endpoints.len();
-            let at_report = self
-                .in_flight_at_report
-                .get_or_insert_with(|| (0..n).map(|i| crate::load::load_at(loads, i).in_flight).collect());
+            if self.in_flight_at_report.is_none() {
+                self.in_flight_at_report = Some((0..n).map(|i| crate::load::load_at(loads, i).in_flight).collect());
+            }
+            let at_report = self.in_flight_at_report.as_deref().unwrap_or_default();
             merged = (0..n)
                 .map(|i| {
                     let mut l = crate::load::load_at(loads, i);
                     let then = at_report.get(i).copied().unwrap_or(0);
-                    let reported = self.server_loads.get(i).copied().flatten();
-                    l.server = l.server.or(reported.map(|s| s.moved_by(l.in_flight, then)));
+                    l.server = l.server.or(self.server_load(i).map(|s| s.moved_by(l.in_flight, then)));
                     l
                 })
                 .collect();
@@ -397,9 +397,6 @@ mod tests {
         Router::new(Settings { strategy: Strategy::PrefixAware, endpoints: endpoints.to_vec(), ..Settings::default() })
     }
 
-    /// Between two feed reports the requests this gateway sends count on top of the reported load, so one report
-    /// does not send every request to the endpoint it showed least loaded; what the report already counted (this
-    /// gateway's in-flight requests when the router first routes with it) is not counted twice.
     /// A LEAST_OUTSTANDING_REQUESTS router over three endpoints, for the server-load tests.
     fn least_outstanding_of_three() -> Router {
         let endpoints = (0..3).map(|i| format!("127.0.0.1:{}", 9000 + i)).collect();
@@ -419,6 +416,9 @@ mod tests {
         r.route(&PickInput { random: 7, ..PickInput::default() }, &loads).expect("a pick").endpoint
     }
 
+    /// Between two feed reports the requests this gateway sends count on top of the reported load, so one report
+    /// does not send every request to the endpoint it showed least loaded; what the report already counted (this
+    /// gateway's in-flight requests when the router first routes with it) is not counted twice.
     #[test]
     fn requests_sent_since_a_report_count_on_top_of_it() {
         let mut router = least_outstanding_of_three();

@@ -70,9 +70,8 @@ const NOTED_CLUSTERS: usize = 64;
 
 thread_local! {
     // (upstream_clusters, cluster) pairs this VM has logged as left alone: instances of several policies share a VM,
-    // and each logs its own list.
-    static NOTED: std::cell::RefCell<std::collections::BTreeSet<String>> =
-        const { std::cell::RefCell::new(std::collections::BTreeSet::new()) };
+    // and each logs its own list. Compared in place, so a request for a cluster already noted allocates nothing.
+    static NOTED: std::cell::RefCell<Vec<(Vec<String>, String)>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// Logs, once per cluster, list and VM, that requests for `cluster` are left alone because it is not in
@@ -80,15 +79,20 @@ thread_local! {
 /// list, which turns this instance off (the counter `warmpath.requests_skipped_other_cluster` keeps counting).
 fn note_other_cluster(cluster: Option<&str>, upstream_clusters: &[String]) {
     let name = cluster.unwrap_or("(none)");
-    let list = upstream_clusters.join(",");
     let first = NOTED.with(|n| {
         let mut n = n.borrow_mut();
-        n.len() < NOTED_CLUSTERS && n.insert(format!("{list}\0{name}"))
+        let seen = n.iter().any(|(list, c)| c == name && list.as_slice() == upstream_clusters);
+        let first = !seen && n.len() < NOTED_CLUSTERS;
+        if first {
+            n.push((upstream_clusters.to_vec(), name.to_string()));
+        }
+        first
     });
     if first {
         log::info!(
-            "requests for Envoy cluster {name} are not routed by this instance: upstream_clusters is {list}; counted \
-             in warmpath.requests_skipped_other_cluster, logged once per cluster and list"
+            "requests for Envoy cluster {name} are not routed by this instance: upstream_clusters is {}; counted \
+             in warmpath.requests_skipped_other_cluster, logged once per cluster and list",
+            upstream_clusters.join(",")
         );
     }
 }

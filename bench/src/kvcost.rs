@@ -68,6 +68,12 @@ impl CostKind {
         }
     }
 
+    /// True for the exact-state references (`ORACLE`, `ORACLE_TTFT`): they read every server's true cache and
+    /// queue, which no router can, so they are yardsticks rather than routers to rank.
+    pub fn is_reference(self) -> bool {
+        matches!(self, CostKind::Oracle | CostKind::OracleTtft)
+    }
+
     /// Weight of the decode-blocks term: 1 in Dynamo's cost, 0 for the TTFT-only reference.
     pub fn decode_weight(self) -> f64 {
         match self {

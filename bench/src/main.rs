@@ -26,6 +26,10 @@ struct Args {
     /// Trace file to replay instead: Mooncake `.jsonl` or Azure `.csv` (e.g. $WARMPATH_TRACES/mooncake_synthetic_trace.jsonl).
     #[arg(long)]
     trace: Option<PathBuf>,
+    /// Tokens of one system prompt put in front of every trace request (0 to 65,536): the traces leave out the
+    /// system prompt a deployment sends with every request.
+    #[arg(long, default_value_t = 0, value_parser = system_prompt_tokens, requires = "trace")]
+    system_prompt_tokens: usize,
     /// Number of simulated model servers.
     #[arg(long, default_value_t = 4)]
     endpoints: usize,
@@ -186,6 +190,16 @@ fn requests_count(s: &str) -> Result<usize, String> {
     })
 }
 
+/// Clap parser for `--system-prompt-tokens`: 0 to [`trace::MAX_SYSTEM_PROMPT_TOKENS`].
+fn system_prompt_tokens(s: &str) -> Result<usize, String> {
+    let n: usize = s.parse().map_err(|e| format!("{s:?}: {e}"))?;
+    if n <= trace::MAX_SYSTEM_PROMPT_TOKENS {
+        Ok(n)
+    } else {
+        Err(format!("at most {}, got {n}", trace::MAX_SYSTEM_PROMPT_TOKENS))
+    }
+}
+
 /// Clap parser for `--runs`: 1 to [`MAX_RUNS`].
 fn runs_count(s: &str) -> Result<usize, String> {
     at_least_one(s).and_then(|n| if n <= MAX_RUNS { Ok(n) } else { Err(format!("at most {MAX_RUNS}, got {n}")) })
@@ -237,7 +251,8 @@ async fn run(a: Args) -> anyhow::Result<()> {
     // One workload per run: successive seeds, or successive stretches of the trace.
     let workloads: Vec<(Vec<Request>, String)> = match &a.trace {
         Some(path) => {
-            let t = trace::load(path, a.requests.saturating_mul(a.runs))?;
+            let mut t = trace::load(path, a.requests.saturating_mul(a.runs))?;
+            trace::with_system_prompt(&mut t.requests, a.system_prompt_tokens);
             for e in &t.errors {
                 eprintln!("trace: skipped {e}");
             }
@@ -263,7 +278,11 @@ async fn run(a: Args) -> anyhow::Result<()> {
             let mut w = Vec::new();
             for k in 0..a.runs {
                 let part = window(&t.requests, offset(k), n);
-                w.push((part, format!("trace {} (requests {}..{})", path.display(), offset(k), offset(k) + n)));
+                let system = match a.system_prompt_tokens {
+                    0 => String::new(),
+                    t => format!(", each behind one {t}-token system prompt"),
+                };
+                w.push((part, format!("trace {} (requests {}..{}{system})", path.display(), offset(k), offset(k) + n)));
             }
             w
         }

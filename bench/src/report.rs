@@ -12,6 +12,7 @@ use std::path::Path;
 use warmpath_harness::timing::ProxyTiming;
 
 use crate::harness::StrategyRun;
+use crate::kvcost::CostKind;
 
 /// One row of the comparison table.
 #[derive(Debug, Clone, PartialEq)]
@@ -213,8 +214,60 @@ pub fn table(rows: &[Summary], pooled: Option<f64>) -> String {
     if let Some(p) = pooled {
         let _ = writeln!(s, "\npooled-cache bound (one cache holding the whole fleet's capacity): hit ratio {p:.3}");
     }
+    s.push_str(&best_per_column(&[rows.iter().collect()]));
     let _ = writeln!(s, "{LEGEND}");
     s.push_str(&saturation_note(&rows.iter().map(|r| (r.label.as_str(), r.cpu_busy)).collect::<Vec<_>>()));
+    s
+}
+
+/// Which router leads each column a user picks a router by (TTFT p50, TTFT p90, hit ratio), by its mean over
+/// `runs` (`runs[k]`: run k's rows, same strategies in the same order), with the runner-up and the leader's ratio to
+/// it, or the routers level with the best as printed. The exact-state references ([`CostKind::is_reference`]) are
+/// yardsticks, not routers, and a strategy that lost requests in any run is left out (its percentiles cover fewer
+/// requests). Empty with fewer than two routers left.
+pub fn best_per_column(runs: &[Vec<&Summary>]) -> String {
+    let Some(first) = runs.first() else { return String::new() };
+    let mut left_out = Vec::new();
+    // (label, [p50, p90, hit ratio]) means over the runs.
+    let mut routers: Vec<(&str, [f64; 3])> = Vec::new();
+    for (i, r) in first.iter().enumerate() {
+        let rows: Vec<&Summary> = runs.iter().filter_map(|run| run.get(i).copied()).collect();
+        if CostKind::ALL.iter().any(|k| k.is_reference() && k.label() == r.label) {
+            continue;
+        }
+        if rows.iter().any(|r| r.errors > 0) {
+            left_out.push(r.label.as_str());
+            continue;
+        }
+        let mean = |f: &dyn Fn(&Summary) -> f64| rows.iter().map(|r| f(r)).sum::<f64>() / rows.len() as f64;
+        routers.push((&r.label, [mean(&|r| r.ttft_ms[0]), mean(&|r| r.ttft_ms[1]), mean(&|r| r.hit_ratio)]));
+    }
+    if routers.len() < 2 {
+        return String::new();
+    }
+    let over = match runs.len() {
+        1 => "one run: a lead under about 10 % needs --runs".to_string(),
+        n => format!("means of {n} runs"),
+    };
+    let mut s = format!("best router per column (the exact-state references left out; {over}):\n");
+    // (column, index, lower is better, decimals)
+    for (name, c, lower, digits) in [("TTFT p50", 0, true, 0), ("TTFT p90", 1, true, 0), ("hit ratio", 2, false, 3)] {
+        let mut order: Vec<(&str, f64)> = routers.iter().map(|(l, v)| (*l, v[c])).collect();
+        order.sort_by(|a, b| if lower { a.1.total_cmp(&b.1) } else { b.1.total_cmp(&a.1) });
+        let shown = |v: f64| format!("{v:.digits$}");
+        let level: Vec<&str> =
+            order.iter().take_while(|(_, v)| shown(*v) == shown(order[0].1)).map(|(l, _)| *l).collect();
+        if level.len() > 1 {
+            let _ = writeln!(s, "  {name}: level at {} ({})", shown(order[0].1), level.join(", "));
+            continue;
+        }
+        let ((best, b), (next, n)) = (order[0], order[1]);
+        let ratio = if n > 0.0 { format!(", {:.2}×", b / n) } else { String::new() };
+        let _ = writeln!(s, "  {name}: {best} {} (next {next} {}{ratio})", shown(b), shown(n));
+    }
+    if !left_out.is_empty() {
+        let _ = writeln!(s, "  left out for lost requests: {}", left_out.join(", "));
+    }
     s
 }
 
@@ -286,6 +339,7 @@ pub fn table_runs(runs: &[Vec<Summary>], pooled: &[f64]) -> String {
             mean_range(pooled, 3)
         );
     }
+    s.push_str(&best_per_column(&runs.iter().map(|run| run.iter().collect()).collect::<Vec<_>>()));
     let _ = writeln!(s, "mean (min–max) over {} runs; {LEGEND}", runs.len());
     s.push_str(&saturation_note(&busiest));
     s
@@ -436,6 +490,32 @@ mod tests {
             cpu_busy: None,
             envoy_us: None,
         }
+    }
+
+    #[test]
+    fn the_best_router_per_column_leaves_out_the_references_and_lost_requests() {
+        let runs = vec![
+            vec![row("A", 0.5, 100.0, 0), row("B", 0.7, 90.0, 0), row("ORACLE", 0.9, 10.0, 0), row("C", 0.9, 1.0, 1)],
+            vec![row("A", 0.5, 100.0, 0), row("B", 0.5, 130.0, 0), row("ORACLE", 0.9, 10.0, 0), row("C", 0.9, 1.0, 0)],
+        ];
+        let t = table_runs(&runs, &[]);
+        // Means: A 100 / 200 / 0.5, B 110 / 220 / 0.6; ORACLE is a yardstick, C lost a request in run 1.
+        assert!(t.contains("best router per column (the exact-state references left out; means of 2 runs):"), "{t}");
+        assert!(t.contains("  TTFT p50: A 100 (next B 110, 0.91×)\n"), "{t}");
+        assert!(t.contains("  TTFT p90: A 200 (next B 220, 0.91×)\n"), "{t}");
+        assert!(t.contains("  hit ratio: B 0.600 (next A 0.500, 1.20×)\n"), "{t}");
+        assert!(t.contains("  left out for lost requests: C\n"), "{t}");
+
+        let one = table(&[row("A", 0.5, 100.0, 0), row("B", 0.7, 90.0, 0)], None);
+        assert!(
+            one.contains("one run: a lead under about 10 % needs --runs")
+                && one.contains("  TTFT p50: B 90 (next A 100"),
+            "{one}"
+        );
+        let tied = table(&[row("A", 0.5, 100.0, 0), row("B", 0.5, 90.0, 0), row("C", 0.4, 80.0, 0)], None);
+        assert!(tied.contains("  hit ratio: level at 0.500 (A, B)\n"), "equal as printed: no leader: {tied}");
+        let alone = table(&[row("A", 0.5, 100.0, 0), row("ORACLE_TTFT", 0.5, 1.0, 0)], None);
+        assert!(!alone.contains("best router"), "one router: nothing to compare: {alone}");
     }
 
     #[test]

@@ -6,7 +6,9 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::workload::Request;
+use warmpath_sim::tokens::filler_text;
+
+use crate::workload::{Body, Request};
 
 pub mod azure;
 pub mod mooncake;
@@ -74,6 +76,30 @@ pub fn load(path: &Path, limit: usize) -> anyhow::Result<TraceLoad> {
     }
 }
 
+/// Most tokens [`with_system_prompt`] puts in front of a request (the largest trace prompt is far shorter).
+pub const MAX_SYSTEM_PROMPT_TOKENS: usize = 65_536;
+
+/// Puts one system prompt of `tokens` tokens in front of every request: a completion's prompt starts with it, a
+/// chat gets it as a first `system` message. A deployment usually sends one system prompt with every request, which
+/// the public traces leave out (the Azure traces have no text at all, the Mooncake trace's requests share no
+/// first block); every router then sees a prefix that all traffic shares, which says nothing about where to go.
+/// The text is the same for every request of every run and unlike any trace block.
+pub fn with_system_prompt(requests: &mut [Request], tokens: usize) {
+    if tokens == 0 {
+        return;
+    }
+    let system = filler_text(SYSTEM_PROMPT_SEED, tokens);
+    for r in requests {
+        match &mut r.body {
+            Body::Completion(p) => p.insert_str(0, &system),
+            Body::Chat(messages) => messages.insert(0, ("system".to_owned(), system.clone())),
+        }
+    }
+}
+
+/// Seed of [`with_system_prompt`]'s text.
+const SYSTEM_PROMPT_SEED: u64 = 0x5157_e3a0_0000_0001;
+
 /// Environment variable naming the directory that holds the public traces (the Mooncake synthetic trace and the
 /// Azure LLM inference traces; they are not part of the repository, see `docs/demo.md`).
 pub const TRACES_ENV: &str = "WARMPATH_TRACES";
@@ -88,6 +114,38 @@ pub fn traces_dir() -> anyhow::Result<Option<PathBuf>> {
             let dir = PathBuf::from(v);
             anyhow::ensure!(dir.is_dir(), "{TRACES_ENV}={} is not a directory", dir.display());
             Ok(Some(dir))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use warmpath_sim::tokens::BYTES_PER_TOKEN;
+
+    fn request(id: usize, body: Body) -> Request {
+        Request { id, at_ms: 0.0, body, max_tokens: 1 }
+    }
+
+    #[test]
+    fn a_system_prompt_goes_in_front_of_every_request_and_changes_nothing_else() {
+        let mut rs = vec![
+            request(0, Body::Completion("first".into())),
+            request(1, Body::Completion("second".into())),
+            request(2, Body::Chat(vec![("user".into(), "hi".into())])),
+        ];
+        let before = rs.clone();
+        with_system_prompt(&mut rs, 0);
+        assert_eq!(rs, before, "0 tokens: no system prompt");
+
+        with_system_prompt(&mut rs, 512);
+        let system = filler_text(SYSTEM_PROMPT_SEED, 512);
+        assert_eq!(system.len(), 512 * BYTES_PER_TOKEN);
+        assert_eq!(rs[0].body, Body::Completion(format!("{system}first")));
+        assert_eq!(rs[1].body, Body::Completion(format!("{system}second")));
+        assert_eq!(rs[2].body, Body::Chat(vec![("system".into(), system.clone()), ("user".into(), "hi".into())]));
+        for (a, b) in rs.iter().zip(&before) {
+            assert_eq!((a.id, a.at_ms, a.max_tokens), (b.id, b.at_ms, b.max_tokens));
         }
     }
 }

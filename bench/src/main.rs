@@ -275,13 +275,13 @@ async fn run(a: Args) -> anyhow::Result<()> {
                     "trace: {len} usable requests, fewer than --runs × --requests: runs start at evenly spaced offsets"
                 );
             }
+            let system = match a.system_prompt_tokens {
+                0 => String::new(),
+                t => format!(", each behind one {t}-token system prompt"),
+            };
             let mut w = Vec::new();
             for k in 0..a.runs {
                 let part = window(&t.requests, offset(k), n);
-                let system = match a.system_prompt_tokens {
-                    0 => String::new(),
-                    t => format!(", each behind one {t}-token system prompt"),
-                };
                 w.push((part, format!("trace {} (requests {}..{}{system})", path.display(), offset(k), offset(k) + n)));
             }
             w

@@ -231,16 +231,16 @@ pub fn best_per_column(runs: &[Vec<&Summary>]) -> String {
     // (label, [p50, p90, hit ratio]) means over the runs.
     let mut routers: Vec<(&str, [f64; 3])> = Vec::new();
     for (i, r) in first.iter().enumerate() {
-        let rows: Vec<&Summary> = runs.iter().filter_map(|run| run.get(i).copied()).collect();
         if CostKind::ALL.iter().any(|k| k.is_reference() && k.label() == r.label) {
             continue;
         }
+        let rows: Vec<&Summary> = runs.iter().filter_map(|run| run.get(i).copied()).collect();
         if rows.iter().any(|r| r.errors > 0) {
             left_out.push(r.label.as_str());
             continue;
         }
-        let mean = |f: &dyn Fn(&Summary) -> f64| rows.iter().map(|r| f(r)).sum::<f64>() / rows.len() as f64;
-        routers.push((&r.label, [mean(&|r| r.ttft_ms[0]), mean(&|r| r.ttft_ms[1]), mean(&|r| r.hit_ratio)]));
+        let col = |f: fn(&Summary) -> f64| mean(&rows.iter().map(|r| f(r)).collect::<Vec<_>>());
+        routers.push((&r.label, [col(|r| r.ttft_ms[0]), col(|r| r.ttft_ms[1]), col(|r| r.hit_ratio)]));
     }
     if routers.len() < 2 {
         return String::new();
@@ -271,9 +271,14 @@ pub fn best_per_column(runs: &[Vec<&Summary>]) -> String {
     s
 }
 
+/// The mean of `v` (0 when empty).
+fn mean(v: &[f64]) -> f64 {
+    v.iter().sum::<f64>() / v.len().max(1) as f64
+}
+
 /// `mean (min–max)` of `v` with `digits` decimals; just the value when all are equal.
 fn mean_range(v: &[f64], digits: usize) -> String {
-    let mean = v.iter().sum::<f64>() / v.len().max(1) as f64;
+    let mean = mean(v);
     let (lo, hi) = v.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &x| (a.min(x), b.max(x)));
     if v.len() <= 1 || format!("{lo:.digits$}") == format!("{hi:.digits$}") {
         format!("{mean:.digits$}")

@@ -10,10 +10,10 @@
 //! `cargo bench -p warmpath-core --bench decision -- --warm-up-time 1 --measurement-time 3`
 
 use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use warmpath_core::prefill_rate::PrefillFits;
 use warmpath_core::{extract_key, EndpointLoad, PrefixHashes, Router, Settings};
 
 mod chat_body;
+mod fleet;
 use chat_body::{body, dom_extract};
 
 const CHAT: &str = "/v1/chat/completions";
@@ -76,24 +76,11 @@ fn benches(c: &mut Criterion) {
 /// The decision against the endpoint count: the same 4 KB conversation stream on a warmed router with N
 /// endpoints whose loads (in flight, pending prefill) differ, so candidates are scored, not just the top taken.
 fn by_endpoints(c: &mut Criterion) {
-    let keys: Vec<_> =
-        (0..256).map(|i| extract_key(CHAT, &body(4 * 1024, 1000 + i * 97), None, 8192).unwrap()).collect();
-    let cold: Vec<_> =
-        (0..4096).map(|i| extract_key(CHAT, &body(4 * 1024, 1000 + i * 97), None, 8192).unwrap()).collect();
+    let keys = fleet::keys(256);
+    let cold = fleet::keys(4096);
     let mut g = c.benchmark_group("endpoints");
     for n in [8usize, 64, 256, 1000] {
-        let s = Settings {
-            endpoints: (0..n).map(|i| format!("10.{}.{}.{}:8000", i / 65536, (i / 256) % 256, i % 256)).collect(),
-            ..Settings::default()
-        };
-        let loads: Vec<EndpointLoad> = (0..n)
-            .map(|i| EndpointLoad {
-                in_flight: (i % 7) as u32,
-                pending_prefill: ((i * 7919) % 20_000) as u32,
-                server: None,
-            })
-            .collect();
-        let mut r = Router::new(s);
+        let (mut r, loads) = fleet::fleet(n);
         for k in &keys {
             r.route_key(k, 0, &loads);
         }
@@ -116,10 +103,10 @@ fn by_endpoints(c: &mut Criterion) {
                 black_box(r.route_key(black_box(&cold[i]), i as u64, &loads))
             })
         });
-        // The warm case with every fourth endpoint learned to be twice as slow: predictions in time, and one
-        // more search of the endpoints (the least loaded in time).
+        // The warm case with every fourth endpoint learned to be twice as slow: predictions in time, and the
+        // least loaded in time searched too.
         let mut r = Router::new(r.settings().clone());
-        r.set_prefill_fits(&fits_with_slow_quarter(&r.settings().endpoints));
+        r.set_prefill_fits(&fleet::fits_with_slow_quarter(&r.settings().endpoints));
         assert!(!r.slowdowns().is_empty(), "no endpoint told apart as slower");
         for k in &keys {
             r.route_key(k, 0, &loads);
@@ -132,20 +119,6 @@ fn by_endpoints(c: &mut Criterion) {
         });
     }
     g.finish();
-}
-
-/// Prefill fits in which every fourth of `endpoints` serves at 100 bytes per ms and the others at 200 (40 requests
-/// of varied sizes each).
-fn fits_with_slow_quarter(endpoints: &[String]) -> PrefillFits {
-    let mut fits = PrefillFits::default();
-    for (i, a) in endpoints.iter().enumerate() {
-        let speed = if i % 4 == 0 { 100 } else { 200 };
-        for j in 0..40u32 {
-            let bytes = 2_000 + (j * 7_919) % 40_000;
-            fits.observe(a, bytes, 2 + u64::from(bytes / speed), |_| true);
-        }
-    }
-    fits
 }
 
 criterion_group!(decision, benches, by_endpoints);

@@ -6,9 +6,9 @@
 //!   ([`TopCache`]): a conversation's turns, a repeated document or template, share one key (module docs of
 //!   [`super::prefix_aware`]) and pay for the scores once per endpoint list instead of once per request.
 //! - The least-loaded search runs on every request (the loads are a fresh snapshot): one integer rank per
-//!   endpoint and one comparison; the rendezvous score, which only breaks ties, is computed only when there is a tie.
-//!   When some endpoint prefills more slowly than the others, the same pass also finds the least loaded in time; it
-//!   scales an endpoint's work by its slowdown only when the work alone is less than the best so far.
+//!   endpoint and one comparison with a threshold that falls as less-loaded endpoints are seen; the rendezvous
+//!   score, which only breaks ties, is computed only when there is a tie. When some endpoint prefills more slowly
+//!   than the others, the same pass and the same comparison also find the least loaded in time.
 
 use crate::endpoint::EndpointLoad;
 use crate::hrw;
@@ -58,7 +58,8 @@ fn rank(l: &EndpointLoad, guard: LoadGuard) -> u64 {
 /// Of `n` endpoints (`loads[i]` belongs to position `i`, positions past the end are idle), the one the guard admits
 /// with the least waiting work, then the fewest outstanding requests, then the higher score for the key (`score`
 /// of a position; `top` is the key's [`rendezvous_top`], which settles most ties without scoring). `None` when the
-/// guard refuses every endpoint.
+/// guard refuses every endpoint. The pass of [`least_admitted_and_in_time`] with every endpoint as fast as the
+/// fastest and no prompt: its gate turns away every endpoint with more waiting work than the least seen so far.
 pub fn least_admitted(
     loads: &[EndpointLoad],
     n: usize,
@@ -66,14 +67,20 @@ pub fn least_admitted(
     top: &Top,
     score: impl Fn(usize) -> u64,
 ) -> Option<usize> {
-    least_pass(loads, n, guard, top, score, |_, _| {})
+    least_admitted_and_in_time(loads, n, guard, top, score, &[], 0).0
 }
 
 /// [`least_admitted`], and in the same pass over the loads, of the endpoints the guard admits the one with the
 /// least `waiting + prompt` in time ([`in_time`]; `slowdowns[i]` belongs to position `i`, positions past its end are
 /// as fast as the fastest), ties to the lower position: PREFIX_AWARE's least-loaded endpoint in bytes and in time,
-/// when some endpoints prefill more slowly than others. One pass reads every endpoint's load once; a second search
-/// over the loads cost about 0.2 µs more at 1,000 endpoints (BENCHMARKS.md §3).
+/// when some endpoints prefill more slowly than others.
+///
+/// One pass reads every endpoint's load once, and most endpoints cost one rank and one comparison. In time an
+/// endpoint's work is at least its bytes, so an endpoint whose waiting work is above the best time found so far,
+/// less the prompt, can improve neither answer (the least waiting work seen is never above it): one threshold on
+/// the rank ([`rank_gate`]) turns it away, and only the others are scaled and compared. A pass that compared every
+/// rank with the least so far, and found the least in time in a second comparison, cost 0.1–0.4 µs more at 1,000
+/// endpoints (BENCHMARKS.md §3).
 pub fn least_admitted_and_in_time(
     loads: &[EndpointLoad],
     n: usize,
@@ -84,36 +91,23 @@ pub fn least_admitted_and_in_time(
     prompt: u64,
 ) -> (Option<usize>, Option<usize>) {
     let mut best = (u64::MAX, usize::MAX);
-    let least = least_pass(loads, n, guard, top, score, |i, pending| {
-        // In time the work is at least its bytes: only an endpoint with less work than the best so far is scaled.
-        let work = u64::from(pending) + prompt;
-        if work < best.0 {
-            let t = in_time(work, slowdowns.get(i).copied().unwrap_or(0));
-            if t < best.0 {
-                best = (t, i);
-            }
-        }
-    });
-    (least, (best.1 != usize::MAX).then_some(best.1))
-}
-
-/// The pass of [`least_admitted`], handing every admitted position in order, with its pending prefill work, to
-/// `admitted` as well.
-#[inline(always)]
-fn least_pass(
-    loads: &[EndpointLoad],
-    n: usize,
-    guard: LoadGuard,
-    top: &Top,
-    score: impl Fn(usize) -> u64,
-    mut admitted: impl FnMut(usize, u32),
-) -> Option<usize> {
-    let mut best = (u64::MAX, usize::MAX);
     let mut tied = false;
-    for (i, l) in loads.iter().take(n).enumerate() {
-        let r = rank(l, guard);
+    let mut fastest = (u64::MAX, usize::MAX);
+    // Every rank above the gate is turned away; a refusal (`u64::MAX`) passes only while no time is known.
+    let mut gate = u64::MAX;
+    let mut visit = |i: usize, r: u64, pending: u32| {
+        if r > gate {
+            return;
+        }
         if r != u64::MAX {
-            admitted(i, l.pending_prefill);
+            let work = u64::from(pending) + prompt;
+            if work < fastest.0 {
+                let t = in_time(work, slowdowns.get(i).copied().unwrap_or(0));
+                if t < fastest.0 {
+                    fastest = (t, i);
+                    gate = rank_gate(t, prompt);
+                }
+            }
         }
         if r < best.0 {
             best = (r, i);
@@ -121,21 +115,38 @@ fn least_pass(
         } else if r == best.0 {
             tied = true;
         }
+    };
+    for (i, l) in loads.iter().take(n).enumerate() {
+        visit(i, rank(l, guard), l.pending_prefill);
     }
-    if loads.len() < n {
-        let r = rank(&EndpointLoad::default(), guard);
-        if r != u64::MAX {
-            for i in loads.len()..n {
-                admitted(i, 0);
-            }
-        }
-        if r < best.0 {
-            best = (r, loads.len());
-            tied = n - loads.len() > 1;
-        } else if r == best.0 {
-            tied = true;
-        }
+    let idle = rank(&EndpointLoad::default(), guard);
+    for i in loads.len().min(n)..n {
+        visit(i, idle, 0);
     }
+    let least = resolve_least(best, tied, loads, n, guard, top, score);
+    (least, (fastest.1 != usize::MAX).then_some(fastest.1))
+}
+
+/// The highest [`rank`] whose waiting work, with `prompt` added, is at most `time`: an endpoint ranked above it is
+/// slower than `time` in time ([`in_time`] never scales work down), and more loaded than the endpoint whose time
+/// `time` is.
+fn rank_gate(time: u64, prompt: u64) -> u64 {
+    let pending = time.saturating_sub(prompt).min(u64::from(u32::MAX));
+    pending << RANK_OUTSTANDING_BITS | ((1 << RANK_OUTSTANDING_BITS) - 1)
+}
+
+/// The least-loaded position from a pass's lowest rank `best` (with its first position) and whether another
+/// position had it too (`tied`): of the tied, the first of the key's `top` among them, else the highest-scoring;
+/// `None` when every rank was a refusal.
+fn resolve_least(
+    best: (u64, usize),
+    tied: bool,
+    loads: &[EndpointLoad],
+    n: usize,
+    guard: LoadGuard,
+    top: &Top,
+    score: impl Fn(usize) -> u64,
+) -> Option<usize> {
     if best.0 == u64::MAX {
         return None;
     }
@@ -223,7 +234,7 @@ mod tests {
                     }
                     EndpointLoad {
                         in_flight: (h >> 4) as u32 % 5,
-                        pending_prefill: [0, 100, 100, 5000][(h >> 8) as usize % 4],
+                        pending_prefill: [0, 100, 100, 5000, u32::MAX][(h >> 8) as usize % 5],
                         server: (h >> 16 & 3 == 0).then_some(ServerLoad {
                             waiting: (h >> 20) as u32 % 3,
                             running: (h >> 24) as u32 % 4,

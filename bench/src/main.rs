@@ -28,8 +28,9 @@ struct Args {
     trace: Option<PathBuf>,
     /// Tokens of one system prompt put in front of every trace request (0 to 65,536): the traces leave out the
     /// system prompt a deployment sends with every request.
-    #[arg(long, default_value_t = 0, value_parser = system_prompt_tokens, requires = "trace")]
-    system_prompt_tokens: usize,
+    #[arg(long, default_value_t = 0, requires = "trace",
+        value_parser = clap::value_parser!(u64).range(..=trace::MAX_SYSTEM_PROMPT_TOKENS))]
+    system_prompt_tokens: u64,
     /// Number of simulated model servers.
     #[arg(long, default_value_t = 4)]
     endpoints: usize,
@@ -190,16 +191,6 @@ fn requests_count(s: &str) -> Result<usize, String> {
     })
 }
 
-/// Clap parser for `--system-prompt-tokens`: 0 to [`trace::MAX_SYSTEM_PROMPT_TOKENS`].
-fn system_prompt_tokens(s: &str) -> Result<usize, String> {
-    let n: usize = s.parse().map_err(|e| format!("{s:?}: {e}"))?;
-    if n <= trace::MAX_SYSTEM_PROMPT_TOKENS {
-        Ok(n)
-    } else {
-        Err(format!("at most {}, got {n}", trace::MAX_SYSTEM_PROMPT_TOKENS))
-    }
-}
-
 /// Clap parser for `--runs`: 1 to [`MAX_RUNS`].
 fn runs_count(s: &str) -> Result<usize, String> {
     at_least_one(s).and_then(|n| if n <= MAX_RUNS { Ok(n) } else { Err(format!("at most {MAX_RUNS}, got {n}")) })
@@ -252,7 +243,8 @@ async fn run(a: Args) -> anyhow::Result<()> {
     let workloads: Vec<(Vec<Request>, String)> = match &a.trace {
         Some(path) => {
             let mut t = trace::load(path, a.requests.saturating_mul(a.runs))?;
-            trace::with_system_prompt(&mut t.requests, a.system_prompt_tokens);
+            // At most MAX_SYSTEM_PROMPT_TOKENS (the parser's range): fits any usize.
+            trace::with_system_prompt(&mut t.requests, a.system_prompt_tokens as usize);
             for e in &t.errors {
                 eprintln!("trace: skipped {e}");
             }

@@ -77,7 +77,7 @@ pub fn load(path: &Path, limit: usize) -> anyhow::Result<TraceLoad> {
 }
 
 /// Most tokens [`with_system_prompt`] puts in front of a request (the largest trace prompt is far shorter).
-pub const MAX_SYSTEM_PROMPT_TOKENS: usize = 65_536;
+pub const MAX_SYSTEM_PROMPT_TOKENS: u64 = 65_536;
 
 /// Puts one system prompt of `tokens` tokens in front of every request: a completion's prompt starts with it, a
 /// chat gets it as a first `system` message. A deployment usually sends one system prompt with every request, which

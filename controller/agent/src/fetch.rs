@@ -3,7 +3,8 @@
 //! The object is cut into `chunk_size` ranges fetched concurrently (`GetOptions::range`) and written at
 //! their offsets into `<name>.part`. After each chunk lands (and is `fdatasync`ed), a progress record
 //! `<name>.part.progress.json` is rewritten atomically. A restart reloads the record and fetches only the
-//! missing chunks — if the object is still the same (same size, chunk size and ETag); otherwise it starts over.
+//! missing chunks — if the object is still the same (same size, chunk size, ETag and, for a source without a
+//! strong ETag, modification time); otherwise it starts over.
 //! The caller verifies and renames the part file; nothing here writes to a final path.
 //!
 //! The part file's blocks are allocated up front ([`reserve_part`], `fallocate(2)` through `fs4`), not
@@ -54,6 +55,11 @@ pub struct ProgressRecord {
     pub chunk_size: u64,
     /// ETag of the object when the download started.
     pub e_tag: Option<String>,
+    /// Modification time of the object when the download started, for a source without a strong ETag
+    /// ([`RemoteFile::last_modified`]; absent from records written before it was kept, which match sources with
+    /// ETags as before).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_modified: Option<chrono::DateTime<chrono::Utc>>,
     /// Indices of chunks written and synced.
     pub done: BTreeSet<u64>,
 }
@@ -86,8 +92,8 @@ pub fn resumable_bytes(part: &Path, remote: &RemoteFile, chunk_size: u64) -> u64
 fn load_record(part: &Path, remote: &RemoteFile, chunk_size: u64) -> Option<ProgressRecord> {
     let rec: ProgressRecord = serde_json::from_slice(&std::fs::read(progress_path(part)).ok()?).ok()?;
     let part_len = std::fs::metadata(part).ok()?.len();
-    (rec.size == remote.size && rec.chunk_size == chunk_size && rec.e_tag == remote.e_tag && part_len == remote.size)
-        .then_some(rec)
+    let same_object = rec.size == remote.size && rec.e_tag == remote.e_tag && rec.last_modified == remote.last_modified;
+    (same_object && rec.chunk_size == chunk_size && part_len == remote.size).then_some(rec)
 }
 
 fn save_record(part: &Path, rec: &ProgressRecord) -> Result<()> {
@@ -109,8 +115,13 @@ pub fn reserve_part(part: &Path, remote: &RemoteFile, chunk_size: u64) -> Result
                 std::fs::create_dir_all(dir).map_err(AgentError::io("create", dir))?;
             }
             let f = File::create(part).map_err(AgentError::io("create", part))?;
-            let rec =
-                ProgressRecord { size: remote.size, chunk_size, e_tag: remote.e_tag.clone(), done: BTreeSet::new() };
+            let rec = ProgressRecord {
+                size: remote.size,
+                chunk_size,
+                e_tag: remote.e_tag.clone(),
+                last_modified: remote.last_modified,
+                done: BTreeSet::new(),
+            };
             (rec, f)
         }
     };
@@ -164,7 +175,7 @@ impl Default for FetchOptions {
 pub type ChunkCallback = Arc<dyn Fn(&str, u64) + Send + Sync>;
 
 /// Fetches `remote` into `part`, resuming from its progress record when it matches. On return `Ok`, `part`
-/// holds all `remote.size` bytes (unverified beyond size and ETag). On error or cancel, the record keeps
+/// holds all `remote.size` bytes (unverified beyond size and ETag, or modification time without one). On error or cancel, the record keeps
 /// every chunk that landed.
 pub async fn fetch_to_part(
     store: &dyn ObjectStore,
@@ -180,8 +191,11 @@ pub async fn fetch_to_part(
     let resumed = rec.bytes_done();
     let file = Arc::new(file);
     let location = StorePath::from(remote.location.as_str());
-    // Weak ETags cannot be used with If-Match (RFC 9110 §13.1.1 uses strong comparison).
+    // Weak ETags cannot be used with If-Match (RFC 9110 §13.1.1 uses strong comparison). Without a strong one,
+    // the modification time the listing reported guards the reads instead (If-Unmodified-Since; a server that
+    // ignores it is no worse off than before).
     let if_match = remote.e_tag.clone().filter(|t| !t.starts_with("W/"));
+    let if_unmodified_since = remote.last_modified.filter(|_| if_match.is_none());
     let pending: Vec<u64> = (0..rec.chunks()).filter(|i| !rec.done.contains(i)).collect();
     let template = rec.clone();
 
@@ -195,8 +209,12 @@ pub async fn fetch_to_part(
                     _ = cancel.cancelled() => return Err(AgentError::Cancelled),
                 };
                 let get = async {
-                    let options =
-                        GetOptions { range: Some(GetRange::Bounded(range.clone())), if_match, ..Default::default() };
+                    let options = GetOptions {
+                        range: Some(GetRange::Bounded(range.clone())),
+                        if_match,
+                        if_unmodified_since,
+                        ..Default::default()
+                    };
                     store.get_opts(&location, options).await?.bytes().await
                 };
                 let bytes = tokio::select! {
@@ -241,4 +259,29 @@ pub async fn fetch_to_part(
         return Err(AgentError::Cancelled);
     }
     Ok(FetchStats { bytes_fetched: fetched, bytes_resumed: resumed })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_record_written_before_modification_times_were_kept_still_resumes() {
+        let dir = tempfile::tempdir().unwrap();
+        let part = dir.path().join("w.bin.part");
+        std::fs::write(&part, vec![0u8; 100]).unwrap();
+        let old = r#"{"size":100,"chunkSize":40,"eTag":"\"abc\"","done":[0,2]}"#;
+        std::fs::write(progress_path(&part), old).unwrap();
+        let remote = RemoteFile {
+            location: "w.bin".into(),
+            rel: "w.bin".into(),
+            size: 100,
+            e_tag: Some("\"abc\"".into()),
+            last_modified: None,
+        };
+        assert_eq!(resumable_bytes(&part, &remote, 40), 60, "chunks 0 and 2 (40 + 20 bytes)");
+        // The same record does not resume an object that now carries another validator.
+        let dated = RemoteFile { e_tag: None, last_modified: Some(chrono::Utc::now()), ..remote };
+        assert_eq!(resumable_bytes(&part, &dated, 40), 0);
+    }
 }

@@ -10,9 +10,11 @@
 
 use std::{collections::BTreeMap, sync::Arc};
 
+use chrono::{DateTime, Utc};
 use futures::TryStreamExt;
 use object_store::{
-    aws::AmazonS3Builder, http::HttpBuilder, path::Path as StorePath, ClientOptions, ObjectStore, ObjectStoreExt,
+    aws::AmazonS3Builder, http::HttpBuilder, path::Path as StorePath, ClientOptions, ObjectMeta, ObjectStore,
+    ObjectStoreExt,
 };
 use serde::{Deserialize, Serialize};
 
@@ -111,6 +113,25 @@ pub struct RemoteFile {
     /// Entity tag reported by the source, if any; sent as `If-Match` on every ranged read so an object that
     /// changes mid-download fails instead of mixing two versions.
     pub e_tag: Option<String>,
+    /// Last modification time reported by the source, kept only when it gives no strong entity tag (a plain
+    /// web server): sent as `If-Unmodified-Since` on every ranged read instead of `If-Match`, and part of the
+    /// version's fingerprint, so an object rewritten with the same size is a new version rather than the same
+    /// one (RFC 9110 §8.8.2: a modification date is the weaker validator, used where no entity tag exists).
+    /// Absent from the fingerprint when `None`, so sources with entity tags keep their versions' names.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_modified: Option<DateTime<Utc>>,
+}
+
+impl RemoteFile {
+    /// The file at `location`, cached as `rel`, as the source's metadata describes it. A modification time is
+    /// kept only without a strong entity tag, and only when the source gave one (`object_store` reports a
+    /// missing `Last-Modified` as the Unix epoch).
+    pub fn new(location: String, rel: String, meta: ObjectMeta) -> RemoteFile {
+        let strong_tag = meta.e_tag.as_deref().is_some_and(|t| !t.starts_with("W/"));
+        let dated = meta.last_modified.timestamp() != 0;
+        let last_modified = (!strong_tag && dated).then_some(meta.last_modified);
+        RemoteFile { location, rel, size: meta.size, e_tag: meta.e_tag, last_modified }
+    }
 }
 
 /// A source resolved to a store and concrete files.
@@ -192,7 +213,8 @@ pub async fn resolve(spec: &SourceSpec, auth: &SourceAuth) -> Result<ResolvedSou
             for m in metas {
                 let loc = m.location.to_string();
                 let rel = loc.strip_prefix(strip).unwrap_or(&loc);
-                files.push(RemoteFile { rel: safe_rel(rel)?, location: loc, size: m.size, e_tag: m.e_tag });
+                let rel = safe_rel(rel)?;
+                files.push(RemoteFile::new(loc, rel, m));
             }
             if files.is_empty() {
                 return Err(AgentError::InvalidSource(format!("no objects under s3://{bucket}/{prefix}")));
@@ -213,8 +235,7 @@ pub async fn resolve(spec: &SourceSpec, auth: &SourceAuth) -> Result<ResolvedSou
             );
             let name = http_file_name(url, name)?;
             let meta = store.head(&StorePath::from(name.as_ref())).await?;
-            let file =
-                RemoteFile { location: name.to_string(), rel: safe_rel(&name)?, size: meta.size, e_tag: meta.e_tag };
+            let file = RemoteFile::new(name.to_string(), safe_rel(&name)?, meta);
             Ok(ResolvedSource { store, files: vec![file], pin: None })
         }
         SourceSpec::HuggingFace { repo, revision, endpoint } => {
@@ -261,7 +282,7 @@ async fn resolve_hf(repo: &str, revision: &str, endpoint: Option<&str>, auth: &S
     for s in &info.siblings {
         let rel = safe_rel(&s.rfilename)?;
         let meta = store.head(&StorePath::from(rel.as_str())).await?;
-        files.push(RemoteFile { location: rel.clone(), rel, size: meta.size, e_tag: meta.e_tag });
+        files.push(RemoteFile::new(rel.clone(), rel, meta));
     }
     files.sort_by(|a, b| a.rel.cmp(&b.rel));
     Ok(ResolvedSource { store, files, pin: Some(info.sha) })
@@ -272,6 +293,27 @@ mod tests {
     use object_store::aws::AmazonS3ConfigKey;
 
     use super::*;
+
+    #[test]
+    fn a_modification_time_is_kept_only_where_no_strong_etag_validates() {
+        use chrono::TimeZone;
+        let at = Utc.with_ymd_and_hms(2026, 1, 2, 3, 4, 5).unwrap();
+        let meta = |e_tag: Option<&str>, last_modified| ObjectMeta {
+            location: StorePath::from("w.bin"),
+            last_modified,
+            size: 7,
+            e_tag: e_tag.map(str::to_string),
+            version: None,
+        };
+        let file = |m| RemoteFile::new("w.bin".into(), "w.bin".into(), m);
+        assert_eq!(file(meta(Some("\"abc\""), at)).last_modified, None, "a strong ETag validates");
+        assert_eq!(file(meta(Some("W/\"abc\""), at)).last_modified, Some(at), "a weak one cannot (If-Match)");
+        assert_eq!(file(meta(None, at)).last_modified, Some(at));
+        assert_eq!(file(meta(None, Utc.timestamp_nanos(0))).last_modified, None, "no Last-Modified at all");
+        // A file with a strong ETag serializes as before, so the fingerprints of existing versions do not change.
+        let json = serde_json::to_value(file(meta(Some("\"abc\""), at))).unwrap();
+        assert_eq!(json, serde_json::json!({"location": "w.bin", "rel": "w.bin", "size": 7, "e_tag": "\"abc\""}));
+    }
 
     #[test]
     fn s3_region_comes_from_the_source_then_the_environment() {

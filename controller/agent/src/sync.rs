@@ -127,11 +127,29 @@ pub struct SyncReport {
 }
 
 /// Version fingerprint: sha256 over the source, the expected checksums, the Hub commit and the listing
-/// (paths, sizes, ETags); [`crate::cache_dir::VERSION_NAME_LEN`] hex digits. Any change in what would be
-/// downloaded gives a new version.
+/// (paths, sizes, ETags, and modification dates of files without a strong ETag);
+/// [`crate::cache_dir::VERSION_NAME_LEN`] hex digits. Any change in what would be downloaded gives a new version.
 pub fn fingerprint(req: &CacheRequest, pin: Option<&str>, files: &[RemoteFile]) -> String {
     let doc = serde_json::json!({ "source": req.source, "sha256": req.sha256, "pin": pin, "files": files });
     hex::encode(&Sha256::digest(doc.to_string().as_bytes())[..crate::cache_dir::VERSION_NAME_LEN / 2])
+}
+
+/// The version `files` are for `req`: their [`fingerprint`], or the pinned version when that is the fingerprint
+/// the same listing had before modification dates were part of it. A cache pinned by an earlier agent on a
+/// source without ETags keeps its pin (its nodes stay ready and new nodes fetch it) instead of being refused as
+/// changed; such a pin compares sizes only, as it did when it was made.
+fn version_of(req: &CacheRequest, pin: Option<&str>, files: &[RemoteFile]) -> String {
+    let version = fingerprint(req, pin, files);
+    let Some(pinned) = req.pin.as_deref().filter(|p| *p != version) else { return version };
+    if !files.iter().any(|f| f.last_modified.is_some()) {
+        return version;
+    }
+    let undated: Vec<RemoteFile> = files.iter().map(|f| RemoteFile { last_modified: None, ..f.clone() }).collect();
+    if fingerprint(req, pin, &undated) == pinned {
+        pinned.to_string()
+    } else {
+        version
+    }
 }
 
 /// Hex sha256 of a file (streamed; runs on a blocking thread).
@@ -197,7 +215,7 @@ pub async fn sync_cache(
             )));
         }
     }
-    let version = fingerprint(req, resolved.pin.as_deref(), &resolved.files);
+    let version = version_of(req, resolved.pin.as_deref(), &resolved.files);
     if let Some(pin) = req.pin.as_deref().filter(|p| *p != version) {
         if let Some(m) = dir.current().filter(|m| m.version == pin) {
             tracing::warn!(cache = %req.key, pinned = pin, source = %version, "the source changed; keeping the pinned version");

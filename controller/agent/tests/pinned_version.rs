@@ -2,7 +2,8 @@
 //! the version its first node verified (`CacheRequest::pin`, from `ModelCache.status.pinned`), a node
 //! holding it keeps it, a cold node refuses the changed source with `SourceChanged` instead of
 //! fetching other bytes, an object that changes mid-download is refused through `If-Match`, and a pod
-//! start (`warmpath-agent fetch --pin`) does the same. Against a local Range server with strong ETags.
+//! start (`warmpath-agent fetch --pin`) does the same. Against a local Range server with strong ETags, and against
+//! a plain one without ETags, where the modification time does the ETag's work.
 
 mod common;
 
@@ -13,7 +14,7 @@ use std::{
     time::Duration,
 };
 
-use common::{payload, SwitchServer};
+use common::{payload, RangeServer, SwitchServer};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use warmpath_agent::{sync_cache, CacheRequest, SourceSpec, SyncOptions};
@@ -58,6 +59,20 @@ async fn pod_start(root: &Path, url: &str, extra: &[&str]) -> (bool, serde_json:
     let v = serde_json::from_slice(&out.stdout)
         .unwrap_or_else(|_| panic!("stdout: {}", String::from_utf8_lossy(&out.stdout)));
     (out.status.success(), v)
+}
+
+/// A chunk callback that rewrites `file` with `bytes` once, after the first chunk landed, and whether it did.
+fn rewrite_after_first_chunk(file: &Path, bytes: &[u8]) -> (warmpath_agent::fetch::ChunkCallback, Arc<Mutex<bool>>) {
+    let swapped = Arc::new(Mutex::new(false));
+    let (f, s, b) = (file.to_path_buf(), swapped.clone(), bytes.to_vec());
+    let on_chunk: warmpath_agent::fetch::ChunkCallback = Arc::new(move |_: &str, _: u64| {
+        let mut done = s.lock().unwrap();
+        if !*done {
+            std::fs::write(&f, &b).unwrap();
+            *done = true;
+        }
+    });
+    (on_chunk, swapped)
 }
 
 #[tokio::test]
@@ -137,15 +152,7 @@ async fn an_object_changing_mid_download_is_refused_by_if_match() {
 
     // A cold node starts fetching the pinned version; after its first chunk the object is replaced.
     let cold = tempfile::tempdir().unwrap();
-    let swapped = Arc::new(Mutex::new(false));
-    let (f, s, v2c) = (file.clone(), swapped.clone(), v2.clone());
-    let on_chunk: warmpath_agent::fetch::ChunkCallback = Arc::new(move |_: &str, _: u64| {
-        let mut done = s.lock().unwrap();
-        if !*done {
-            std::fs::write(&f, &v2c).unwrap();
-            *done = true;
-        }
-    });
+    let (on_chunk, swapped) = rewrite_after_first_chunk(&file, &v2);
     let err = sync_cache(&request(&url, Some(&pin)), &opts(cold.path()), &CancellationToken::new(), Some(on_chunk))
         .await
         .unwrap_err();
@@ -158,4 +165,84 @@ async fn an_object_changing_mid_download_is_refused_by_if_match() {
         sync_cache(&request(&url, Some(&pin)), &opts(cold.path()), &CancellationToken::new(), None).await.unwrap_err();
     assert!(matches!(err, warmpath_agent::AgentError::SourceChanged { .. }), "{err}");
     assert!(holds_nothing(cold.path()), "the partial download of the pinned version gives its space back");
+}
+
+/// A plain static file server (Range and `Last-Modified`, no ETag) serving `bytes` as `w.bin`, dated an hour back so
+/// a rewrite now carries another `Last-Modified` (one-second resolution): the served directory, the file, the
+/// server and the file's URL.
+async fn plain_server(bytes: &[u8]) -> (tempfile::TempDir, std::path::PathBuf, RangeServer, String) {
+    let served = tempfile::tempdir().unwrap();
+    let file = served.path().join("w.bin");
+    std::fs::write(&file, bytes).unwrap();
+    let then = std::time::SystemTime::now() - Duration::from_secs(3600);
+    std::fs::File::options().write(true).open(&file).unwrap().set_modified(then).unwrap();
+    let server = RangeServer::start(served.path()).await;
+    let url = format!("{}/w.bin", server.base);
+    (served, file, server, url)
+}
+
+#[tokio::test]
+async fn without_an_etag_the_modification_time_tells_a_rewritten_object_apart() {
+    // Same size, other bytes, no sha256 in the spec, and a server that sends no ETag: only `Last-Modified` differs.
+    let (v1, v2) = (payload(256 * 1024, 55), payload(256 * 1024, 56));
+    let (_served, file, _server, url) = plain_server(&v1).await;
+    let cancel = CancellationToken::new();
+    let warm = tempfile::tempdir().unwrap();
+    let first = sync_cache(&request(&url, None), &opts(warm.path()), &cancel, None).await.unwrap();
+
+    std::fs::write(&file, &v2).unwrap();
+    // The node holding the first publication sees a new version and fetches it, as a cold node would: nodes do not
+    // end up serving different bytes under one version.
+    let r = sync_cache(&request(&url, None), &opts(warm.path()), &cancel, None).await.unwrap();
+    assert!(!r.already_current, "a rewritten object was taken for the version at hand: {r:?}");
+    assert_ne!(r.version, first.version);
+    assert_eq!(std::fs::read(warm.path().join("ml.m/current/w.bin")).unwrap(), v2);
+    // Pinned to the first publication, a cold node refuses the rewritten one.
+    let cold = tempfile::tempdir().unwrap();
+    let err = sync_cache(&request(&url, Some(&first.version)), &opts(cold.path()), &cancel, None).await.unwrap_err();
+    assert_eq!(err.reason(), "SourceChanged", "{err}");
+    assert!(holds_nothing(cold.path()));
+}
+
+#[tokio::test]
+async fn without_an_etag_an_object_changing_mid_download_is_refused_by_its_date() {
+    let (v1, v2) = (payload(512 * 1024, 57), payload(512 * 1024, 58));
+    let (_served, file, _server, url) = plain_server(&v1).await;
+
+    // After the first chunk the object is rewritten: the next ranged read, sent with If-Unmodified-Since, fails
+    // instead of appending the new object's bytes to the old one's.
+    let cold = tempfile::tempdir().unwrap();
+    let (on_chunk, swapped) = rewrite_after_first_chunk(&file, &v2);
+    let err = sync_cache(&request(&url, None), &opts(cold.path()), &CancellationToken::new(), Some(on_chunk))
+        .await
+        .unwrap_err();
+    assert!(*swapped.lock().unwrap());
+    assert_eq!(err.reason(), "SourceChanged", "{err}");
+    assert!(holds_nothing(cold.path()), "no mixed copy became current, and no part of it is kept");
+    // The next attempt lists the rewritten object and fetches it whole.
+    let r = sync_cache(&request(&url, None), &opts(cold.path()), &CancellationToken::new(), None).await.unwrap();
+    assert_eq!(std::fs::read(cold.path().join("ml.m/current/w.bin")).unwrap(), v2);
+    assert_eq!(r.bytes_resumed, 0);
+}
+
+#[tokio::test]
+async fn a_pin_made_before_dates_were_compared_is_kept() {
+    let v1 = payload(128 * 1024, 59);
+    let (_served, _file, _server, url) = plain_server(&v1).await;
+    // The version an agent that compared sizes only gave this listing, and the controller pinned.
+    let undated = warmpath_agent::source::RemoteFile {
+        location: "w.bin".into(),
+        rel: "w.bin".into(),
+        size: v1.len() as u64,
+        e_tag: None,
+        last_modified: None,
+    };
+    let pin = warmpath_agent::sync::fingerprint(&request(&url, None), None, &[undated]);
+    let cancel = CancellationToken::new();
+    let cold = tempfile::tempdir().unwrap();
+    let r = sync_cache(&request(&url, Some(&pin)), &opts(cold.path()), &cancel, None).await.unwrap();
+    assert_eq!(r.version, pin, "a new node fetches the pinned version instead of refusing it as changed");
+    assert_eq!(std::fs::read(cold.path().join("ml.m/current/w.bin")).unwrap(), v1);
+    let again = sync_cache(&request(&url, Some(&pin)), &opts(cold.path()), &cancel, None).await.unwrap();
+    assert!(again.already_current && again.source_version.is_none(), "{again:?}");
 }

@@ -6,21 +6,19 @@
 #   scripts/envoy.sh render ...the same options but --concurrency... # print the bootstrap YAML
 #   scripts/envoy.sh examples                      # rewrite envoy/envoy.yaml, envoy/envoy-no-filter.yaml
 #   scripts/envoy.sh validate FILE...              # envoy --mode validate
-# Builds the release filter module first when it is missing. Envoy comes from .venv (scripts/setup.sh).
+# Runs from any directory: paths given are read from it, the defaults are the repository's files (the plugin
+# config envoy/plugin-config.json, the bootstrap under out/envoy/). Builds the release filter module first when it
+# is missing and no --wasm is given. Envoy comes from .venv (scripts/setup.sh).
 set -euo pipefail
-cd "$(dirname "$0")/.."
-target="${CARGO_TARGET_DIR:-$PWD/target}"
-wasm="$target/wasm32-wasip1/release/warmpath_filter.wasm"
+root="$(cd "$(dirname "$0")/.." && pwd)"
+manifest=(--manifest-path "$root/Cargo.toml")
 cmd="${1:-run}"; shift || true
-# A module given with --wasm FILE replaces the release build (which is then neither built nor passed).
-own=(--wasm "$wasm")
+wasm="${WARMPATH_FILTER_WASM:-${CARGO_TARGET_DIR:-$root/target}/wasm32-wasip1/release/warmpath_filter.wasm}"
+given=0
 for arg in "$@"; do
-  case "$arg" in --wasm|--wasm=*) own=() ;; esac
+  case "$arg" in --wasm|--wasm=*|--no-filter) given=1 ;; esac
 done
-if [ ${#own[@]} -gt 0 ] && [ ! -f "$wasm" ] && { [ "$cmd" = run ] || [ "$cmd" = render ]; }; then
-  cargo build -q -p warmpath-filter --target wasm32-wasip1 --release
+if [ "$given" = 0 ] && [ ! -f "$wasm" ] && { [ "$cmd" = run ] || [ "$cmd" = render ]; }; then
+  cargo build -q "${manifest[@]}" -p warmpath-filter --target wasm32-wasip1 --release
 fi
-case "$cmd" in
-  run|render) exec cargo run -q -p warmpath-harness --bin warmpath-envoy -- "$cmd" ${own[@]+"${own[@]}"} "$@" ;;
-  *) exec cargo run -q -p warmpath-harness --bin warmpath-envoy -- "$cmd" "$@" ;;
-esac
+exec cargo run -q "${manifest[@]}" -p warmpath-harness --bin warmpath-envoy -- "$cmd" "$@"

@@ -105,3 +105,29 @@ fn bad_plugin_config_is_refused_before_envoy_starts() {
     assert!(guard.envoy.is_none(), "Envoy was started for a config the filter rejects");
     assert!(!out.path().join("envoy.yaml").exists(), "bootstrap written for a rejected config");
 }
+
+/// `warmpath-envoy render` run from a directory outside the repository: the defaults are the workspace's plugin
+/// config and filter module (absolute paths, so the bootstrap works wherever Envoy runs), and a relative
+/// `--plugin-config` is read from the working directory.
+#[test]
+fn defaults_are_the_workspace_s_files_from_any_directory() {
+    let cwd = tempfile::tempdir().unwrap();
+    let render = |extra: &[&str]| {
+        let out = Command::new(LAUNCHER)
+            .current_dir(cwd.path())
+            .args(["render", "--upstream", "127.0.0.1:8001"])
+            .args(extra)
+            .output()
+            .expect("running warmpath-envoy render");
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "render failed from {}:\n{stderr}", cwd.path().display());
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let yaml = render(&[]);
+    let wasm = filter_wasm().expect("filter module");
+    assert!(yaml.contains(&*wasm.to_string_lossy()), "the bootstrap does not load {}:\n{yaml}", wasm.display());
+    assert!(yaml.contains("PREFIX_AWARE"), "the workspace's plugin config (PREFIX_AWARE) is not in:\n{yaml}");
+    std::fs::write(cwd.path().join("mine.json"), r#"{"strategy": "RANDOM"}"#).unwrap();
+    let yaml = render(&["--plugin-config", "mine.json"]);
+    assert!(yaml.contains("RANDOM") && !yaml.contains("PREFIX_AWARE"), "mine.json was not read:\n{yaml}");
+}

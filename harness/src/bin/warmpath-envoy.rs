@@ -2,11 +2,12 @@
 //!
 //! ```text
 //! warmpath-envoy render   [OPTIONS]            # print the bootstrap YAML
-//! warmpath-envoy run      [OPTIONS]            # render into out/envoy/ and exec envoy --concurrency N
+//! warmpath-envoy run      [OPTIONS]            # render into <workspace>/out/envoy/ and exec envoy --concurrency N
 //! warmpath-envoy examples                     # rewrite envoy/envoy.yaml and envoy/envoy-no-filter.yaml
 //! warmpath-envoy validate FILE...              # envoy --mode validate on each file
 //! ```
-//! `scripts/envoy.sh` wraps `run`; `envoy/*.yaml` are `render` outputs (kept in sync by a test).
+//! `scripts/envoy.sh` wraps `run`; `envoy/*.yaml` are `render` outputs (kept in sync by a test). Paths given on the
+//! command line are read from the working directory; the defaults are the workspace's files, wherever it runs.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -15,7 +16,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use tokio::signal::unix::{signal, SignalKind};
 use warmpath_core::Settings;
-use warmpath_harness::{envoy_binary, EnvoyConfig, FeedCluster};
+use warmpath_harness::{envoy_binary, filter_wasm, workspace_root, EnvoyConfig, FeedCluster};
 
 #[derive(Parser)]
 #[command(about = "Render, run and validate warmpath Envoy configs")]
@@ -35,11 +36,11 @@ enum Cmd {
         /// Envoy worker threads.
         #[arg(long, default_value_t = 2)]
         concurrency: u32,
-        /// Directory for the rendered bootstrap.
-        #[arg(long, default_value = "out/envoy")]
-        out: PathBuf,
+        /// Directory for the rendered bootstrap [default: <workspace>/out/envoy].
+        #[arg(long)]
+        out: Option<PathBuf>,
     },
-    /// Rewrite the committed example configs `envoy/*.yaml` (run from the workspace root).
+    /// Rewrite the committed example configs `envoy/*.yaml` of the workspace.
     Examples,
     /// Run `envoy --mode validate` on each file.
     Validate {
@@ -61,15 +62,17 @@ struct RenderArgs {
     /// Admin port on 127.0.0.1.
     #[arg(long, default_value_t = 9901)]
     admin_port: u16,
-    /// Filter module path (as Envoy should read it; relative paths resolve against Envoy's working directory).
-    #[arg(long, default_value = "target/wasm32-wasip1/release/warmpath_filter.wasm")]
-    wasm: PathBuf,
+    /// Filter module path (as Envoy should read it; relative paths resolve against Envoy's working directory)
+    /// [default: the release build, `$WARMPATH_FILTER_WASM` or `<target dir>/wasm32-wasip1/release/warmpath_filter.wasm`].
+    #[arg(long)]
+    wasm: Option<PathBuf>,
     /// Leave the wasm filter out (plain override_host cluster; the benchmark baseline).
     #[arg(long)]
     no_filter: bool,
-    /// Plugin configuration: a JSON file path, or inline JSON starting with `{`.
-    #[arg(long, default_value = "envoy/plugin-config.json")]
-    plugin_config: String,
+    /// Plugin configuration: a JSON file path, or inline JSON starting with `{` [default:
+    /// <workspace>/envoy/plugin-config.json].
+    #[arg(long)]
+    plugin_config: Option<String>,
     /// Feed cluster as NAME=IP:port.
     #[arg(long)]
     feed: Option<String>,
@@ -81,10 +84,12 @@ struct RenderArgs {
 
 impl RenderArgs {
     fn config(&self) -> Result<EnvoyConfig> {
-        let text = if self.plugin_config.trim_start().starts_with('{') {
-            self.plugin_config.clone()
-        } else {
-            std::fs::read_to_string(&self.plugin_config).with_context(|| format!("reading {}", self.plugin_config))?
+        let text = match self.inline_plugin_config() {
+            Some(json) => json.to_string(),
+            None => {
+                let path = self.plugin_config_path();
+                std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?
+            }
         };
         let mut plugin: serde_json::Value = serde_json::from_str(&text).context("plugin config is not JSON")?;
         if let Some(obj) = plugin.as_object_mut() {
@@ -110,7 +115,11 @@ impl RenderArgs {
         let mut cfg = EnvoyConfig::new(self.upstreams.clone(), serde_json::to_string_pretty(&plugin)?)
             .ports(self.listener_port, self.admin_port);
         if !self.no_filter {
-            cfg = cfg.with_wasm(&self.wasm);
+            let wasm = match &self.wasm {
+                Some(w) => w.clone(),
+                None => filter_wasm()?,
+            };
+            cfg = cfg.with_wasm(&wasm);
         }
         if self.rig_headers {
             cfg = cfg.with_rig_headers();
@@ -122,12 +131,24 @@ impl RenderArgs {
         Ok(cfg)
     }
 
+    /// The inline JSON given as `--plugin-config`, if that is what it is.
+    fn inline_plugin_config(&self) -> Option<&str> {
+        self.plugin_config.as_deref().filter(|c| c.trim_start().starts_with('{'))
+    }
+
+    /// The plugin config file: the one given, else the workspace's example.
+    fn plugin_config_path(&self) -> PathBuf {
+        match &self.plugin_config {
+            Some(p) => PathBuf::from(p),
+            None => workspace_root().join("envoy/plugin-config.json"),
+        }
+    }
+
     /// The plugin config as named in messages: the file path, or `(inline)`.
-    fn plugin_config_name(&self) -> &str {
-        if self.plugin_config.trim_start().starts_with('{') {
-            "(inline)"
-        } else {
-            &self.plugin_config
+    fn plugin_config_name(&self) -> String {
+        match self.inline_plugin_config() {
+            Some(_) => "(inline)".to_string(),
+            None => self.plugin_config_path().display().to_string(),
         }
     }
 }
@@ -157,6 +178,7 @@ fn main() -> Result<()> {
     match Cli::parse().cmd {
         Cmd::Render(r) => print!("{}", r.config()?.render_static_yaml()),
         Cmd::Run { render, concurrency, out } => {
+            let out = out.unwrap_or_else(|| workspace_root().join("out/envoy"));
             std::fs::create_dir_all(&out)?;
             let path = out.join("envoy.yaml");
             std::fs::write(&path, render.config()?.render_static_yaml())?;
@@ -172,7 +194,7 @@ fn main() -> Result<()> {
         }
         Cmd::Examples => {
             for (file, cfg) in warmpath_harness::example_configs() {
-                std::fs::write(warmpath_harness::workspace_root().join(file), cfg.render_static_yaml())?;
+                std::fs::write(workspace_root().join(file), cfg.render_static_yaml())?;
                 println!("wrote {file}");
             }
         }

@@ -6,6 +6,8 @@ unpacked image: `fetch` from the file stand-in over HTTP and HTTPS and from an h
 against the HTTPS API stand-in."""
 import json
 import os
+import re
+import subprocess
 from pathlib import Path
 from typing import NamedTuple
 
@@ -177,13 +179,34 @@ def test_init_container_volume_is_a_host_path_the_kubelet_creates(rendered_pod, 
 
 # === fetch from the image =========================================================================
 
+@pytest.fixture(scope="module")
+def reserve(agent_image, init_args) -> int:
+    """Bytes the rendered fetch keeps free on the cache disk: its `--reserve-bytes`, else the agent's default as
+    the image's binary states it in its help."""
+    if "--reserve-bytes" in init_args:
+        return int(arg(init_args, "--reserve-bytes"))
+    help_text = agent_image.run([init_args[0], "--help"], uid=0).stdout
+    found = re.search(r"--reserve-bytes <RESERVE_BYTES>.*?\[default: (\d+)\]", help_text, re.S)
+    assert found, help_text
+    return int(found.group(1))
+
+
 @pytest.fixture
-def cache(agent_image, key) -> Path:
-    """A root-owned 0755 /cache/KEY in the image, as the kubelet's hostPath (removed afterwards)."""
+def cache(agent_image, reserve, key) -> Path:
+    """A root-owned 0755 /cache/KEY in the image, as the kubelet's hostPath (removed afterwards), on a disk of its
+    own: a tmpfs 1 GiB larger than the reserve the fetch keeps free, so the agent's fit check sees a node's disk
+    of known size rather than whatever the machine running the tests has free (a tmpfs takes memory only for
+    what is written)."""
+    size = reserve + (1 << 30)
     with inside(agent_image, CACHE.lstrip("/")) as d:
-        (d / key).mkdir(mode=0o755, parents=True)
-        os.chmod(d / key, 0o755)
-        yield d
+        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "warmpath-test-cache", str(d)],
+                       check=True)
+        try:
+            (d / key).mkdir(mode=0o755, parents=True)
+            os.chmod(d / key, 0o755)
+            yield d
+        finally:
+            subprocess.run(["umount", str(d)], check=True)
 
 
 class Fetch(NamedTuple):

@@ -10,7 +10,7 @@ use warmpath_agent::{
     disk::FixedFreeSpace,
     fetch::{DEFAULT_CHUNK_SIZE, DEFAULT_CONCURRENCY},
     source::SourceAuth,
-    sync::remove_cache,
+    sync::{remove_cache, DEFAULT_RESERVE_BYTES},
     sync_cache, CacheRequest, SourceSpec, SyncOptions,
 };
 
@@ -67,7 +67,7 @@ struct EngineArgs {
     #[arg(long, default_value_t = DEFAULT_CONCURRENCY)]
     concurrency: usize,
     /// Bytes to keep free on the cache filesystem; downloads that would eat into it are refused.
-    #[arg(long, default_value_t = 10 << 30)]
+    #[arg(long, default_value_t = DEFAULT_RESERVE_BYTES)]
     reserve_bytes: u64,
     /// Pretend the filesystem has exactly this many free bytes (operator quota; tests).
     #[arg(long)]

@@ -61,6 +61,9 @@ pub fn request_id(req: &CacheRequest) -> String {
     hex::encode(&Sha256::digest(doc.to_string().as_bytes())[..crate::cache_dir::VERSION_NAME_LEN / 2])
 }
 
+/// Bytes a download leaves free on the cache filesystem unless told otherwise: 10 GiB.
+pub const DEFAULT_RESERVE_BYTES: u64 = 10 << 30;
+
 /// Agent-wide settings for syncing caches.
 #[derive(Clone)]
 pub struct SyncOptions {
@@ -68,7 +71,7 @@ pub struct SyncOptions {
     pub root: PathBuf,
     /// Fetch engine knobs (range size, concurrency, shared permits).
     pub fetch: FetchOptions,
-    /// Bytes to leave free on the cache filesystem (default 10 GiB in the CLI).
+    /// Bytes to leave free on the cache filesystem (default [`DEFAULT_RESERVE_BYTES`]).
     pub reserve_bytes: u64,
     /// Free-space source (the filesystem unless injected).
     pub free_space: Arc<dyn FreeSpace>,
@@ -90,7 +93,7 @@ impl SyncOptions {
         SyncOptions {
             root: root.into(),
             fetch: FetchOptions::default(),
-            reserve_bytes: 10 << 30,
+            reserve_bytes: DEFAULT_RESERVE_BYTES,
             free_space: Arc::new(FilesystemFreeSpace),
             auth: SourceAuth::default(),
             parallel_files: 4,

@@ -175,8 +175,8 @@ impl Default for FetchOptions {
 pub type ChunkCallback = Arc<dyn Fn(&str, u64) + Send + Sync>;
 
 /// Fetches `remote` into `part`, resuming from its progress record when it matches. On return `Ok`, `part`
-/// holds all `remote.size` bytes (unverified beyond size and ETag, or modification time without one). On error or cancel, the record keeps
-/// every chunk that landed.
+/// holds all `remote.size` bytes (unverified beyond size and ETag, or modification time without one). On error
+/// or cancel, the record keeps every chunk that landed.
 pub async fn fetch_to_part(
     store: &dyn ObjectStore,
     remote: &RemoteFile,
@@ -191,10 +191,9 @@ pub async fn fetch_to_part(
     let resumed = rec.bytes_done();
     let file = Arc::new(file);
     let location = StorePath::from(remote.location.as_str());
-    // Weak ETags cannot be used with If-Match (RFC 9110 §13.1.1 uses strong comparison). Without a strong one,
-    // the modification time the listing reported guards the reads instead (If-Unmodified-Since; a server that
-    // ignores it is no worse off than before).
-    let if_match = remote.e_tag.clone().filter(|t| !t.starts_with("W/"));
+    // Only a strong ETag can go in If-Match. Without one, the modification time the listing reported guards the
+    // reads instead (If-Unmodified-Since; a server that ignores it is no worse off than before).
+    let if_match = remote.strong_e_tag().map(str::to_string);
     let if_unmodified_since = remote.last_modified.filter(|_| if_match.is_none());
     let pending: Vec<u64> = (0..rec.chunks()).filter(|i| !rec.done.contains(i)).collect();
     let template = rec.clone();

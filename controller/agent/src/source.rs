@@ -127,10 +127,18 @@ impl RemoteFile {
     /// kept only without a strong entity tag, and only when the source gave one (`object_store` reports a
     /// missing `Last-Modified` as the Unix epoch).
     pub fn new(location: String, rel: String, meta: ObjectMeta) -> RemoteFile {
-        let strong_tag = meta.e_tag.as_deref().is_some_and(|t| !t.starts_with("W/"));
+        let mut file = RemoteFile { location, rel, size: meta.size, e_tag: meta.e_tag, last_modified: None };
         let dated = meta.last_modified.timestamp() != 0;
-        let last_modified = (!strong_tag && dated).then_some(meta.last_modified);
-        RemoteFile { location, rel, size: meta.size, e_tag: meta.e_tag, last_modified }
+        if file.strong_e_tag().is_none() && dated {
+            file.last_modified = Some(meta.last_modified);
+        }
+        file
+    }
+
+    /// The entity tag when it is a strong one, the only kind `If-Match` can carry (RFC 9110 §13.1.1 compares
+    /// strongly; a weak tag starts with `W/`).
+    pub fn strong_e_tag(&self) -> Option<&str> {
+        self.e_tag.as_deref().filter(|t| !t.starts_with("W/"))
     }
 }
 
